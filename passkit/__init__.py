@@ -1,0 +1,60 @@
+"""passkit: torch.compile graph passes as a plugin ecosystem.
+
+Enable installed passes by name in config; write your own as a ``Pass`` subclass and
+register it with a ``passkit.hookimpl`` (see README, "Writing a pass").
+"""
+
+from ._version import __version__
+from .config import Config, PassEntry, load_config
+from .context import CompileContext
+from .errors import (
+    ConfigError,
+    OrderError,
+    PassFailedError,
+    PasskitError,
+    PluginError,
+    VerificationError,
+)
+from .hookspecs import hookimpl, hookspec
+from .integration import Backend, backend, install
+from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
+from .pattern_pass import Pattern, PatternPass
+from .pipeline import Pipeline, PipelinePlan, build_pipeline, last_report
+from .plugins import get_plugins, register, unregister
+from .report import PassRecord, Report
+
+__all__ = [
+    "__version__",
+    "Backend",
+    "CompileContext",
+    "Config",
+    "ConfigError",
+    "GraphPass",
+    "NoOptions",
+    "OrderError",
+    "Pass",
+    "PassEntry",
+    "PassFailedError",
+    "PassRecord",
+    "PassResult",
+    "PasskitError",
+    "Pattern",
+    "PatternPass",
+    "Pipeline",
+    "PipelinePlan",
+    "PluginError",
+    "Report",
+    "Requirements",
+    "Stage",
+    "VerificationError",
+    "backend",
+    "build_pipeline",
+    "get_plugins",
+    "hookimpl",
+    "hookspec",
+    "install",
+    "last_report",
+    "load_config",
+    "register",
+    "unregister",
+]

@@ -1,0 +1,277 @@
+"""The passkit configuration: schema and sources.
+
+Sources, highest precedence first:
+
+1. Python: a :class:`Config` object and/or keyword arguments
+   (``passkit.backend(passes=[...])``). Only fields set explicitly count.
+2. Environment: ``PASSKIT_PASSES=a,b``, ``PASSKIT_DISABLE=c``, ``PASSKIT_ON_ERROR=raise``,
+   ``PASSKIT_DUMP_DIR=dir``, ``PASSKIT_VERIFY=1``, ``PASSKIT_STRICT_PLUGINS=1``,
+   ``PASSKIT_PLUGINS=a,b`` (allow list), ``PASSKIT_BLOCK_PLUGINS=a,b``,
+   ``PASSKIT_DISABLE_PLUGIN_AUTOLOAD=1``, and ``PASSKIT_CONFIG=path`` naming the TOML file
+   to use instead of ``passkit.toml``.
+3. ``passkit.toml`` (keys at top level) in the working directory or the nearest parent.
+4. ``[tool.passkit]`` in the nearest ``pyproject.toml``.
+
+A field set by a higher source replaces it whole (lists are not concatenated), except
+``disable``: names disabled anywhere are removed from the enabled list of a lower source.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+
+from .errors import ConfigError
+from .pass_base import format_validation_error
+
+ENV_PREFIX = "PASSKIT_"
+
+
+class PassEntry(pydantic.BaseModel):
+    """One enabled pass: its name and raw options (validated later by the pass's model).
+
+    Written in config as a bare name (``"cleanup"``) or a table with ``name`` and the
+    options inline (``{name = "allreduce_rmsnorm", max_tokens = 4096}``).
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    options: dict[str, Any] = pydantic.Field(default_factory=dict)
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _coerce(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"name": value}
+        if isinstance(value, Mapping) and "name" in value:
+            rest = {k: v for k, v in value.items() if k != "name"}
+            if set(rest) == {"options"} and isinstance(rest["options"], Mapping):
+                rest = dict(rest["options"])
+            return {"name": value["name"], "options": rest}
+        return value
+
+
+class Config(pydantic.BaseModel):
+    """What passes run and how the pipeline behaves."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    passes: list[PassEntry] = pydantic.Field(default_factory=list)
+    """Enabled passes, in run order (within each stage)."""
+    disable: list[str] = pydantic.Field(default_factory=list)
+    """Passes never to run, even if a lower-precedence source or a plugin enables them."""
+    on_error: Literal["raise", "skip"] = "skip"
+    """A failing pass: ``skip`` restores the graph and continues; ``raise`` stops the compile."""
+    dump_dir: Path | None = None
+    """Where to write graphs before/after each pass, diffs, reproducers and the report."""
+    verify: bool = False
+    """After each pass: lint the graph and re-propagate fake tensors to check metadata."""
+    strict_plugins: bool = False
+    """A plugin that fails to load raises instead of being reported and skipped."""
+    plugins: list[str] | None = None
+    """Allow list of plugins (entry-point or distribution names); ``None`` allows all."""
+    block_plugins: list[str] = pydantic.Field(default_factory=list)
+    """Plugins (entry-point or distribution names) never to load."""
+    autoload: bool = True
+    """Load plugins from the ``passkit.passes`` entry points at all."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_names(self) -> Config:
+        seen: set[str] = set()
+        for entry in self.passes:
+            if entry.name in seen:
+                raise ValueError(f"pass {entry.name!r} is listed twice in passes")
+            seen.add(entry.name)
+        both = sorted(seen & set(self.disable))
+        if both:
+            raise ValueError(f"pass(es) {both} are both enabled (passes) and disabled (disable)")
+        return self
+
+    @property
+    def pass_names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    def options_for(self, name: str) -> dict[str, Any]:
+        for p in self.passes:
+            if p.name == name:
+                return dict(p.options)
+        return {}
+
+
+# ---------------------------------------------------------------------------------------
+# validation helpers
+
+
+def _validate(data: Mapping[str, Any], origin: str) -> Config:
+    try:
+        return Config.model_validate(dict(data))
+    except pydantic.ValidationError as exc:
+        msg = format_validation_error(exc, "", Config)
+        unknown = [e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden"]
+        if unknown:
+            msg += f"\n  (known config keys: {', '.join(Config.model_fields)})"
+        raise ConfigError(f"{origin}: {msg}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# sources
+
+
+def _find_upwards(filename: str, start: Path) -> Path | None:
+    for folder in (start, *start.parents):
+        candidate = folder / filename
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+
+
+def file_source(path: Path) -> dict[str, Any]:
+    """Read a passkit config file: ``passkit.toml`` (top-level keys) or ``pyproject.toml``."""
+    data = read_toml(path)
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("passkit", {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: [tool.passkit] must be a table")
+    return data
+
+
+def _split(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"environment variable {name}={value!r}: expected 1/0, true/false, yes/no")
+
+
+def _text(name: str, value: str) -> str:
+    return value.strip()
+
+
+def _names(name: str, value: str) -> list[str]:
+    return _split(value)
+
+
+def _not(name: str, value: str) -> bool:
+    return not _bool(name, value)
+
+
+# PASSKIT_<suffix> -> (config field, parser(variable name, raw value))
+_ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "PASSES": ("passes", _names),
+    "DISABLE": ("disable", _names),
+    "ON_ERROR": ("on_error", _text),
+    "DUMP_DIR": ("dump_dir", _text),
+    "VERIFY": ("verify", _bool),
+    "STRICT_PLUGINS": ("strict_plugins", _bool),
+    "PLUGINS": ("plugins", _names),
+    "BLOCK_PLUGINS": ("block_plugins", _names),
+    "DISABLE_PLUGIN_AUTOLOAD": ("autoload", _not),
+}
+
+
+def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for suffix, (field, parse) in _ENV_FIELDS.items():
+        name = ENV_PREFIX + suffix
+        if name in environ:
+            out[field] = parse(name, environ[name])
+    known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG"}
+    for name in environ:
+        if name.startswith(ENV_PREFIX) and name not in known and name.isupper():
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown environment variable {name}{hint}")
+    return out
+
+
+def sources(
+    cwd: Path | None = None, environ: Mapping[str, str] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Config sources below Python, lowest precedence first, as ``(origin, data)``."""
+    environ = os.environ if environ is None else environ
+    cwd = Path.cwd() if cwd is None else cwd
+    found: list[tuple[str, dict[str, Any]]] = []
+    pyproject = _find_upwards("pyproject.toml", cwd)
+    if pyproject is not None:
+        data = file_source(pyproject)
+        if data:
+            found.append((f"{pyproject} [tool.passkit]", data))
+    explicit = environ.get(ENV_PREFIX + "CONFIG")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"PASSKIT_CONFIG={explicit}: no such file")
+        found.append((str(path), file_source(path)))
+    else:
+        toml = _find_upwards("passkit.toml", cwd)
+        if toml is not None:
+            found.append((str(toml), file_source(toml)))
+    env = env_source(environ)
+    if env:
+        found.append(("environment (PASSKIT_*)", env))
+    return found
+
+
+def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
+    """Merge config layers (lowest precedence first) into one validated :class:`Config`."""
+    merged: dict[str, Any] = {}
+    disabled: list[str] = []
+    for origin, data in layers:
+        layer = _validate(data, origin)  # each layer must be valid on its own
+        for field in layer.model_fields_set:
+            merged[field] = getattr(layer, field)
+        disabled.extend(n for n in layer.disable if n not in disabled)
+    passes = [p for p in merged.get("passes", []) if p.name not in disabled]
+    merged["passes"] = passes
+    merged["disable"] = disabled
+    return Config.model_validate(merged)
+
+
+def load_config(
+    config: Config | Mapping[str, Any] | None = None,
+    *,
+    cwd: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Config:
+    """Resolve the effective config from every source (see the module docstring)."""
+    layers = sources(cwd=cwd, environ=environ)
+    python: dict[str, Any] = {}
+    if isinstance(config, Config):
+        python.update({f: getattr(config, f) for f in config.model_fields_set})
+    elif config is not None:
+        python.update(config)
+    python.update(overrides)
+    if python:
+        layers.append(("Python config", python))
+    return merge(layers)
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for a close name, else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"

@@ -1,0 +1,56 @@
+"""Graph dumps, diffs, reproducers and JSON reports in the dump directory.
+
+Layout, one folder per compiled graph::
+
+    <dump_dir>/graph_003/
+        01_noop_elimination.before.py   01_noop_elimination.after.py   01_noop_elimination.diff
+        02_cleanup.before.py ...
+        FAILED_03_my_pass.repro.py      (pre-pass graph, pass name, options, traceback)
+        report.json
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .graph_utils import unified_diff
+
+if TYPE_CHECKING:
+    from .pass_base import Pass
+    from .report import Report
+
+
+class Dumper:
+    def __init__(self, root: Path, graph_id: int):
+        self.folder = Path(root) / f"graph_{graph_id:03d}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _stem(self, index: int, name: str) -> str:
+        return f"{index:02d}_{name}"
+
+    def pass_graphs(self, index: int, name: str, before: str, after: str) -> None:
+        stem = self._stem(index, name)
+        (self.folder / f"{stem}.before.py").write_text(before)
+        (self.folder / f"{stem}.after.py").write_text(after)
+        (self.folder / f"{stem}.diff").write_text(unified_diff(before, after, name) or "# no change\n")
+
+    def reproducer(self, index: int, pass_: Pass, before: str, error: BaseException) -> Path:
+        path = self.folder / f"FAILED_{self._stem(index, pass_.name)}.repro.py"
+        tb = "".join(traceback.format_exception(error))
+        path.write_text(
+            f'"""passkit reproducer: pass {pass_.name!r} failed on the graph below.\n\n'
+            f"Re-run: build the graph with the code below (its inputs are the graph's\n"
+            f"placeholders), then call PASS.run(gm, passkit.CompileContext()).\n\n"
+            f'{tb}"""\n\n'
+            f"PASS_NAME = {pass_.name!r}\n"
+            f"PASS_CLASS = {type(pass_).__module__ + '.' + type(pass_).__qualname__!r}\n"
+            f"OPTIONS = {json.loads(pass_.options_json())!r}\n\n"
+            f"# ---- graph before the pass ----\n{before}"
+        )
+        return path
+
+    def report(self, report: Report) -> None:
+        (self.folder / "report.json").write_text(report.to_json())

@@ -1,0 +1,84 @@
+"""The hooks a passkit plugin can implement.
+
+A plugin is any module or object with functions decorated by ``passkit.hookimpl`` whose
+names are below. Installed plugins are found through the ``passkit.passes`` entry-point
+group; in-process ones are added with ``passkit.register(plugin)``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+PROJECT = "passkit"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+if TYPE_CHECKING:
+    import argparse
+
+    import torch.fx
+
+    from .context import CompileContext
+    from .pass_base import Pass, PassResult
+    from .pipeline import PipelinePlan
+    from .report import PassRecord, Report
+
+
+@hookspec
+def passkit_register_passes() -> list[type[Pass]]:  # type: ignore[empty-body]
+    """Return the pass classes this plugin provides."""
+
+
+@hookspec
+def passkit_configure_pipeline(plan: PipelinePlan, context: CompileContext) -> None:
+    """Adjust the passes about to run for one compile (skip some, change options).
+
+    ``plan`` is mutable: ``plan.skip(name, reason)``, ``plan.set_options(name, **opts)``.
+    Must decide from ``context`` and the graph-independent config only, identically on
+    every rank.
+    """
+
+
+@hookspec(firstresult=True)
+def passkit_before_pass(
+    pass_: Pass, gm: torch.fx.GraphModule, context: CompileContext
+) -> str | None:
+    """Called before each pass. Return a non-empty string (the reason) to veto the pass."""
+
+
+@hookspec
+def passkit_after_pass(
+    pass_: Pass, gm: torch.fx.GraphModule, result: PassResult, record: PassRecord
+) -> None:
+    """Called after each pass that ran and succeeded."""
+
+
+@hookspec
+def passkit_pass_failed(
+    pass_: Pass, gm: torch.fx.GraphModule, error: BaseException, record: PassRecord
+) -> None:
+    """Called after a pass raised; ``gm`` is already restored to its state before it."""
+
+
+@hookspec
+def passkit_report(report: Report) -> None:
+    """Called once per compiled graph with the full report."""
+
+
+@hookspec
+def passkit_cli_commands(subparsers: argparse._SubParsersAction) -> dict[str, Any]:  # type: ignore[empty-body]
+    """Add sub-commands to the ``passkit`` CLI.
+
+    Add parsers to ``subparsers`` and return ``{command_name: handler}`` where
+    ``handler(args) -> int`` runs the command.
+    """
+
+
+@hookspec
+def passkit_demos() -> dict[str, Any]:  # type: ignore[empty-body]
+    """Return ``{name: fn}`` of demos ``passkit demo`` runs after the core one.
+
+    ``fn(args) -> int`` prints its own output and returns an exit status.
+    """

@@ -1,0 +1,160 @@
+"""torch.compile integration: the ``passkit`` backend, ``install`` and the eager mode.
+
+Three ways in:
+
+* ``torch.compile(m, backend="passkit")`` — the named backend (entry point
+  ``torch_dynamo_backends``); config from files and the environment.
+* ``torch.compile(m, backend=passkit.backend(passes=[...]))`` — Python config.
+* ``passkit.install(inductor_config, ...)`` — for a framework with its own backend: adds
+  the pipeline to its Inductor config dict, composing with passes already there.
+
+Inductor's global config is never changed: the pipeline goes in through ``compile_fx``'s
+``config_patches`` for the duration of each compile.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from . import logs
+from .config import Config
+from .context import Mode
+from .pass_base import Stage
+from .pipeline import Pipeline, build_pipeline
+from .report import Report
+
+CompiledFn = Callable[..., Any]
+
+
+class Backend:
+    """A ``torch.compile`` backend running a passkit pipeline.
+
+    Args:
+        config: a :class:`passkit.Config`, a dict, or ``None``; keyword arguments override
+            fields (``passes=[...]``, ``on_error="raise"``...). Environment and config files
+            fill what Python leaves unset.
+        mode: ``"inductor"`` (default) runs the passes as post-grad custom passes and lets
+            Inductor generate code; ``"eager"`` runs them on the post-grad ATen graph and
+            executes the result as is, with no code generation.
+        inductor_config: extra Inductor config patches for each compile.
+    """
+
+    def __init__(
+        self,
+        config: Config | dict[str, Any] | None = None,
+        *,
+        mode: Mode = "inductor",
+        inductor_config: dict[str, Any] | None = None,
+        **overrides: Any,
+    ):
+        if mode not in ("inductor", "eager"):
+            raise ValueError(f"mode must be 'inductor' or 'eager', got {mode!r}")
+        logs.register_with_torch()
+        self.mode: Mode = mode
+        self.pipeline: Pipeline = build_pipeline(config, **overrides)
+        self.inductor_config = dict(inductor_config or {})
+
+    @property
+    def reports(self) -> list[Report]:
+        """One report per graph compiled through this backend, oldest first."""
+        return self.pipeline.reports
+
+    @property
+    def last_report(self) -> Report | None:
+        return self.pipeline.reports[-1] if self.pipeline.reports else None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        if self.mode == "eager":
+            return self._compile_eager(gm, example_inputs)
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = {**self.inductor_config, **self.pipeline.inductor_patches()}
+        return compile_fx(gm, list(example_inputs), config_patches=patches or None)
+
+    def _compile_eager(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._dynamo.backends.debugging import boxed_nop
+        from torch._inductor.compile_fx import select_decomp_table
+
+        def fw_compiler(fx_g: torch.fx.GraphModule, inputs: Sequence[Any]) -> CompiledFn:
+            if self.pipeline.enabled:
+                self.pipeline.run(fx_g, mode="eager")
+            return boxed_nop(fx_g, list(inputs))
+
+        return aot_autograd(
+            fw_compiler=fw_compiler,
+            bw_compiler=boxed_nop,
+            decompositions=select_decomp_table(),
+            keep_inference_input_mutations=True,
+        )(gm, list(example_inputs))
+
+
+def backend(config: Config | dict[str, Any] | None = None, **options: Any) -> Backend:
+    """A ``torch.compile`` backend with the given config; see :class:`Backend`."""
+    return Backend(config, **options)
+
+
+_default_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _default_backend() -> Backend:
+    return Backend()
+
+
+def passkit_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+    """The named backend ``"passkit"``: config from ``passkit.toml``/pyproject/environment,
+    resolved once per process at the first compile."""
+    with _default_lock:
+        b = _default_backend()
+    return b(gm, example_inputs)
+
+
+# ---------------------------------------------------------------------------------------
+# install into a framework's own Inductor config
+
+
+class ComposedPass(CustomGraphPass):
+    """Runs an existing custom pass, then ours; its uuid combines both."""
+
+    def __init__(self, first: Any, second: CustomGraphPass):
+        self.first, self.second = first, second
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.first(graph)
+        self.second(graph)
+
+    def uuid(self) -> Any:
+        first = self.first.uuid() if hasattr(self.first, "uuid") else None
+        if first is None:
+            return None  # the existing pass is uncacheable, so is the composition
+        return (first, self.second.uuid())
+
+
+def install(
+    inductor_config: MutableMapping[str, Any],
+    config: Config | dict[str, Any] | None = None,
+    **overrides: Any,
+) -> Pipeline:
+    """Add passkit's pipeline to an Inductor config dict (e.g. a framework's
+    ``compilation_config.inductor_compile_config``) and return the pipeline.
+
+    A custom pass already in a slot is kept and runs before passkit's. With no enabled
+    pass, nothing is installed.
+    """
+    logs.register_with_torch()
+    pipeline = build_pipeline(config, **overrides)
+    for key, stage_pass in pipeline.inductor_patches().items():
+        existing = inductor_config.get(key)
+        inductor_config[key] = stage_pass if existing is None else ComposedPass(existing, stage_pass)
+    return pipeline
+
+
+__all__ = ["Backend", "backend", "install", "passkit_backend", "ComposedPass", "Stage"]

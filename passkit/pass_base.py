@@ -1,0 +1,213 @@
+"""Base classes a pass derives from.
+
+A pass is a class with a ``name``, a ``stage``, optional ``before``/``after`` ordering hints,
+an ``Options`` pydantic model and a ``run`` method that rewrites a ``torch.fx.GraphModule``
+in place and returns a :class:`PassResult`::
+
+    class DropDetach(passkit.GraphPass):
+        name = "drop_detach"
+
+        def run(self, gm, ctx):
+            n = 0
+            for node in list(gm.graph.find_nodes(op="call_function", target=aten.detach.default)):
+                node.replace_all_uses_with(node.args[0]); gm.graph.erase_node(node); n += 1
+            return passkit.PassResult(modified=n > 0, matches=n)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import inspect
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pydantic
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch.fx
+
+    from .context import CompileContext
+
+
+class Stage(str, enum.Enum):
+    """Where in Inductor's post-grad pipeline a pass runs."""
+
+    PRE = "post_grad_pre"
+    """Before Inductor's own post-grad pattern passes (graph as AOTAutograd produced it)."""
+    POST = "post_grad_post"
+    """After Inductor's own post-grad passes, just before lowering."""
+
+
+class NoOptions(pydantic.BaseModel):
+    """Options model of a pass that takes none."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirements:
+    """What a pass needs to be useful. Unmet requirements skip the pass with a reason."""
+
+    cuda: bool = False
+    """The graph must run on CUDA."""
+    min_world_size: int = 1
+    """Smallest default-process-group size at which the pass does anything."""
+    packages: tuple[str, ...] = ()
+    """Importable modules the pass needs (checked lazily, without importing them)."""
+
+    def unmet(self, ctx: CompileContext) -> str | None:
+        """Return why these requirements are not met in ``ctx``, or ``None``."""
+        import importlib.util
+
+        if self.cuda and ctx.device != "cuda":
+            return f"needs CUDA tensors (graph is on {ctx.device})"
+        if ctx.world_size < self.min_world_size:
+            return f"needs world size >= {self.min_world_size} (got {ctx.world_size})"
+        for pkg in self.packages:
+            if importlib.util.find_spec(pkg) is None:
+                return f"needs the package {pkg!r}, which is not installed"
+        return None
+
+
+@dataclasses.dataclass
+class PassResult:
+    """What one run of a pass did."""
+
+    modified: bool = False
+    matches: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def unchanged(cls, note: str | None = None) -> PassResult:
+        return cls(modified=False, matches=0, notes=[note] if note else [])
+
+
+class Pass:
+    """A graph pass. Subclass it (usually through :class:`GraphPass` or :class:`PatternPass`).
+
+    Class attributes:
+        name: unique name users enable in config.
+        stage: :class:`Stage` the pass runs in.
+        before / after: names of passes this one must run before / after when both are
+            enabled. Violations of the configured order are errors.
+        Options: a pydantic model of the pass's options (``extra="forbid"`` recommended).
+        requires: :class:`Requirements`; unmet ones skip the pass with a reason.
+        idempotent: running the pass twice changes nothing the second time.
+        source_files: extra files whose content is part of the pass's cache identity
+            (the module defining the class is always included).
+    """
+
+    name: ClassVar[str] = ""
+    stage: ClassVar[Stage] = Stage.POST
+    before: ClassVar[Sequence[str]] = ()
+    after: ClassVar[Sequence[str]] = ()
+    Options: ClassVar[type[pydantic.BaseModel]] = NoOptions
+    requires: ClassVar[Requirements] = Requirements()
+    idempotent: ClassVar[bool] = True
+    source_files: ClassVar[Sequence[str]] = ()
+
+    def __init__(self, options: pydantic.BaseModel | dict[str, Any] | None = None, **kwargs: Any):
+        if options is not None and kwargs:
+            raise TypeError("pass either an options object or keyword options, not both")
+        if isinstance(options, pydantic.BaseModel):
+            if not isinstance(options, self.Options):
+                raise TypeError(
+                    f"{self.name}: options must be {self.Options.__name__}, "
+                    f"got {type(options).__name__}"
+                )
+            self.options = options
+        else:
+            self.options = validate_options(type(self), dict(options or kwargs))
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if isinstance(cls.stage, str) and not isinstance(cls.stage, Stage):
+            cls.stage = Stage(cls.stage)
+
+    # -- to override -----------------------------------------------------------------
+    def run(self, gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
+        """Rewrite ``gm.graph`` in place and say what changed."""
+        raise NotImplementedError(f"pass {self.name!r} does not implement run()")
+
+    def skip_reason(self, ctx: CompileContext) -> str | None:
+        """Why this pass should not run in ``ctx`` (``None`` to run). Default: ``requires``."""
+        return self.requires.unmet(ctx)
+
+    # -- identity --------------------------------------------------------------------
+    def options_json(self) -> str:
+        return json.dumps(self.options.model_dump(mode="json"), sort_keys=True)
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that determines what this pass does, for cache keys and plans."""
+        return {
+            "name": self.name,
+            "class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "stage": self.stage.value,
+            "options": self.options_json(),
+            "source": source_hash(type(self)),
+        }
+
+    def __repr__(self) -> str:
+        return f"<pass {self.name} {self.options_json()}>"
+
+
+class GraphPass(Pass):
+    """A pass written by hand against the FX graph: implement :meth:`run`."""
+
+
+def validate_options(cls: type[Pass], raw: dict[str, Any]) -> pydantic.BaseModel:
+    """Validate raw options for ``cls``; errors name ``passes.<name>.<field>``."""
+    try:
+        return cls.Options.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, f"passes.{cls.name}", cls.Options)) from None
+
+
+def format_validation_error(
+    exc: pydantic.ValidationError, prefix: str, model: type[pydantic.BaseModel] | None = None
+) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        expected = ""
+        if model is not None and err["loc"] and err["loc"][0] in model.model_fields:
+            ann = model.model_fields[str(err["loc"][0])].annotation
+            expected = f" (expected {_type_name(ann)})"
+        if err["type"] == "extra_forbidden" and model is not None:
+            known = ", ".join(model.model_fields) or "none"
+            lines.append(f"{loc}: unknown option (known options: {known})")
+            continue
+        got = f", got {err['input']!r}" if "input" in err and err["type"] != "missing" else ""
+        lines.append(f"{loc}: {err['msg']}{expected}{got}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _type_name(ann: Any) -> str:
+    if isinstance(ann, type):
+        return ann.__name__
+    return str(ann).replace("typing.", "")
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash(cls: type) -> str:
+    """Hash of the files defining ``cls`` (its module plus ``cls.source_files``). Cached."""
+    files: list[str] = []
+    try:
+        files.append(inspect.getfile(cls))
+    except (TypeError, OSError):
+        pass
+    files.extend(getattr(cls, "source_files", ()) or ())
+    h = hashlib.sha256()
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        except OSError:
+            h.update(f"<unreadable {path}>".encode())
+    return h.hexdigest()[:16]

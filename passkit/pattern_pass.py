@@ -1,0 +1,98 @@
+"""A pass built on Inductor's pattern matcher.
+
+Declare replacements in :meth:`PatternPass.patterns`; passkit traces and registers them the
+first time the pass runs, once per process and set of options, in a
+``PatternMatcherPass`` owned by the pass (never Inductor's global pattern tables, never its
+private ``_seen_patterns``). Scalars named in ``Pattern.scalars`` (an epsilon, a scale)
+become wildcards: one registered pattern matches every value, and the replacement receives
+the matched value as the argument of that name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .pass_base import Pass, PassResult
+
+if TYPE_CHECKING:
+    import torch.fx
+
+    from .context import CompileContext
+
+
+@dataclasses.dataclass
+class Pattern:
+    """One search -> replacement rule.
+
+    Attributes:
+        search: function whose traced ATen graph is searched for.
+        replace: function traced to build the replacement; same arguments as ``search``.
+        example_inputs: inputs to trace both with (tensors and scalars, in argument order).
+        scalars: argument names of ``search`` whose values are wildcards, mapped to the
+            example value used while tracing (pick a value that appears nowhere else in
+            the pattern, e.g. ``{"eps": 1.2345e-6}``).
+        extra_check: ``f(match) -> bool`` run on each candidate match with real shapes.
+        name: a label for reports and errors.
+    """
+
+    search: Callable[..., Any]
+    replace: Callable[..., Any]
+    example_inputs: Sequence[Any]
+    scalars: dict[str, float | int] = dataclasses.field(default_factory=dict)
+    extra_check: Callable[[Any], bool] | None = None
+    name: str | None = None
+
+
+class PatternPass(Pass):
+    """Subclass and implement :meth:`patterns`; :meth:`run` applies them and counts matches."""
+
+    _registered: ClassVar[dict[tuple[type, str], Any]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def patterns(self) -> Iterable[Pattern]:
+        raise NotImplementedError(f"pattern pass {self.name!r} does not implement patterns()")
+
+    def matcher(self) -> Any:
+        """The ``PatternMatcherPass`` holding this pass's patterns, registered on first use."""
+        key = (type(self), self.options_json())
+        with self._lock:
+            pm = PatternPass._registered.get(key)
+            if pm is None:
+                pm = self._register()
+                PatternPass._registered[key] = pm
+        return pm
+
+    def _register(self) -> Any:
+        from torch._inductor.pattern_matcher import (
+            PatternMatcherPass,
+            fwd_only,
+            register_replacement,
+        )
+
+        pm = PatternMatcherPass(pass_name=f"passkit.{self.name}")
+        for i, pat in enumerate(self.patterns()):
+            kwargs: dict[str, Any] = {}
+            if pat.extra_check is not None:
+                kwargs["extra_check"] = pat.extra_check
+            try:
+                register_replacement(
+                    pat.search,
+                    pat.replace,
+                    list(pat.example_inputs),
+                    fwd_only,
+                    pm,
+                    scalar_workaround=dict(pat.scalars) or None,
+                    skip_duplicates=True,
+                    **kwargs,
+                )
+            except Exception as exc:
+                label = pat.name or getattr(pat.search, "__name__", f"#{i}")
+                raise type(exc)(f"{self.name}: registering pattern {label!r} failed: {exc}") from exc
+        return pm
+
+    def run(self, gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
+        count = int(self.matcher().apply(gm.graph) or 0)
+        return PassResult(modified=count > 0, matches=count)

@@ -1,0 +1,379 @@
+"""From a config to the pass pipeline Inductor runs.
+
+:func:`build_pipeline` loads the plugins, checks the config against the passes they
+registered (unknown names, options, order) and returns a :class:`Pipeline`. The pipeline
+gives Inductor one ``CustomGraphPass`` per stage; both share one ``uuid()``, computed once
+from every pass's identity, so Inductor's FX graph cache stays correct and cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import json
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import torch.fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from . import logs
+from .config import Config, load_config, suggest
+from .context import CompileContext, Mode
+from .dump import Dumper
+from .errors import ConfigError, OrderError, PassFailedError
+from .graph_utils import count_nodes, graph_code, restore, snapshot
+from .pass_base import Pass, PassResult, Stage, validate_options
+from .plugins import PluginSet, get_plugins
+from .report import PassRecord, Report
+from .verify import verify_graph
+
+_graph_ids = itertools.count(1)
+RECENT_REPORTS: deque[Report] = deque(maxlen=64)
+"""The reports of the last compiled graphs in this process, newest last."""
+
+
+def last_report() -> Report | None:
+    """The report of the most recently compiled graph in this process."""
+    return RECENT_REPORTS[-1] if RECENT_REPORTS else None
+
+
+# ---------------------------------------------------------------------------------------
+# resolving the config
+
+
+def plugins_for(config: Config) -> PluginSet:
+    return get_plugins(
+        autoload=config.autoload,
+        allow=config.plugins,
+        block=config.block_plugins,
+        strict=config.strict_plugins,
+    )
+
+
+def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
+    """One pass object per enabled name, options validated, in config order."""
+    out: list[Pass] = []
+    for entry in config.passes:
+        info = plugins.passes.get(entry.name)
+        if info is None:
+            raise ConfigError(unknown_pass_message(entry.name, plugins))
+        out.append(info.cls(validate_options(info.cls, entry.options)))
+    return out
+
+
+def unknown_pass_message(name: str, plugins: PluginSet) -> str:
+    installed = sorted(plugins.passes)
+    msg = f"unknown pass {name!r} in passes{suggest(name, installed)}. "
+    msg += f"Installed passes: {', '.join(installed) or '(none)'}."
+    if plugins.failures:
+        msg += " Plugins that failed to load (see `passkit list`): "
+        msg += ", ".join(sorted({f.name for f in plugins.failures})) + "."
+    return msg
+
+
+def order_passes(passes: list[Pass]) -> list[Pass]:
+    """Stage order (pre before post), config order within a stage; check constraints."""
+    by_name = {p.name: p for p in passes}
+    edges: dict[str, set[str]] = {p.name: set() for p in passes}  # a -> b: a runs before b
+    for p in passes:
+        edges[p.name].update(b for b in p.before if b in by_name)
+        for a in p.after:
+            if a in by_name:
+                edges[a].add(p.name)
+    cycle = _find_cycle(edges)
+    if cycle:
+        raise OrderError("pass ordering constraints form a cycle: " + " -> ".join(cycle))
+    stage_rank = {Stage.PRE: 0, Stage.POST: 1}
+    ordered = sorted(passes, key=lambda p: stage_rank[p.stage])  # stable: keeps config order
+    position = {p.name: i for i, p in enumerate(ordered)}
+    for a, targets in edges.items():
+        for b in sorted(targets):
+            if position[a] > position[b]:
+                why = _constraint_owner(by_name[a], by_name[b])
+                stages = ""
+                if by_name[a].stage != by_name[b].stage:
+                    stages = f" ({a} is in stage {by_name[a].stage.value}, {b} in {by_name[b].stage.value})"
+                raise OrderError(
+                    f"pass {a!r} must run before {b!r} ({why}) but the configured order runs it "
+                    f"after{stages}. Reorder `passes` so that {a!r} comes first."
+                )
+    return ordered
+
+
+def _constraint_owner(a: Pass, b: Pass) -> str:
+    if b.name in a.before:
+        return f"{a.name} declares before={list(a.before)}"
+    return f"{b.name} declares after={list(b.after)}"
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(edges[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m) :] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# per-compile plan
+
+
+class PipelinePlan:
+    """The passes about to run on one graph; plugins may adjust it (see hookspecs)."""
+
+    def __init__(self, passes: list[Pass]):
+        self.passes = list(passes)
+        self.skipped: dict[str, str] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def get(self, name: str) -> Pass:
+        for p in self.passes:
+            if p.name == name:
+                return p
+        raise KeyError(f"pass {name!r} is not in this pipeline (have {self.names})")
+
+    def skip(self, name: str, reason: str) -> None:
+        self.get(name)
+        self.skipped[name] = reason
+
+    def set_options(self, name: str, **options: Any) -> None:
+        old = self.get(name)
+        merged = {**old.options.model_dump(), **options}
+        new = type(old)(validate_options(type(old), merged))
+        self.passes[self.passes.index(old)] = new
+
+
+# ---------------------------------------------------------------------------------------
+# the pipeline
+
+
+class Pipeline:
+    """Enabled passes plus the instrumentation that runs them on graphs."""
+
+    def __init__(self, config: Config, plugins: PluginSet, passes: list[Pass]):
+        self.config = config
+        self.plugins = plugins
+        self.passes = order_passes(passes)
+        self.reports: list[Report] = []
+        self._uuid = self._compute_uuid()
+        self._open: tuple[weakref.ref[torch.fx.Graph], Report] | None = None
+        stages = [p.stage for p in self.passes]
+        self.stages = [s for s in (Stage.PRE, Stage.POST) if s in stages]
+
+    # -- identity --------------------------------------------------------------------
+    def _compute_uuid(self) -> str:
+        parts: list[Any] = []
+        for p in self.passes:
+            ident = p.identity()
+            info = self.plugins.passes.get(p.name)
+            ident["version"] = info.version if info else "in-process"
+            parts.append(ident)
+        # plugins that can change what runs (configure / veto) are part of the identity
+        for hook in (self.plugins.hook.passkit_configure_pipeline, self.plugins.hook.passkit_before_pass):
+            for impl in hook.get_hookimpls():
+                parts.append(_function_identity(impl.function))
+        blob = json.dumps(parts, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def uuid(self) -> str:
+        return self._uuid
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.passes)
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    # -- Inductor integration ----------------------------------------------------------
+    def custom_pass(self, stage: Stage) -> StagePass:
+        return StagePass(self, stage)
+
+    def inductor_patches(self) -> dict[str, Any]:
+        """Inductor config entries that install this pipeline (empty when no pass)."""
+        keys = {Stage.PRE: "post_grad_custom_pre_pass", Stage.POST: "post_grad_custom_post_pass"}
+        return {keys[s]: self.custom_pass(s) for s in self.stages}
+
+    # -- running -----------------------------------------------------------------------
+    def run(self, gm: torch.fx.GraphModule, mode: Mode = "inductor") -> Report:
+        """Run every stage on ``gm`` (the eager path and tests)."""
+        report: Report | None = None
+        for stage in self.stages:
+            report = self.run_stage(gm, stage, mode=mode)
+        return report if report is not None else Report(mode=mode)
+
+    def run_stage(self, gm: torch.fx.GraphModule, stage: Stage, mode: Mode = "inductor") -> Report:
+        report = self._report_for(gm.graph, stage, mode)
+        ctx = CompileContext.from_graph(gm, mode=mode)
+        plan = PipelinePlan([p for p in self.passes if p.stage == stage])
+        self.plugins.hook.passkit_configure_pipeline(plan=plan, context=ctx)
+        dumper = Dumper(self.config.dump_dir, report.graph_id) if self.config.dump_dir else None
+        for p in plan.passes:
+            record = self._run_one(p, gm, ctx, plan, report, dumper)
+            report.records.append(record)
+        if stage == self.stages[-1]:
+            self._finish(report, dumper)
+        return report
+
+    def _report_for(self, graph: torch.fx.Graph, stage: Stage, mode: Mode) -> Report:
+        if stage != self.stages[0] and self._open is not None and self._open[0]() is graph:
+            return self._open[1]
+        report = Report(graph_id=next(_graph_ids), pipeline_uuid=self._uuid[:12], mode=mode)
+        self._open = (weakref.ref(graph), report)
+        return report
+
+    def _run_one(
+        self,
+        p: Pass,
+        gm: torch.fx.GraphModule,
+        ctx: CompileContext,
+        plan: PipelinePlan,
+        report: Report,
+        dumper: Dumper | None,
+    ) -> PassRecord:
+        record = PassRecord(name=p.name, stage=p.stage.value)
+        reason = plan.skipped.get(p.name) or p.skip_reason(ctx)
+        if reason:
+            record.reason = reason
+            logs.log.info("passkit: %s skipped: %s", p.name, reason)
+            return record
+        veto = self.plugins.hook.passkit_before_pass(pass_=p, gm=gm, context=ctx)
+        if veto:
+            record.status, record.reason = "vetoed", str(veto)
+            return record
+        graph = gm.graph
+        record.nodes_before = count_nodes(graph)
+        saved = snapshot(graph)
+        before_code = graph_code(gm) if dumper else ""
+        index = len(report.records) + 1
+        start = time.perf_counter()
+        try:
+            result = _as_result(p.run(gm, ctx), p)
+            if self.config.verify:
+                verify_graph(gm, p.name)
+        except Exception as exc:
+            record.ms = (time.perf_counter() - start) * 1e3
+            restore(graph, saved)
+            gm.recompile()
+            return self._failed(p, gm, exc, record, report, dumper, index, before_code)
+        record.ms = (time.perf_counter() - start) * 1e3
+        if result.modified:
+            gm.recompile()
+        record.status = "ran"
+        record.matches, record.modified, record.notes = result.matches, result.modified, result.notes
+        record.nodes_after = count_nodes(graph)
+        if dumper:
+            dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
+        self.plugins.hook.passkit_after_pass(pass_=p, gm=gm, result=result, record=record)
+        logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
+        return record
+
+    def _failed(
+        self,
+        p: Pass,
+        gm: torch.fx.GraphModule,
+        exc: Exception,
+        record: PassRecord,
+        report: Report,
+        dumper: Dumper | None,
+        index: int,
+        before_code: str,
+    ) -> PassRecord:
+        record.status = "failed"
+        record.reason = f"{type(exc).__name__}: {exc}"
+        record.nodes_before = record.nodes_after = count_nodes(gm.graph)
+        if dumper:
+            record.reproducer = str(dumper.reproducer(index, p, before_code, exc))
+        self.plugins.hook.passkit_pass_failed(pass_=p, gm=gm, error=exc, record=record)
+        logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
+        if self.config.on_error == "raise":
+            ran = [r.name for r in report.records if r.status == "ran"]
+            report.records.append(record)
+            self._finish(report, dumper)
+            where = f"; reproducer: {record.reproducer}" if record.reproducer else ""
+            raise PassFailedError(
+                f"pass {p.name!r} failed: {record.reason}. Passes that ran before it: "
+                f"{ran or 'none'}. The graph was restored to its state before {p.name!r}{where}.",
+                pass_name=p.name,
+                ran_before=ran,
+            ) from exc
+        return record
+
+    def _finish(self, report: Report, dumper: Dumper | None) -> None:
+        self._open = None
+        self.reports.append(report)
+        RECENT_REPORTS.append(report)
+        if dumper:
+            dumper.report(report)
+        logs.log.info("%s", report.format())
+        logs.artifact("passkit_report", report.to_json)
+        self.plugins.hook.passkit_report(report=report)
+
+
+def _as_result(value: Any, p: Pass) -> PassResult:
+    if isinstance(value, PassResult):
+        return value
+    raise TypeError(f"pass {p.name!r}: run() must return a PassResult, got {type(value).__name__}")
+
+
+def _function_identity(fn: Any) -> str:
+    from .pass_base import source_hash
+
+    module = inspect.getmodule(fn)
+    owner = module if module is not None else fn
+    try:
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}:{source_hash(owner)}"  # type: ignore[arg-type]
+    except TypeError:
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+class StagePass(CustomGraphPass):
+    """What Inductor calls: one stage of a :class:`Pipeline`."""
+
+    def __init__(self, pipeline: Pipeline, stage: Stage):
+        self.pipeline = pipeline
+        self.stage = stage
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        gm = graph.owning_module
+        if not isinstance(gm, torch.fx.GraphModule):
+            raise TypeError("passkit: Inductor passed a graph without an owning GraphModule")
+        self.pipeline.run_stage(gm, self.stage)
+
+    def uuid(self) -> str:
+        return f"passkit:{self.stage.value}:{self.pipeline.uuid()}"
+
+
+def build_pipeline(config: Config | dict[str, Any] | None = None, **overrides: Any) -> Pipeline:
+    """Resolve the config from every source, load plugins, validate and order the passes."""
+    cfg = load_config(config, **overrides)
+    plugins = plugins_for(cfg)
+    return Pipeline(cfg, plugins, instantiate(cfg, plugins))

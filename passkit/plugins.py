@@ -1,0 +1,263 @@
+"""Plugin discovery and the pass registry.
+
+Plugins come from the ``passkit.passes`` entry-point group (loaded once per process) and
+from :func:`register` (in-process). Each plugin loads in isolation: an import error, a
+hookimpl that fails validation, a registration hook that raises or a duplicate pass name is
+recorded as a :class:`PluginFailure` naming the plugin's distribution and version, and the
+other plugins load (``strict_plugins`` raises instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import threading
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError
+from .pass_base import Pass
+
+ENTRY_POINT_GROUP = "passkit.passes"
+CORE_DISTRIBUTION = "passkit"
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginInfo:
+    """A plugin that loaded."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    module: str
+
+    @property
+    def origin(self) -> str:
+        if self.distribution:
+            return f"plugin {self.name!r} from distribution {self.distribution} {self.version}"
+        return f"in-process plugin {self.name!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginFailure:
+    """A plugin (or one of its passes) that was skipped, and why."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    stage: str
+    """``import``, ``validate``, ``register`` or ``duplicate``."""
+    error: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        who = f"plugin {self.name!r}"
+        if self.distribution:
+            who += f" (distribution {self.distribution} {self.version})"
+        return f"{who} failed at {self.stage}: {self.error}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PassInfo:
+    """A pass class and where it came from."""
+
+    cls: type[Pass]
+    plugin: PluginInfo
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def version(self) -> str:
+        return self.plugin.version or "0"
+
+
+class PluginSet:
+    """A pluggy manager with its plugins loaded, and the passes they registered."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: list[PluginInfo] = []
+        self.failures: list[PluginFailure] = []
+        self.passes: dict[str, PassInfo] = {}
+        self._strict = False
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+    # -- loading ---------------------------------------------------------------------
+    def _fail(self, failure: PluginFailure) -> None:
+        if self._strict:
+            raise PluginError(str(failure) + (f"\n{failure.detail}" if failure.detail else ""))
+        self.failures.append(failure)
+
+    def add(self, plugin: object, info: PluginInfo) -> bool:
+        """Register one plugin object and collect its passes, in isolation."""
+        try:
+            self.pm.register(plugin, name=info.name)
+            self.pm.check_pending()
+        except Exception as exc:  # pluggy.PluginValidationError and friends
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            self._fail(self._failure(info, "validate", exc))
+            return False
+        impls = [
+            i for i in self.pm.hook.passkit_register_passes.get_hookimpls() if i.plugin is plugin
+        ]
+        collected: list[type[Pass]] = []
+        for impl in impls:
+            try:
+                collected.extend(_check_pass_list(impl.function()))
+            except Exception as exc:
+                self.pm.unregister(plugin)
+                self._fail(self._failure(info, "register", exc))
+                return False
+        for cls in collected:
+            if cls.name in self.passes:
+                other = self.passes[cls.name].plugin
+                self._fail(
+                    self._failure(
+                        info,
+                        "duplicate",
+                        f"pass name {cls.name!r} is already registered by {other.origin}; "
+                        f"this plugin's {cls.__module__}.{cls.__qualname__} is skipped",
+                    )
+                )
+                continue
+            self.passes[cls.name] = PassInfo(cls, info)
+        self.plugins.append(info)
+        return True
+
+    @staticmethod
+    def _failure(info: PluginInfo, stage: str, exc: BaseException | str) -> PluginFailure:
+        if isinstance(exc, BaseException):
+            err = f"{type(exc).__name__}: {exc}"
+            detail = "".join(traceback.format_exception(exc, limit=-3))
+        else:
+            err, detail = exc, ""
+        return PluginFailure(info.name, info.distribution, info.version, stage, err, detail)
+
+    def load_entry_points(
+        self,
+        *,
+        autoload: bool = True,
+        allow: Iterable[str] | None = None,
+        block: Iterable[str] = (),
+        strict: bool = False,
+    ) -> None:
+        self._strict = strict
+        allow_set = set(allow) if allow is not None else None
+        block_set = set(block)
+        for ep in _entry_points():
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.name if dist is not None else None
+            names = {ep.name, dist_name}
+            if not autoload and dist_name != CORE_DISTRIBUTION:
+                continue
+            if names & block_set:
+                continue
+            if allow_set is not None and not (names & allow_set) and dist_name != CORE_DISTRIBUTION:
+                continue
+            info = PluginInfo(ep.name, dist_name, dist.version if dist else None, ep.value)
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                self._fail(self._failure(info, "import", exc))
+                continue
+            self.add(plugin, info)
+        self._strict = False
+
+
+def _check_pass_list(result: Any) -> list[type[Pass]]:
+    if result is None:
+        return []
+    if not isinstance(result, (list, tuple)):
+        raise TypeError(f"passkit_register_passes must return a list of Pass classes, got {result!r}")
+    out = []
+    for cls in result:
+        if not (isinstance(cls, type) and issubclass(cls, Pass)):
+            raise TypeError(f"passkit_register_passes returned {cls!r}, which is not a Pass subclass")
+        if not cls.name or not isinstance(cls.name, str):
+            raise TypeError(f"pass class {cls.__qualname__} has no name")
+        out.append(cls)
+    return out
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    # one entry per (distribution, name): editable installs can list a distribution twice
+    seen: set[tuple[str | None, str]] = set()
+    out = []
+    for ep in sorted(eps, key=lambda e: (getattr(e.dist, "name", "") or "", e.name)):
+        key = (getattr(ep.dist, "name", None), ep.name)
+        if key not in seen:
+            seen.add(key)
+            out.append(ep)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# the process-wide plugin set
+
+_lock = threading.RLock()
+_cache: dict[tuple[Any, ...], PluginSet] = {}
+_in_process: list[tuple[object, str]] = []
+
+
+def register(plugin: object, name: str | None = None) -> None:
+    """Register a plugin in-process (no entry point needed): a module or an object with
+    ``passkit.hookimpl`` functions. Affects pipelines built afterwards."""
+    with _lock:
+        label = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+        if any(p is plugin for p, _ in _in_process):
+            return
+        _in_process.append((plugin, label))
+        _cache.clear()
+
+
+def unregister(plugin: object) -> None:
+    """Undo :func:`register`."""
+    with _lock:
+        _in_process[:] = [(p, n) for p, n in _in_process if p is not plugin]
+        _cache.clear()
+
+
+def get_plugins(
+    *,
+    autoload: bool = True,
+    allow: Iterable[str] | None = None,
+    block: Iterable[str] = (),
+    strict: bool = False,
+) -> PluginSet:
+    """The loaded plugins for these settings; entry points are loaded once per process."""
+    key = (
+        autoload,
+        tuple(sorted(allow)) if allow is not None else None,
+        tuple(sorted(block)),
+        strict,
+        tuple(id(p) for p, _ in _in_process),
+    )
+    with _lock:
+        found = _cache.get(key)
+        if found is None:
+            found = PluginSet()
+            found.load_entry_points(autoload=autoload, allow=allow, block=block, strict=strict)
+            found._strict = strict
+            for plugin, label in _in_process:
+                found.add(plugin, PluginInfo(label, None, None, getattr(plugin, "__name__", label)))
+            found._strict = False
+            _cache[key] = found
+        return found
+
+
+def reset() -> None:
+    """Forget loaded plugins (tests); the next :func:`get_plugins` rediscovers them."""
+    with _lock:
+        _cache.clear()

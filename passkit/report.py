@@ -1,0 +1,87 @@
+"""Per-compile reports: what each pass did."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Literal
+
+Status = Literal["ran", "skipped", "vetoed", "failed"]
+
+
+@dataclasses.dataclass
+class PassRecord:
+    name: str
+    stage: str
+    status: Status = "skipped"
+    matches: int = 0
+    modified: bool = False
+    ms: float = 0.0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    reason: str | None = None
+    """Why the pass was skipped or vetoed, or the error message when it failed."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    reproducer: str | None = None
+    """Path of the reproducer written for a failure, when a dump directory is set."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Report:
+    """All pass records of one compiled graph, in run order (both stages)."""
+
+    graph_id: int = 0
+    pipeline_uuid: str = ""
+    mode: str = "inductor"
+    records: list[PassRecord] = dataclasses.field(default_factory=list)
+
+    def __getitem__(self, name: str) -> PassRecord:
+        for rec in self.records:
+            if rec.name == name:
+                return rec
+        raise KeyError(f"no pass named {name!r} in this report (have: {self.names()})")
+
+    def __contains__(self, name: object) -> bool:
+        return any(rec.name == name for rec in self.records)
+
+    def names(self) -> list[str]:
+        return [r.name for r in self.records]
+
+    @property
+    def total_ms(self) -> float:
+        return sum(r.ms for r in self.records)
+
+    @property
+    def failed(self) -> list[PassRecord]:
+        return [r for r in self.records if r.status == "failed"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph_id": self.graph_id,
+            "pipeline_uuid": self.pipeline_uuid,
+            "mode": self.mode,
+            "total_ms": round(self.total_ms, 3),
+            "passes": [r.to_dict() for r in self.records],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def format(self) -> str:
+        """A fixed-width table, one row per pass."""
+        head = f"{'pass':<24} {'stage':<15} {'status':<8} {'matches':>7} {'ms':>9} {'nodes':>13}  note"
+        lines = [f"passkit report (graph {self.graph_id}, {self.mode})", head, "-" * len(head)]
+        for r in self.records:
+            nodes = f"{r.nodes_before}->{r.nodes_after}" if r.status == "ran" else "-"
+            note = r.reason or "; ".join(r.notes)
+            lines.append(
+                f"{r.name:<24} {r.stage:<15} {r.status:<8} {r.matches:>7} {r.ms:>9.2f} {nodes:>13}  {note}"
+            )
+        lines.append(f"total {self.total_ms:.2f} ms")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
