@@ -1,0 +1,71 @@
+"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``.
+
+Each session makes a fresh virtual environment, installs torch, then the three
+distributions of this repository in editable mode (so their entry points exist).
+
+torch: on a machine with an NVIDIA GPU (``nvidia-smi`` works) it installs ``torch`` (a CUDA
+build). Without a GPU it installs the CPU build ``torch==2.13.0`` (set ``PASSKIT_TORCH`` to
+another requirement, e.g. ``torch==2.11.0``, and ``PIP_EXTRA_INDEX_URL`` to a CPU wheel
+index where your registry's default torch would pull CUDA libraries).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = False
+PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
+TEST_DEPS = ["pytest>=8"]
+
+
+def _has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    return subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def install(session: nox.Session, *extra: str) -> None:
+    torch_req = os.environ.get("PASSKIT_TORCH") or ("torch" if _has_gpu() else "torch==2.13.0")
+    session.install(torch_req)
+    session.install(*PACKAGES, *extra)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite (GPU tests skip without GPUs). Extra args go to pytest."""
+    install(session, *TEST_DEPS)
+    # pytest exits 5 when a selection collects no test: not a failure of the suite
+    session.run("python", "-m", "pytest", *session.posargs, success_codes=[0, 5])
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: ``passkit demo`` (core demo, then the TP=2 fusion demo)."""
+    install(session)
+    session.run("passkit", "demo", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", "passkit", "passkit_testing", "passkit_fusion")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    install(session, "mypy")
+    session.run("mypy", "passkit")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """CPU benchmarks of passkit's own overhead; results go to benchmarks/results/."""
+    install(session)
+    session.run("python", "benchmarks/core_overhead.py", *session.posargs)

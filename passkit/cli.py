@@ -1,0 +1,276 @@
+"""The ``passkit`` command line.
+
+    passkit list [--json]        installed passes and plugin load failures
+    passkit show NAME            a pass's documentation and options schema
+    passkit schema               JSON schema of the config, with installed passes' options
+    passkit check FILE           validate a config file against the installed passes
+    passkit explain MOD:FN       compile MOD:FN's model with the configured passes, print the report
+    passkit demo                 the demo (core, then plugins' demos)
+
+Plugins add commands through the ``passkit_cli_commands`` hook (``passkit-fusion`` adds
+``tune``). User mistakes print one clear line on stderr and exit 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import PasskitError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _plugins() -> Any:
+    from .config import load_config
+    from .pipeline import plugins_for
+
+    return plugins_for(load_config())
+
+
+# -- list / show / schema ------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    plugins = _plugins()
+    rows = []
+    for name, info in sorted(plugins.passes.items()):
+        cls = info.cls
+        rows.append(
+            {
+                "name": name,
+                "distribution": info.plugin.distribution or "(in-process)",
+                "version": info.plugin.version or "",
+                "plugin": info.plugin.name,
+                "stage": cls.stage.value,
+                "options": {
+                    k: _describe_field(f) for k, f in cls.Options.model_fields.items()
+                },
+                "summary": _summary(cls),
+            }
+        )
+    failures = [
+        {
+            "plugin": f.name,
+            "distribution": f.distribution,
+            "version": f.version,
+            "stage": f.stage,
+            "error": f.error,
+        }
+        for f in plugins.failures
+    ]
+    if args.json:
+        print(json.dumps({"passes": rows, "failures": failures}, indent=2))
+        return 0
+    if not rows:
+        print("no passes installed")
+    width = max([len(r["name"]) for r in rows] + [4])
+    for r in rows:
+        origin = f"{r['distribution']} {r['version']}".strip()
+        print(f"{r['name']:<{width}}  {r['stage']:<15} {origin:<24} {r['summary']}")
+        for opt, desc in r["options"].items():
+            print(f"{'':<{width}}    {opt}: {desc}")
+    for f in plugins.failures:
+        print(f"FAILED TO LOAD: {f}", file=sys.stderr if not args.json else sys.stdout)
+    return 0
+
+
+def _describe_field(field: Any) -> str:
+    from pydantic_core import PydanticUndefined
+
+    ann = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+    default = "" if field.default is PydanticUndefined else f" = {field.default!r}"
+    return f"{ann}{default}" + (f"  ({field.description})" if field.description else "")
+
+
+def _summary(cls: type) -> str:
+    doc = inspect.getdoc(cls) or ""
+    return doc.splitlines()[0] if doc else ""
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .config import suggest
+
+    plugins = _plugins()
+    info = plugins.passes.get(args.name)
+    if info is None:
+        raise PasskitError(
+            f"no installed pass named {args.name!r}{suggest(args.name, plugins.passes)}; "
+            f"installed: {', '.join(sorted(plugins.passes)) or '(none)'}"
+        )
+    cls = info.cls
+    print(f"{cls.name}  ({info.plugin.origin})")
+    print(f"stage: {cls.stage.value}   class: {cls.__module__}.{cls.__qualname__}")
+    if cls.before or cls.after:
+        print(f"runs before: {list(cls.before)}   runs after: {list(cls.after)}")
+    print()
+    print(inspect.getdoc(cls) or "(no documentation)")
+    print("\noptions schema:")
+    print(json.dumps(cls.Options.model_json_schema(), indent=2))
+    return 0
+
+
+def config_schema(plugins: Any) -> dict[str, Any]:
+    """The config's JSON schema, with each installed pass's options as a named variant."""
+    from .config import Config
+
+    schema = Config.model_json_schema()
+    variants: list[dict[str, Any]] = []
+    for name, info in sorted(plugins.passes.items()):
+        opts = info.cls.Options.model_json_schema()
+        props = {"name": {"const": name}, **opts.get("properties", {})}
+        variants.append(
+            {
+                "title": name,
+                "type": "object",
+                "properties": props,
+                "required": ["name"],
+                "additionalProperties": False,
+            }
+        )
+        variants.append({"const": name})
+    schema["properties"]["passes"] = {"type": "array", "items": {"anyOf": variants}}
+    return schema
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(config_schema(_plugins()), indent=2))
+    return 0
+
+
+# -- check / explain -----------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .config import file_source, merge
+    from .pipeline import instantiate, order_passes, plugins_for
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise PasskitError(f"{path}: no such file")
+    cfg = merge([(str(path), file_source(path))])
+    passes = order_passes(instantiate(cfg, plugins_for(cfg)))
+    names = ", ".join(f"{p.name} ({p.stage.value})" for p in passes) or "(no pass enabled)"
+    print(f"{path}: OK — {len(passes)} pass(es): {names}")
+    return 0
+
+
+def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """Resolve ``module:function``; the function returns ``(model_or_fn, example_args)``."""
+    if ":" not in target:
+        raise PasskitError(f"target {target!r} must look like 'package.module:function'")
+    mod_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise PasskitError(f"cannot import {mod_name!r} for target {target!r}: {exc}") from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise PasskitError(f"module {mod_name!r} has no attribute {attr!r}")
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
+        raise PasskitError(
+            f"{target} must return (model_or_function, example_args_tuple), got {type(made).__name__}"
+        )
+    fn, example = made
+    return fn, tuple(example) if isinstance(example, (list, tuple)) else (example,)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import torch
+
+    from .integration import backend
+
+    fn, example = load_target(args.target)
+    overrides: dict[str, Any] = {}
+    if args.passes:
+        overrides["passes"] = [p.strip() for p in args.passes.split(",") if p.strip()]
+    if args.dump:
+        overrides["dump_dir"] = args.dump
+    b = backend(mode=args.mode, **overrides)
+    if not b.pipeline.enabled:
+        print("no pass is enabled (set `passes` in passkit.toml, PASSKIT_PASSES or --passes)")
+        return 0
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=b)(*example)
+    for report in b.reports:
+        print(report.format())
+    if args.dump:
+        print(f"graphs, diffs and report.json written under {args.dump}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(args)
+
+
+# -- parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    parser = argparse.ArgumentParser(prog="passkit", description="torch.compile graph passes as plugins")
+    from ._version import __version__
+
+    parser.add_argument("--version", action="version", version=f"passkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    handlers: dict[str, Handler] = {}
+
+    p = sub.add_parser("list", help="installed passes and plugin load failures")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    handlers["list"] = cmd_list
+
+    p = sub.add_parser("show", help="a pass's documentation and options schema")
+    p.add_argument("name")
+    handlers["show"] = cmd_show
+
+    sub.add_parser("schema", help="JSON schema of the config with installed passes' options")
+    handlers["schema"] = cmd_schema
+
+    p = sub.add_parser("check", help="validate a config file (passkit.toml or pyproject.toml)")
+    p.add_argument("file")
+    handlers["check"] = cmd_check
+
+    p = sub.add_parser("explain", help="compile MODULE:FUNCTION with the configured passes")
+    p.add_argument("target", help="'pkg.module:factory'; factory() returns (model, example_args)")
+    p.add_argument("--passes", help="comma-separated pass names (overrides the config)")
+    p.add_argument("--dump", metavar="DIR", help="write graphs, diffs and the report here")
+    p.add_argument("--mode", choices=["inductor", "eager"], default="inductor")
+    handlers["explain"] = cmd_explain
+
+    p = sub.add_parser("demo", help="run the demo")
+    p.add_argument("--mode", choices=["inductor", "eager"], default="inductor")
+    p.add_argument("--only", action="append", help="run only these demos ('core' or a plugin demo name)")
+    handlers["demo"] = cmd_demo
+
+    try:
+        for extra in _plugins().hook.passkit_cli_commands(subparsers=sub):
+            handlers.update(extra or {})
+    except PasskitError:
+        pass  # a broken config must not hide the built-in commands (check reports it)
+    return parser, handlers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, handlers = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return int(handlers[args.command](args) or 0)
+    except PasskitError as exc:
+        print(f"passkit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
