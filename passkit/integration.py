@@ -44,6 +44,8 @@ class Backend:
             Inductor generate code; ``"eager"`` runs them on the post-grad ATen graph and
             executes the result as is, with no code generation.
         inductor_config: extra Inductor config patches for each compile.
+        pipeline: a :class:`Pipeline` built elsewhere (e.g. from pass instances, as
+            ``passkit_testing`` does), used instead of one built from ``config``.
     """
 
     def __init__(
@@ -52,13 +54,16 @@ class Backend:
         *,
         mode: Mode = "inductor",
         inductor_config: dict[str, Any] | None = None,
+        pipeline: Pipeline | None = None,
         **overrides: Any,
     ):
         if mode not in ("inductor", "eager"):
             raise ValueError(f"mode must be 'inductor' or 'eager', got {mode!r}")
+        if pipeline is not None and (config is not None or overrides):
+            raise TypeError("give either a pipeline or a config, not both")
         logs.register_with_torch()
         self.mode: Mode = mode
-        self.pipeline: Pipeline = build_pipeline(config, **overrides)
+        self.pipeline: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
         self.inductor_config = dict(inductor_config or {})
 
     @property

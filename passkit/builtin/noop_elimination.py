@@ -61,22 +61,24 @@ class NoopElimination(GraphPass):
             if node.op != "call_function" or not node.args:
                 continue
             src = node.args[0]
-            out_val, src_val = _val(node), _val(src)
-            if out_val is None or src_val is None or not isinstance(src, torch.fx.Node):
+            if not isinstance(src, torch.fx.Node):
                 continue
-            if self._is_noop(node, out_val, src_val):
-                # never make a graph output the very same tensor as an input
-                if src.op == "placeholder" and node in output.all_input_nodes:
-                    continue
-                node.replace_all_uses_with(src)
-                graph.erase_node(node)
-                removed += 1
-            elif self._collapsible(node, src):
+            if self._collapsible(node, src):
                 # reshape(reshape(x, a), b) -> reshape(x, b); the inner one dies if unused
                 node.update_arg(0, src.args[0])
                 if not src.users:
                     graph.erase_node(src)
                 collapsed += 1
+                src = node.args[0]
+            out_val, src_val = _val(node), _val(src)
+            if out_val is None or src_val is None or not self._is_noop(node, out_val, src_val):
+                continue
+            # never make a graph output the very same tensor as an input
+            if src.op == "placeholder" and node in output.all_input_nodes:
+                continue
+            node.replace_all_uses_with(src)
+            graph.erase_node(node)
+            removed += 1
         notes = []
         if removed:
             notes.append(f"removed {removed} no-op op(s)")

@@ -1,0 +1,762 @@
+"""The CUDA runtime behind passkit's fused all-reduce + residual add + RMSNorm op.
+
+For ``x`` of shape ``[..., hidden]`` on every rank of a process group,
+:func:`fused_allreduce_rmsnorm_cuda` returns ``(norm_out, residual_out)`` with::
+
+    residual_out = all_reduce_sum(x) + residual          # residual may be None
+    norm_out     = rmsnorm(residual_out) * (weight + weight_bias)   # fp32 math, x.dtype out
+
+Each call runs flashinfer's fused kernel (one-shot or two-shot) or the unfused fallback
+(``torch.distributed.all_reduce`` + add + RMSNorm in torch).  The choice depends only on the
+tuning table, the configuration and the call's shape and dtype, so every rank takes the same
+path; a check at the first call on a process group compares a fingerprint of these inputs
+across ranks and raises instead of letting the collective hang.
+
+flashinfer needs an IPC workspace per ``(process group, hidden, dtype)``.  It is created
+lazily at the first fused call (a collective step) or eagerly by :func:`prepare`, never
+during CUDA graph capture, always with flashinfer's ``trtllm`` backend (``"auto"`` may pick
+the NVLink-multicast backend), and destroyed by :func:`destroy_workspaces` or at exit.
+
+flashinfer is imported lazily: this module imports without it, and without CUDA.
+This module keeps process-wide state and is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import sys
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from types import ModuleType
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.distributed as dist
+
+from .tuning import Decision, Rule, Table, decide, default_table, dtype_name, max_fused_tokens
+from .tuning import rules_fingerprint
+
+__all__ = [
+    "CallRecord",
+    "RuntimeConfig",
+    "choose_path",
+    "compare_plans",
+    "configure",
+    "current_config",
+    "destroy_workspaces",
+    "flashinfer_version",
+    "forced",
+    "fused_allreduce_rmsnorm_cuda",
+    "last_decision",
+    "plan_fingerprint",
+    "prepare",
+    "reset_stats",
+    "rmsnorm",
+    "stats",
+    "unavailable_reason",
+    "unfused_allreduce_rmsnorm",
+]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+SUPPORTED_WORLD_SIZES = frozenset({2, 4, 8, 16})
+#: Two-shot needs one of these world sizes (16 runs one-shot only).
+TWOSHOT_WORLD_SIZES = frozenset({2, 4, 8})
+#: Compute-capability majors flashinfer builds its trtllm all-reduce kernels for.
+SUPPORTED_SM_MAJORS = frozenset({9, 10, 12})
+#: Upper bound of a workspace sized automatically from the table.
+AUTO_MAX_TOKENS_CAP = 8192
+
+FUSED_ONESHOT = "fused_oneshot"
+FUSED_TWOSHOT = "fused_twoshot"
+FALLBACK = "fallback"
+
+ApiName = Literal["auto", "unified", "legacy"]
+_UNSET: Any = object()
+
+
+# ----------------------------------------------------------------------------------------
+# Configuration and observability
+# ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Process-wide settings.  They must be identical on every rank.
+
+    ``max_tokens``: token capacity of new workspaces; ``None`` sizes them to the largest
+    token count the table fuses (at most :data:`AUTO_MAX_TOKENS_CAP`).
+    ``check_rank_consistency``: compare the plan across ranks before the first call.
+    ``table``: decision table; ``None`` uses the tables shipped with passkit-fusion.
+    ``force``: take this decision for every call instead of the table's (benchmarks, tuning).
+    ``flashinfer_api``: ``"unified"`` (``create_allreduce_fusion_workspace`` +
+    ``allreduce_fusion``), ``"legacy"`` (``trtllm_*``), or ``"auto"`` (unified if present).
+    """
+
+    max_tokens: int | None = None
+    check_rank_consistency: bool = True
+    table: Table | None = None
+    force: Decision | None = None
+    flashinfer_api: ApiName = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRecord:
+    """The path one call took, and why it fell back (``reason`` is empty when fused)."""
+
+    path: str
+    reason: str
+    tokens: int
+    hidden: int
+    dtype: str
+    world_size: int
+
+
+_config = RuntimeConfig()
+_stats: Counter[str] = Counter()
+_last: CallRecord | None = None
+
+
+def configure(
+    *,
+    max_tokens: int | None = _UNSET,
+    check_rank_consistency: bool = _UNSET,
+    table: Table | None = _UNSET,
+    force: Decision | None = _UNSET,
+    flashinfer_api: ApiName = _UNSET,
+) -> RuntimeConfig:
+    """Change the given settings (see :class:`RuntimeConfig`) and return the new config.
+
+    Existing workspaces keep their size and API; the next eager call on each process group
+    re-checks that the ranks agree.
+    """
+    global _config
+    changes = {name: value for name, value in (
+        ("max_tokens", max_tokens), ("check_rank_consistency", check_rank_consistency),
+        ("table", table), ("force", force), ("flashinfer_api", flashinfer_api),
+    ) if value is not _UNSET}
+    new = dataclasses.replace(_config, **changes)
+    _validate_config(new)
+    _config = new
+    for site in _sites.values():
+        site.rules = None
+        site.checked = False
+    return new
+
+
+def current_config() -> RuntimeConfig:
+    """The settings in force."""
+    return _config
+
+
+@contextlib.contextmanager
+def forced(decision: Decision | None) -> Iterator[None]:
+    """Within the block, every call takes ``decision`` (still subject to the legality checks)."""
+    previous = _config.force
+    configure(force=decision)
+    try:
+        yield
+    finally:
+        configure(force=previous)
+
+
+def stats() -> dict[str, int]:
+    """Calls per path since the last reset: ``fused_oneshot``, ``fused_twoshot``,
+    ``fallback`` and ``fallback:<reason>``.  Calls replayed from a CUDA graph are not seen
+    (the graph's capture counts once)."""
+    return dict(_stats)
+
+
+def reset_stats() -> None:
+    """Zero :func:`stats` and forget :func:`last_decision`."""
+    global _last
+    _stats.clear()
+    _last = None
+
+
+def last_decision() -> CallRecord | None:
+    """The path taken by the most recent call in this process."""
+    return _last
+
+
+def _validate_config(config: RuntimeConfig) -> None:
+    if config.max_tokens is not None and config.max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer or None, got {config.max_tokens}")
+    if config.flashinfer_api not in ("auto", "unified", "legacy"):
+        raise ValueError(f"flashinfer_api must be 'auto', 'unified' or 'legacy', "
+                         f"got {config.flashinfer_api!r}")
+    if config.table is not None and not isinstance(config.table, Table):
+        raise TypeError(f"table must be a passkit_fusion.tuning.Table, got {type(config.table)}")
+    if config.force is not None and not isinstance(config.force, Decision):
+        raise TypeError(f"force must be a Decision or None, got {type(config.force)}")
+
+
+def _record(site: _Site, tokens: int, path: str, reason: str) -> None:
+    global _last
+    _stats[path] += 1
+    if reason:
+        _stats[f"{path}:{reason}"] += 1
+    _last = CallRecord(path, reason, tokens, site.hidden, dtype_name(site.dtype), site.world_size)
+
+
+# ----------------------------------------------------------------------------------------
+# The op
+# ----------------------------------------------------------------------------------------
+
+
+def fused_allreduce_rmsnorm_cuda(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    group_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-reduce ``x`` over the group, add ``residual``, RMS-normalise; return
+    ``(norm_out, residual_out)``, both shaped like ``x`` and of ``x.dtype``.
+
+    ``residual`` and ``weight`` must be identical on every rank (as in tensor parallelism).
+    Collective: every rank of the group calls it with the same shapes, in the same order.
+    On the fused path the kernel reads ``weight`` rounded to ``x.dtype``.  Does not modify
+    its inputs.
+    """
+    _check_args(x, residual, weight)
+    hidden = x.shape[-1]
+    x2d = x.reshape(-1, hidden).contiguous()
+    res2d = None if residual is None else residual.reshape(-1, hidden).contiguous()
+    site = _site(group_name, hidden, x.dtype)
+    if not site.checked and not _capturing():
+        _check_ranks(site)
+    tokens = x2d.shape[0]
+    path, reason = _route(site, tokens, x2d, weight_bias)
+    _record(site, tokens, path, reason)
+    if path == FALLBACK:
+        norm_out, residual_out = unfused_allreduce_rmsnorm(
+            x2d, res2d, weight, eps, weight_bias, site.group)
+    else:
+        norm_out, residual_out = _run_fused(
+            site, x2d, res2d, weight, eps, weight_bias, oneshot=path == FUSED_ONESHOT)
+    return norm_out.view(x.shape), residual_out.view(x.shape)
+
+
+def choose_path(
+    decision: Decision,
+    *,
+    tokens: int,
+    hidden: int,
+    dtype: torch.dtype,
+    world_size: int,
+    max_tokens: int,
+    unavailable: str | None = None,
+) -> tuple[str, str]:
+    """Which path a call takes: ``(path, reason)``, reason empty unless falling back.
+
+    Pure: it depends on its arguments only, which are the same on every rank.
+    ``unavailable`` is why the fused kernel cannot run in this process, if it cannot.
+    A two-shot decision runs one-shot where two-shot is illegal (tokens <= world size,
+    world size 16): one-shot is legal for every size the workspace holds.
+    """
+    if unavailable:
+        return FALLBACK, unavailable
+    if world_size not in SUPPORTED_WORLD_SIZES:
+        return FALLBACK, "world_size_unsupported"
+    if dtype not in SUPPORTED_DTYPES:
+        return FALLBACK, "dtype_unsupported"
+    if hidden % 8:
+        return FALLBACK, "hidden_not_multiple_of_8"
+    if not decision.use_fused:
+        return FALLBACK, "table"
+    if tokens < 1:
+        return FALLBACK, "no_tokens"
+    if tokens > max_tokens:
+        return FALLBACK, "over_workspace"
+    oneshot = (decision.oneshot or tokens <= world_size
+               or world_size not in TWOSHOT_WORLD_SIZES)
+    return (FUSED_ONESHOT if oneshot else FUSED_TWOSHOT), ""
+
+
+def unfused_allreduce_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    group: dist.ProcessGroup,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fallback: ``torch.distributed.all_reduce`` on a copy of ``x``, add, RMSNorm."""
+    reduced = x.clone()
+    dist.all_reduce(reduced, group=group)
+    residual_out = reduced if residual is None else reduced.add_(residual)
+    return rmsnorm(residual_out, weight, eps, weight_bias), residual_out
+
+
+def rmsnorm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float, weight_bias: float = 0.0
+) -> torch.Tensor:
+    """``rmsnorm(h) * (weight + weight_bias)`` over the last dim, in fp32, cast to h.dtype."""
+    gamma = weight.float() + weight_bias if weight_bias else weight.float()
+    normed = torch.rms_norm(hidden_states.float(), (hidden_states.shape[-1],), gamma, eps)
+    return normed.to(hidden_states.dtype)
+
+
+def _check_args(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(f"x must be [..., hidden] with hidden >= 1, got shape {tuple(x.shape)}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual must match x in shape and dtype: x is {tuple(x.shape)} "
+                         f"{x.dtype}, residual is {tuple(residual.shape)} {residual.dtype}")
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
+
+
+def _route(site: _Site, tokens: int, x: torch.Tensor, weight_bias: float) -> tuple[str, str]:
+    decision = _config.force or decide(_site_rules(site), tokens)
+    return choose_path(decision, tokens=tokens, hidden=site.hidden, dtype=site.dtype,
+                       world_size=site.world_size, max_tokens=_capacity(site),
+                       unavailable=_call_unavailable(x, weight_bias))
+
+
+def _call_unavailable(x: torch.Tensor, weight_bias: float) -> str | None:
+    reason = unavailable_reason()
+    if reason:
+        return reason
+    if not x.is_cuda:
+        return "not_cuda"
+    if weight_bias and not _api().supports_weight_bias:
+        return "weight_bias_unsupported"
+    return None
+
+
+def _run_fused(site: _Site, x: torch.Tensor, residual: torch.Tensor | None,
+               weight: torch.Tensor, eps: float, weight_bias: float,
+               oneshot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    workspace = site.workspace or _create_workspace_for_call(site)
+    norm_out = torch.empty_like(x)
+    residual_out = torch.empty_like(x)
+    workspace.api.run(
+        workspace.handle,
+        x=x,
+        residual=residual if residual is not None else torch.zeros_like(x),
+        gamma=weight.to(x.dtype).contiguous(),  # the kernel reads gamma as x.dtype
+        eps=eps,
+        weight_bias=weight_bias,
+        oneshot=oneshot,
+        norm_out=norm_out,
+        residual_out=residual_out,
+    )
+    return norm_out, residual_out
+
+
+# ----------------------------------------------------------------------------------------
+# flashinfer access
+# ----------------------------------------------------------------------------------------
+
+
+class _FlashinferApi(Protocol):
+    name: str
+    supports_weight_bias: bool
+
+    def create(self, *, group: dist.ProcessGroup, rank: int, world_size: int,
+               max_tokens: int, hidden: int, dtype: torch.dtype) -> Any: ...
+
+    def run(self, handle: Any, *, x: torch.Tensor, residual: torch.Tensor,
+            gamma: torch.Tensor, eps: float, weight_bias: float, oneshot: bool,
+            norm_out: torch.Tensor, residual_out: torch.Tensor) -> None: ...
+
+    def destroy(self, handle: Any) -> None: ...
+
+
+class _UnifiedApi:
+    """``create_allreduce_fusion_workspace`` + ``allreduce_fusion`` (flashinfer >= 0.5)."""
+
+    name = "unified"
+
+    def __init__(self, comm: ModuleType) -> None:
+        self._comm = comm
+        self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
+        self.supports_weight_bias = _accepts(comm.allreduce_fusion, "weight_bias")
+
+    def create(self, *, group: dist.ProcessGroup, rank: int, world_size: int,
+               max_tokens: int, hidden: int, dtype: torch.dtype) -> Any:
+        workspace = self._comm.create_allreduce_fusion_workspace(
+            backend="trtllm", world_size=world_size, rank=rank, max_token_num=max_tokens,
+            hidden_dim=hidden, dtype=dtype, group=group)
+        if getattr(workspace, "backend", "trtllm") != "trtllm":
+            workspace.destroy()
+            raise RuntimeError(f"flashinfer created a {workspace.backend!r} workspace when "
+                               "asked for 'trtllm'; refusing to use it")
+        return workspace
+
+    def run(self, handle: Any, *, x: torch.Tensor, residual: torch.Tensor,
+            gamma: torch.Tensor, eps: float, weight_bias: float, oneshot: bool,
+            norm_out: torch.Tensor, residual_out: torch.Tensor) -> None:
+        extra = {"weight_bias": weight_bias} if weight_bias else {}
+        self._comm.allreduce_fusion(
+            input=x, workspace=handle, pattern=self._pattern, launch_with_pdl=False,
+            trigger_completion_at_end=True, residual_out=residual_out, norm_out=norm_out,
+            residual_in=residual, rms_gamma=gamma, rms_eps=eps, use_oneshot=oneshot, **extra)
+
+    def destroy(self, handle: Any) -> None:
+        handle.destroy()
+
+
+@dataclasses.dataclass
+class _LegacyHandle:
+    ipc_handles: Any
+    workspace_tensor: torch.Tensor
+    metadata: dict[str, Any] | None
+    group: dist.ProcessGroup
+    rank: int
+    world_size: int
+
+
+class _LegacyApi:
+    """``trtllm_create_ipc_workspace_for_all_reduce_fusion`` + ``trtllm_allreduce_fusion``."""
+
+    name = "legacy"
+
+    def __init__(self, comm: ModuleType) -> None:
+        self._comm = comm
+        self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
+        self.supports_weight_bias = _accepts(comm.trtllm_allreduce_fusion, "weight_bias")
+        self._takes_metadata = _accepts(comm.trtllm_allreduce_fusion, "metadata")
+        self._makes_metadata = _accepts(
+            comm.trtllm_create_ipc_workspace_for_all_reduce_fusion, "create_metadata")
+
+    def create(self, *, group: dist.ProcessGroup, rank: int, world_size: int,
+               max_tokens: int, hidden: int, dtype: torch.dtype) -> _LegacyHandle:
+        extra = {"create_metadata": True} if self._makes_metadata else {}
+        created = self._comm.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+            tp_rank=rank, tp_size=world_size, max_token_num=max_tokens, hidden_dim=hidden,
+            use_fp32_lamport=dtype == torch.float32, group=group, **extra)
+        metadata = created[-1] if self._makes_metadata else None
+        return _LegacyHandle(created[0], created[1], metadata, group, rank, world_size)
+
+    def run(self, handle: _LegacyHandle, *, x: torch.Tensor, residual: torch.Tensor,
+            gamma: torch.Tensor, eps: float, weight_bias: float, oneshot: bool,
+            norm_out: torch.Tensor, residual_out: torch.Tensor) -> None:
+        extra: dict[str, Any] = {"weight_bias": weight_bias} if weight_bias else {}
+        if self._takes_metadata and handle.metadata is not None:
+            extra["metadata"] = handle.metadata
+        tokens, hidden = x.shape
+        self._comm.trtllm_allreduce_fusion(
+            allreduce_in=x.view(-1), world_size=handle.world_size, world_rank=handle.rank,
+            token_num=tokens, hidden_dim=hidden, workspace_ptrs=handle.workspace_tensor,
+            launch_with_pdl=False, use_oneshot=oneshot, trigger_completion_at_end=True,
+            fp32_acc=False, pattern_code=self._pattern, allreduce_out=None,
+            residual_in=residual.view(-1), residual_out=residual_out.view(-1),
+            norm_out=norm_out.view(-1), quant_out=None, scale_out=None, rms_gamma=gamma,
+            rms_eps=eps, scale_factor=None, layout_code=None, **extra)
+
+    def destroy(self, handle: _LegacyHandle) -> None:
+        self._comm.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(
+            handle.ipc_handles, group=handle.group)
+
+
+def _accepts(fn: Any, parameter: str) -> bool:
+    try:
+        return parameter in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@functools.cache
+def _flashinfer_comm() -> ModuleType | None:
+    try:
+        import flashinfer.comm as comm
+    except Exception as exc:  # ImportError, or a broken install failing at import time
+        level = logging.DEBUG if isinstance(exc, ModuleNotFoundError) else logging.WARNING
+        logger.log(level, "flashinfer.comm unavailable (%s: %s); the fused all-reduce + "
+                   "RMSNorm falls back to torch.distributed", type(exc).__name__, exc)
+        return None
+    return comm
+
+
+@functools.cache
+def _select_api(preference: ApiName) -> _FlashinferApi | None:
+    comm = _flashinfer_comm()
+    if comm is None:
+        return None
+    unified = hasattr(comm, "create_allreduce_fusion_workspace") and hasattr(
+        comm, "allreduce_fusion")
+    legacy = hasattr(comm, "trtllm_create_ipc_workspace_for_all_reduce_fusion") and hasattr(
+        comm, "trtllm_allreduce_fusion")
+    if unified and preference in ("auto", "unified"):
+        return _UnifiedApi(comm)
+    if legacy and preference in ("auto", "legacy"):
+        return _LegacyApi(comm)
+    return None
+
+
+def _api() -> _FlashinferApi:
+    api = _select_api(_config.flashinfer_api)
+    if api is None:
+        raise RuntimeError(f"no usable flashinfer API: {unavailable_reason()}")
+    return api
+
+
+def flashinfer_version() -> str | None:
+    """The installed flashinfer's version, or None when it cannot be imported."""
+    if _flashinfer_comm() is None:
+        return None
+    return str(getattr(sys.modules.get("flashinfer"), "__version__", "unknown"))
+
+
+def unavailable_reason() -> str | None:
+    """Why this process cannot run the fused kernel at all, or None if it can."""
+    if not torch.cuda.is_available():
+        return "cuda_unavailable"
+    if _flashinfer_comm() is None:
+        return "flashinfer_missing"
+    if _select_api(_config.flashinfer_api) is None:
+        return f"flashinfer_api_missing:{_config.flashinfer_api}"
+    if torch.cuda.get_device_capability()[0] not in SUPPORTED_SM_MAJORS:
+        return "gpu_arch_unsupported"
+    return None
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+# ----------------------------------------------------------------------------------------
+# Sites (one per process group, hidden size and dtype) and their workspaces
+# ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Workspace:
+    api: _FlashinferApi
+    handle: Any
+    max_tokens: int
+
+
+@dataclasses.dataclass
+class _Site:
+    group: dist.ProcessGroup
+    group_name: str
+    rank: int
+    world_size: int
+    hidden: int
+    dtype: torch.dtype
+    max_tokens: int | None = None  # set by prepare()
+    rules: tuple[Rule, ...] | None = None
+    workspace: _Workspace | None = None
+    checked: bool = False
+
+
+_sites: dict[tuple[str, int, torch.dtype], _Site] = {}
+_atexit_registered = False
+
+
+def prepare(group_name: str, hidden: int, dtype: torch.dtype,
+            max_tokens: int | None = None) -> int:
+    """Create the workspace for ``(group, hidden, dtype)`` now, e.g. before CUDA graph capture.
+
+    Collective: every rank of the group calls it with the same arguments.  ``max_tokens``
+    defaults to the configured or table-derived size; a larger value than an existing
+    workspace's replaces it (do that before capturing graphs that use it).  Returns the
+    workspace's token capacity, 0 when there is none because the fused kernel cannot run
+    here (see :func:`unavailable_reason`) or the table never fuses this shape.
+    """
+    if _capturing():
+        raise RuntimeError("passkit_fusion.prepare() is collective and allocates memory: "
+                           "call it before CUDA graph capture, not during it")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    site = _site(group_name, hidden, dtype)
+    if max_tokens is not None and max_tokens != site.max_tokens:
+        site.max_tokens = max_tokens
+        site.checked = False
+    if not site.checked:
+        _check_ranks(site)
+    wanted = _planned_max_tokens(site)
+    if _static_problem(site) or wanted < 1:
+        return 0
+    if site.workspace is not None and site.workspace.max_tokens >= wanted:
+        return site.workspace.max_tokens
+    _destroy_site_workspace(site)
+    return _create_workspace(site).max_tokens
+
+
+def destroy_workspaces() -> None:
+    """Free every workspace and forget every process group seen.
+
+    Call it only when no CUDA graph that uses a workspace will replay again.  Runs at exit.
+    """
+    try:
+        for site in _sites.values():
+            _destroy_site_workspace(site)
+    finally:
+        _sites.clear()
+
+
+def _site(group_name: str, hidden: int, dtype: torch.dtype) -> _Site:
+    key = (group_name, hidden, dtype)
+    site = _sites.get(key)
+    if site is None:
+        group = _resolve_group(group_name)
+        site = _Site(group, group_name, dist.get_rank(group), dist.get_world_size(group),
+                     hidden, dtype)
+        _sites[key] = site
+    return site
+
+
+def _resolve_group(group_name: str) -> dist.ProcessGroup:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        return _resolve_process_group(group_name)
+    except Exception as exc:
+        raise RuntimeError(f"passkit_fusion: no process group named {group_name!r} "
+                           f"(is torch.distributed initialised?): {exc}") from exc
+
+
+def _site_rules(site: _Site) -> tuple[Rule, ...]:
+    if site.rules is None:
+        table = _config.table or default_table()
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        site.rules = table.resolve(gpu, site.world_size, site.hidden, site.dtype)
+    return site.rules
+
+
+def _planned_max_tokens(site: _Site) -> int:
+    if site.max_tokens is not None:
+        return site.max_tokens
+    if _config.max_tokens is not None:
+        return _config.max_tokens
+    return min(max_fused_tokens(_site_rules(site)), AUTO_MAX_TOKENS_CAP)
+
+
+def _capacity(site: _Site) -> int:
+    return site.workspace.max_tokens if site.workspace is not None else _planned_max_tokens(site)
+
+
+def _static_problem(site: _Site) -> str | None:
+    """A reason no call on this site can be fused, independent of the token count."""
+    path, reason = choose_path(Decision(True, True), tokens=1, hidden=site.hidden,
+                               dtype=site.dtype, world_size=site.world_size, max_tokens=1,
+                               unavailable=unavailable_reason())
+    return reason if path == FALLBACK else None
+
+
+def _create_workspace_for_call(site: _Site) -> _Workspace:
+    if _capturing():
+        raise RuntimeError(
+            f"passkit_fusion: no flashinfer workspace exists yet for process group "
+            f"{site.group_name!r}, hidden={site.hidden}, dtype={dtype_name(site.dtype)}, and "
+            f"one cannot be created during CUDA graph capture (creation is collective and "
+            f"allocates IPC memory). Call passkit_fusion.prepare({site.group_name!r}, "
+            f"{site.hidden}, torch.{dtype_name(site.dtype)}, max_tokens=...) before capturing, "
+            f"or run one eager step first.")
+    return _create_workspace(site)
+
+
+def _create_workspace(site: _Site) -> _Workspace:
+    global _atexit_registered
+    if not site.checked:
+        _check_ranks(site)
+    api, max_tokens = _api(), _planned_max_tokens(site)
+    handle = api.create(group=site.group, rank=site.rank, world_size=site.world_size,
+                        max_tokens=max_tokens, hidden=site.hidden, dtype=site.dtype)
+    site.workspace = _Workspace(api, handle, max_tokens)
+    if not _atexit_registered:
+        atexit.register(_destroy_at_exit)
+        _atexit_registered = True
+    logger.info("passkit_fusion: created a flashinfer %s workspace for group %r, hidden %d, "
+                "%s, %d tokens", api.name, site.group_name, site.hidden,
+                dtype_name(site.dtype), max_tokens)
+    return site.workspace
+
+
+def _destroy_site_workspace(site: _Site) -> None:
+    workspace, site.workspace = site.workspace, None
+    if workspace is not None:
+        workspace.api.destroy(workspace.handle)
+
+
+def _destroy_at_exit() -> None:
+    try:
+        destroy_workspaces()
+    except Exception as exc:  # the process is ending; never mask its real exit status
+        logger.debug("passkit_fusion: destroying workspaces at exit failed: %s", exc)
+
+
+# ----------------------------------------------------------------------------------------
+# Rank consistency
+# ----------------------------------------------------------------------------------------
+
+
+def plan_fingerprint(plan: Mapping[str, Any]) -> int:
+    """A stable non-negative 63-bit hash of a plan (a JSON-serialisable mapping)."""
+    payload = json.dumps(plan, sort_keys=True, default=str).encode()
+    return int.from_bytes(hashlib.sha256(payload).digest()[:8], "little") & (2**63 - 1)
+
+
+def compare_plans(plans: Sequence[Mapping[str, Any]]) -> str | None:
+    """Describe the first field on which the plans (one per rank) differ, or return None."""
+    if not plans:
+        return None
+    fields = list(plans[0]) + sorted({f for p in plans[1:] for f in p} - set(plans[0]))
+    for field in fields:
+        values = [plan.get(field, "<missing>") for plan in plans]
+        if any(value != values[0] for value in values[1:]):
+            ranks_by_value: dict[str, list[int]] = {}
+            for rank, value in enumerate(values):
+                ranks_by_value.setdefault(repr(value), []).append(rank)
+            parts = "; ".join(f"{value} on rank{'s' if len(ranks) > 1 else ''} "
+                              f"{', '.join(map(str, ranks))}"
+                              for value, ranks in ranks_by_value.items())
+            return f"field {field!r} differs: {parts}"
+    return None
+
+
+def _site_plan(site: _Site) -> dict[str, Any]:
+    """Everything every rank's decisions on this site depend on."""
+    api = _select_api(_config.flashinfer_api)
+    return {
+        "world_size": site.world_size,
+        "hidden": site.hidden,
+        "dtype": dtype_name(site.dtype),
+        "max_tokens": _capacity(site),
+        "table": rules_fingerprint(_site_rules(site)),
+        "force": _config.force.label() if _config.force else None,
+        "flashinfer": flashinfer_version(),
+        "api": api.name if api is not None else None,
+        "unavailable": unavailable_reason(),
+    }
+
+
+def _check_ranks(site: _Site) -> None:
+    """All-gather the plan fingerprint; on mismatch gather the plans and raise, naming the field."""
+    if _config.check_rank_consistency and site.world_size > 1:
+        plan = _site_plan(site)
+        device = _collective_device(site.group)
+        mine = torch.tensor([plan_fingerprint(plan)], dtype=torch.int64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(site.world_size)]
+        dist.all_gather(gathered, mine, group=site.group)
+        if len({int(t.item()) for t in gathered}) > 1:
+            plans: list[Any] = [None] * site.world_size
+            dist.all_gather_object(plans, plan, group=site.group)
+            raise RuntimeError(
+                f"passkit_fusion: the ranks of process group {site.group_name!r} disagree on "
+                f"the fused all-reduce + RMSNorm plan for hidden={site.hidden}, "
+                f"dtype={dtype_name(site.dtype)}: {compare_plans(plans) or 'fingerprints differ'}."
+                f" Every rank must use the same passkit-fusion and flashinfer versions, tables "
+                f"and passkit_fusion.configure()/prepare() settings; otherwise the collective "
+                f"would hang.")
+    site.checked = True
+
+
+def _collective_device(group: dist.ProcessGroup) -> torch.device:
+    if "nccl" in str(dist.get_backend(group)).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

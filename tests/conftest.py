@@ -1,0 +1,30 @@
+"""Shared fixtures for the repository's own tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch and leaves no plugin registered in-process."""
+    import passkit.plugins
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    passkit.plugins._in_process.clear()
+    passkit.plugins.reset()
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    """No PASSKIT_* variables and an empty working directory (no config files)."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("PASSKIT_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
