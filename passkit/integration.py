@@ -21,13 +21,12 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import logs
 from .config import Config
 from .context import Mode
 from .pass_base import Stage
-from .pipeline import Pipeline, build_pipeline
+from .pipeline import Pipeline, _register_custom_pass_type, build_pipeline
 from .report import Report
 
 CompiledFn = Callable[..., Any]
@@ -126,10 +125,11 @@ def passkit_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
 # install into a framework's own Inductor config
 
 
-class ComposedPass(CustomGraphPass):
+class ComposedPass:
     """Runs an existing custom pass, then ours; its uuid combines both."""
 
-    def __init__(self, first: Any, second: CustomGraphPass):
+    def __init__(self, first: Any, second: Any):
+        _register_custom_pass_type(ComposedPass)
         self.first, self.second = first, second
 
     def __call__(self, graph: torch.fx.Graph) -> None:

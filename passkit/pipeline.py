@@ -18,7 +18,6 @@ from collections import deque
 from typing import Any
 
 import torch.fx
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import logs
 from .config import Config, load_config, suggest
@@ -355,10 +354,15 @@ def _function_identity(fn: Any) -> str:
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
 
 
-class StagePass(CustomGraphPass):
-    """What Inductor calls: one stage of a :class:`Pipeline`."""
+class StagePass:
+    """What Inductor calls: one stage of a :class:`Pipeline`.
+
+    It is an Inductor ``CustomGraphPass`` (registered as a virtual subclass on first use,
+    so that importing passkit does not import Inductor).
+    """
 
     def __init__(self, pipeline: Pipeline, stage: Stage):
+        _register_custom_pass_type(StagePass)
         self.pipeline = pipeline
         self.stage = stage
 
@@ -370,6 +374,15 @@ class StagePass(CustomGraphPass):
 
     def uuid(self) -> str:
         return f"passkit:{self.stage.value}:{self.pipeline.uuid()}"
+
+
+def _register_custom_pass_type(cls: type) -> None:
+    """Make ``cls`` an Inductor ``CustomGraphPass`` (isinstance checks) without importing
+    Inductor when passkit is imported."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    if not issubclass(cls, CustomGraphPass):
+        CustomGraphPass.register(cls)
 
 
 def build_pipeline(config: Config | dict[str, Any] | None = None, **overrides: Any) -> Pipeline:

@@ -8,11 +8,18 @@ import torch
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    """Each test compiles from scratch and leaves no plugin registered in-process."""
+    """Each test compiles from scratch (no Inductor/AOTAutograd cache hits, which would skip
+    the passes) and leaves no plugin registered in-process."""
+    import torch._functorch.config
+    import torch._inductor.config
+
     import passkit.plugins
 
     torch._dynamo.reset()
-    yield
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(
+        enable_autograd_cache=False
+    ):
+        yield
     torch._dynamo.reset()
     passkit.plugins._in_process.clear()
     passkit.plugins.reset()

@@ -126,7 +126,8 @@ def test_unknown_pass_lists_installed_and_suggests(clean_env):
     msg = str(exc.value)
     assert "unknown pass 'noop_elimnation'" in msg
     assert "did you mean 'noop_elimination'" in msg
-    assert "Installed passes: cleanup, noop_elimination, reinplace" in msg
+    installed = msg.split("Installed passes: ")[1]
+    assert all(name in installed for name in ("cleanup", "noop_elimination", "reinplace"))
 
 
 def test_wrong_option_type_names_pass_field_and_type(clean_env):
