@@ -11,6 +11,7 @@ the matched value as the argument of that name.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -73,8 +74,11 @@ class PatternPass(Pass):
         )
 
         pm = PatternMatcherPass(pass_name=f"passkit.{self.name}")
+        supported = inspect.signature(register_replacement).parameters
         for i, pat in enumerate(self.patterns()):
             kwargs: dict[str, Any] = {}
+            if "skip_duplicates" in supported:  # torch >= 2.12: tolerate equal patterns
+                kwargs["skip_duplicates"] = True
             if pat.extra_check is not None:
                 kwargs["extra_check"] = pat.extra_check
             try:
@@ -85,7 +89,6 @@ class PatternPass(Pass):
                     fwd_only,
                     pm,
                     scalar_workaround=dict(pat.scalars) or None,
-                    skip_duplicates=True,
                     **kwargs,
                 )
             except Exception as exc:
