@@ -24,7 +24,6 @@ from .plugins import get_plugins, register, unregister
 from .report import PassRecord, Report
 
 __all__ = [
-    "__version__",
     "Backend",
     "CompileContext",
     "Config",
@@ -47,6 +46,7 @@ __all__ = [
     "Requirements",
     "Stage",
     "VerificationError",
+    "__version__",
     "backend",
     "build_pipeline",
     "get_plugins",

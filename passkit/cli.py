@@ -49,9 +49,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "version": info.plugin.version or "",
                 "plugin": info.plugin.name,
                 "stage": cls.stage.value,
-                "options": {
-                    k: _describe_field(f) for k, f in cls.Options.model_fields.items()
-                },
+                "options": {k: _describe_field(f) for k, f in cls.Options.model_fields.items()},
                 "summary": _summary(cls),
             }
         )

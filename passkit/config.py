@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import difflib
 import os
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
+import tomllib
 
 from .errors import ConfigError
 from .pass_base import format_validation_error

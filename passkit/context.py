@@ -43,7 +43,6 @@ class CompileContext:
                 dtype = t.dtype
         return cls(device=device, dtype=dtype, world_size=_world_size(), mode=mode)
 
-
     @classmethod
     def from_graph(cls, gm: torch.fx.GraphModule, mode: Mode = "inductor") -> CompileContext:
         """Build a context from the recorded fake values of a graph's placeholders."""

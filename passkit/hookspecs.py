@@ -42,16 +42,12 @@ def passkit_configure_pipeline(plan: PipelinePlan, context: CompileContext) -> N
 
 
 @hookspec(firstresult=True)
-def passkit_before_pass(
-    pass_: Pass, gm: torch.fx.GraphModule, context: CompileContext
-) -> str | None:
+def passkit_before_pass(pass_: Pass, gm: torch.fx.GraphModule, context: CompileContext) -> str | None:
     """Called before each pass. Return a non-empty string (the reason) to veto the pass."""
 
 
 @hookspec
-def passkit_after_pass(
-    pass_: Pass, gm: torch.fx.GraphModule, result: PassResult, record: PassRecord
-) -> None:
+def passkit_after_pass(pass_: Pass, gm: torch.fx.GraphModule, result: PassResult, record: PassRecord) -> None:
     """Called after each pass that ran and succeeded."""
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -80,7 +80,7 @@ class Backend:
         from torch._inductor.compile_fx import compile_fx
 
         patches = {**self.inductor_config, **self.pipeline.inductor_patches()}
-        return compile_fx(gm, list(example_inputs), config_patches=patches or None)
+        return cast(CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None))
 
     def _compile_eager(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         from torch._dynamo.backends.common import aot_autograd
@@ -162,4 +162,4 @@ def install(
     return pipeline
 
 
-__all__ = ["Backend", "backend", "install", "passkit_backend", "ComposedPass", "Stage"]
+__all__ = ["Backend", "ComposedPass", "Stage", "backend", "install", "passkit_backend"]

@@ -40,4 +40,3 @@ def artifact(name: str, payload: Callable[[], str], encoding: str = "json") -> N
         )
     except Exception:  # pragma: no cover
         log.debug("structured trace failed", exc_info=True)
-

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import hashlib
 import inspect
 import json
@@ -118,8 +117,7 @@ class Pass:
         if isinstance(options, pydantic.BaseModel):
             if not isinstance(options, self.Options):
                 raise TypeError(
-                    f"{self.name}: options must be {self.Options.__name__}, "
-                    f"got {type(options).__name__}"
+                    f"{self.name}: options must be {self.Options.__name__}, got {type(options).__name__}"
                 )
             self.options = options
         else:
@@ -194,9 +192,19 @@ def _type_name(ann: Any) -> str:
     return str(ann).replace("typing.", "")
 
 
-@functools.lru_cache(maxsize=None)
+_source_hashes: dict[type, str] = {}
+
+
 def source_hash(cls: type) -> str:
-    """Hash of the files defining ``cls`` (its module plus ``cls.source_files``). Cached."""
+    """Hash of the files defining ``cls`` (its module plus ``cls.source_files``), computed
+    once per class and process (never per compile)."""
+    found = _source_hashes.get(cls)
+    if found is None:
+        found = _source_hashes[cls] = _hash_files(cls)
+    return found
+
+
+def _hash_files(cls: type) -> str:
     files: list[str] = []
     try:
         files.append(inspect.getfile(cls))

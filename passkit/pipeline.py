@@ -118,7 +118,7 @@ def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(edges[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m) :] + [m]
+                return [*stack[stack.index(m) :], m]
             if m not in state:
                 found = visit(m)
                 if found:

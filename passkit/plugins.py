@@ -108,9 +108,7 @@ class PluginSet:
                 self.pm.unregister(plugin)
             self._fail(self._failure(info, "validate", exc))
             return False
-        impls = [
-            i for i in self.pm.hook.passkit_register_passes.get_hookimpls() if i.plugin is plugin
-        ]
+        impls = [i for i in self.pm.hook.passkit_register_passes.get_hookimpls() if i.plugin is plugin]
         collected: list[type[Pass]] = []
         for impl in impls:
             try:

@@ -27,8 +27,7 @@ def verify_graph(gm: torch.fx.GraphModule, pass_name: str) -> None:
         listed = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
         raise VerificationError(
-            f"after pass {pass_name!r}: metadata disagrees with fake-tensor propagation:\n  "
-            f"{listed}{more}"
+            f"after pass {pass_name!r}: metadata disagrees with fake-tensor propagation:\n  {listed}{more}"
         )
 
 

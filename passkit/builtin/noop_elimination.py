@@ -37,10 +37,8 @@ def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _is_full_slice(node: torch.fx.Node, src: torch.Tensor) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    dim = node.args[1] if len(node.args) > 1 else 0
-    start = node.args[2] if len(node.args) > 2 else None
-    end = node.args[3] if len(node.args) > 3 else None
-    step = node.args[4] if len(node.args) > 4 else 1
+    given: list[Any] = list(node.args[1:5])
+    dim, start, end, step = given + [0, None, None, 1][len(given) :]  # aten.slice defaults
     if step != 1 or start not in (None, 0) or not isinstance(dim, int):
         return False
     if end is None or (isinstance(end, int) and end >= sys.maxsize // 2):

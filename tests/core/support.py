@@ -42,7 +42,7 @@ class HalfwayThenFail(passkit.GraphPass):
             if node.op == "call_function" and node.target is aten.relu.default:
                 with gm.graph.inserting_after(node):
                     extra = gm.graph.call_function(aten.neg.default, (node,))
-                node.replace_all_uses_with(extra, delete_user_cb=lambda u: u is not extra)
+                node.replace_all_uses_with(extra, delete_user_cb=lambda u, keep=extra: u is not keep)
                 break
         raise RuntimeError("boom in the middle of a rewrite")
 

@@ -91,8 +91,17 @@ def test_check_good_and_bad_files(cli, tmp_path):
 
 def test_explain_prints_report_and_dumps(cli, tmp_path):
     dump = tmp_path / "dump"
-    out = cli("explain", "tests.core.explain_target:make", "--passes", "noop_elimination,cleanup",
-              "--mode", "eager", "--dump", str(dump), cwd=ROOT)
+    out = cli(
+        "explain",
+        "tests.core.explain_target:make",
+        "--passes",
+        "noop_elimination,cleanup",
+        "--mode",
+        "eager",
+        "--dump",
+        str(dump),
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert "noop_elimination" in out.stdout and "ran" in out.stdout
     assert list(dump.glob("graph_*/report.json"))

@@ -80,13 +80,15 @@ def test_env_booleans_and_plugin_switches(clean_env, monkeypatch):
     assert cfg.verify and not cfg.autoload and cfg.block_plugins == ["a", "b"]
     assert cfg.on_error == "raise"
     monkeypatch.setenv("PASSKIT_VERIFY", "maybe")
-    with pytest.raises(passkit.ConfigError, match="PASSKIT_VERIFY='maybe': expected"):
+    with pytest.raises(passkit.ConfigError, match=r"PASSKIT_VERIFY='maybe': expected"):
         load_config()
 
 
 def test_unknown_env_variable_suggests(clean_env, monkeypatch):
     monkeypatch.setenv("PASSKIT_PASES", "cleanup")
-    with pytest.raises(passkit.ConfigError, match="unknown environment variable PASSKIT_PASES.*PASSKIT_PASSES"):
+    with pytest.raises(
+        passkit.ConfigError, match=r"unknown environment variable PASSKIT_PASES.*PASSKIT_PASSES"
+    ):
         load_config()
 
 
@@ -111,7 +113,7 @@ def test_bad_value_names_field(clean_env):
 
 
 def test_pass_listed_twice(clean_env):
-    with pytest.raises(passkit.ConfigError, match="'cleanup' is listed twice"):
+    with pytest.raises(passkit.ConfigError, match=r"'cleanup' is listed twice"):
         load_config(passes=["cleanup", "cleanup"])
 
 
@@ -136,7 +138,10 @@ def test_wrong_option_type_names_pass_field_and_type(clean_env):
         passkit.build_pipeline(passes=[{"name": "mul_to_scale", "limit": "many"}])
     msg = str(exc.value)
     assert "passes.mul_to_scale.limit" in msg and "expected int" in msg and "'many'" in msg
-    with pytest.raises(passkit.ConfigError, match=r"passes.mul_to_scale.factr: unknown option \(known options: factor, limit\)"):
+    with pytest.raises(
+        passkit.ConfigError,
+        match=r"passes.mul_to_scale.factr: unknown option \(known options: factor, limit\)",
+    ):
         passkit.build_pipeline(passes=[{"name": "mul_to_scale", "factr": 1.0}])
 
 

@@ -142,7 +142,12 @@ def test_torch_logs_shows_the_report(tmp_path):
         "torch.compile(lambda t: t.view(2, 4) + 1, backend=passkit.backend(passes=['noop_elimination'], mode='eager'))(torch.randn(2, 4))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env=_env(TORCH_LOGS="passkit"), cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code],
+        env=_env(TORCH_LOGS="passkit"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     assert "passkit report" in out.stderr and "noop_elimination" in out.stderr
@@ -150,12 +155,20 @@ def test_torch_logs_shows_the_report(tmp_path):
 
 @pytest.mark.slow
 def test_fx_graph_cache_hits_in_fresh_process_and_options_change_the_key(tmp_path):
-    env = _env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"), TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    env = _env(
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
+        TORCHINDUCTOR_FX_GRAPH_CACHE="1",
+        TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+    )
 
     def run(factor):
         out = subprocess.run(
             [sys.executable, "-m", "tests.core.cache_probe", str(factor)],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout.strip().splitlines()[-1])

@@ -39,7 +39,9 @@ def test_order_follows_config_within_stage_and_pre_first():
 
 
 def test_order_violation_is_an_error():
-    with pytest.raises(passkit.OrderError, match="'first' must run before 'second' .first declares before=.'second'.."):
+    with pytest.raises(
+        passkit.OrderError, match=r"'first' must run before 'second' .first declares before=.'second'.."
+    ):
         passkit.build_pipeline(passes=["second", "first"])
     assert passkit.build_pipeline(passes=["first", "second"]).names() == ["first", "second"]
 
@@ -48,7 +50,7 @@ def test_cycle_is_an_error(monkeypatch):
     from .support import Second
 
     monkeypatch.setattr(Second, "before", ("first",))
-    with pytest.raises(passkit.OrderError, match="cycle: first -> second -> first"):
+    with pytest.raises(passkit.OrderError, match=r"cycle: first -> second -> first"):
         passkit.build_pipeline(passes=["first", "second"])
 
 
@@ -68,7 +70,7 @@ def test_report_records_status_matches_nodes_and_time():
 
 
 def test_failing_pass_is_rolled_back_exactly_and_the_rest_runs(tmp_path):
-    gm, (x,) = traced()
+    gm, (_x,) = traced()
     before = graph_code(gm)
     pipeline = passkit.build_pipeline(passes=["halfway_then_fail", "mul_to_scale"], dump_dir=tmp_path)
     report = pipeline.run(gm)
@@ -76,7 +78,7 @@ def test_failing_pass_is_rolled_back_exactly_and_the_rest_runs(tmp_path):
     assert failed.status == "failed" and "boom in the middle" in failed.reason
     assert report["mul_to_scale"].status == "ran"
     assert graph_code(gm) == before.replace("3.0", "2.0")  # only the second pass's change
-    repro = tmp_path / "graph_{:03d}".format(report.graph_id) / "FAILED_01_halfway_then_fail.repro.py"
+    repro = tmp_path / f"graph_{report.graph_id:03d}" / "FAILED_01_halfway_then_fail.repro.py"
     assert failed.reproducer == str(repro)
     text = repro.read_text()
     assert "PASS_NAME = 'halfway_then_fail'" in text and "boom in the middle" in text
@@ -118,7 +120,9 @@ def test_verify_catches_wrong_metadata():
 
 def test_verify_passes_on_correct_rewrites():
     gm, _ = traced()
-    report = passkit.build_pipeline(passes=["mul_to_scale", "noop_elimination", "cleanup"], verify=True).run(gm)
+    report = passkit.build_pipeline(passes=["mul_to_scale", "noop_elimination", "cleanup"], verify=True).run(
+        gm
+    )
     assert not report.failed
 
 
@@ -147,7 +151,7 @@ def test_hooks_veto_after_and_failed_and_report():
             plan.set_options("mul_to_scale", factor=7.0)
 
     passkit.register(Spy())
-    gm, (x,) = traced()
+    gm, (_x,) = traced()
     report = passkit.build_pipeline(passes=["mul_to_scale", "halfway_then_fail", "cleanup"]).run(gm)
     assert report["cleanup"].status == "vetoed" and report["cleanup"].reason == "vetoed by spy"
     assert seen == [
@@ -190,7 +194,9 @@ def test_uuid_changes_with_distribution_version(monkeypatch):
     p = passkit.build_pipeline(passes=["cleanup"])
     info = p.plugins.passes["cleanup"]
     monkeypatch.setitem(
-        p.plugins.passes, "cleanup", dataclasses.replace(info, plugin=dataclasses.replace(info.plugin, version="9.9"))
+        p.plugins.passes,
+        "cleanup",
+        dataclasses.replace(info, plugin=dataclasses.replace(info.plugin, version="9.9")),
     )
     assert passkit.Pipeline(p.config, p.plugins, list(p.passes)).uuid() != p.uuid()
 
@@ -214,10 +220,7 @@ def test_uuid_is_computed_once_not_per_call(monkeypatch):
 
 
 def test_uuid_equal_across_processes():
-    code = (
-        "import passkit;"
-        "print(passkit.build_pipeline(passes=['noop_elimination','cleanup']).uuid())"
-    )
+    code = "import passkit;print(passkit.build_pipeline(passes=['noop_elimination','cleanup']).uuid())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == passkit.build_pipeline(passes=["noop_elimination", "cleanup"]).uuid()
 

@@ -115,7 +115,9 @@ def test_strict_mode_raises_naming_the_plugin():
 
     ps = PluginSet()
     ps._strict = True
-    with pytest.raises(passkit.PluginError, match="plugin 'strict' .distribution acme-passes 1.2.3. failed at register"):
+    with pytest.raises(
+        passkit.PluginError, match=r"plugin 'strict' .distribution acme-passes 1.2.3. failed at register"
+    ):
         ps.add(_plugin(passkit_register_passes=passkit_register_passes), _info("strict"))
 
 
