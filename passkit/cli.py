@@ -82,7 +82,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _describe_field(field: Any) -> str:
     from pydantic_core import PydanticUndefined
 
-    ann = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+    ann = field.annotation
+    ann = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
     default = "" if field.default is PydanticUndefined else f" = {field.default!r}"
     return f"{ann}{default}" + (f"  ({field.description})" if field.description else "")
 
