@@ -40,8 +40,16 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 
-from .tuning import Decision, Rule, Table, decide, default_table, dtype_name, max_fused_tokens
-from .tuning import rules_fingerprint
+from .tuning import (
+    Decision,
+    Rule,
+    Table,
+    decide,
+    default_table,
+    dtype_name,
+    max_fused_tokens,
+    rules_fingerprint,
+)
 
 __all__ = [
     "CallRecord",
@@ -72,8 +80,9 @@ SUPPORTED_WORLD_SIZES = frozenset({2, 4, 8, 16})
 TWOSHOT_WORLD_SIZES = frozenset({2, 4, 8})
 #: Compute-capability majors flashinfer builds its trtllm all-reduce kernels for.
 SUPPORTED_SM_MAJORS = frozenset({9, 10, 12})
-#: Upper bound of a workspace sized automatically from the table.
-AUTO_MAX_TOKENS_CAP = 8192
+#: A workspace sized automatically from the table holds inputs of at most this many bytes
+#: (8192 tokens at hidden 4096 in bf16); its memory is about 4 x world size x this.
+AUTO_MAX_INPUT_BYTES = 64 * 2**20
 
 FUSED_ONESHOT = "fused_oneshot"
 FUSED_TWOSHOT = "fused_twoshot"
@@ -93,7 +102,7 @@ class RuntimeConfig:
     """Process-wide settings.  They must be identical on every rank.
 
     ``max_tokens``: token capacity of new workspaces; ``None`` sizes them to the largest
-    token count the table fuses (at most :data:`AUTO_MAX_TOKENS_CAP`).
+    token count the table fuses (inputs of at most :data:`AUTO_MAX_INPUT_BYTES`).
     ``check_rank_consistency``: compare the plan across ranks before the first call.
     ``table``: decision table; ``None`` uses the tables shipped with passkit-fusion.
     ``force``: take this decision for every call instead of the table's (benchmarks, tuning).
@@ -122,7 +131,7 @@ class CallRecord:
 
 _config = RuntimeConfig()
 _stats: Counter[str] = Counter()
-_last: CallRecord | None = None
+_last: tuple[_Site, int, str, str] | None = None
 
 
 def configure(
@@ -139,7 +148,7 @@ def configure(
     re-checks that the ranks agree.
     """
     global _config
-    changes = {name: value for name, value in (
+    changes: dict[str, Any] = {name: value for name, value in (
         ("max_tokens", max_tokens), ("check_rank_consistency", check_rank_consistency),
         ("table", table), ("force", force), ("flashinfer_api", flashinfer_api),
     ) if value is not _UNSET}
@@ -184,7 +193,10 @@ def reset_stats() -> None:
 
 def last_decision() -> CallRecord | None:
     """The path taken by the most recent call in this process."""
-    return _last
+    if _last is None:
+        return None
+    site, tokens, path, reason = _last
+    return CallRecord(path, reason, tokens, site.hidden, dtype_name(site.dtype), site.world_size)
 
 
 def _validate_config(config: RuntimeConfig) -> None:
@@ -204,7 +216,7 @@ def _record(site: _Site, tokens: int, path: str, reason: str) -> None:
     _stats[path] += 1
     if reason:
         _stats[f"{path}:{reason}"] += 1
-    _last = CallRecord(path, reason, tokens, site.hidden, dtype_name(site.dtype), site.world_size)
+    _last = (site, tokens, path, reason)
 
 
 # ----------------------------------------------------------------------------------------
@@ -230,8 +242,7 @@ def fused_allreduce_rmsnorm_cuda(
     """
     _check_args(x, residual, weight)
     hidden = x.shape[-1]
-    x2d = x.reshape(-1, hidden).contiguous()
-    res2d = None if residual is None else residual.reshape(-1, hidden).contiguous()
+    x2d, res2d = _as_2d(x), None if residual is None else _as_2d(residual)
     site = _site(group_name, hidden, x.dtype)
     if not site.checked and not _capturing():
         _check_ranks(site)
@@ -244,6 +255,8 @@ def fused_allreduce_rmsnorm_cuda(
     else:
         norm_out, residual_out = _run_fused(
             site, x2d, res2d, weight, eps, weight_bias, oneshot=path == FUSED_ONESHOT)
+    if x.dim() == 2:
+        return norm_out, residual_out
     return norm_out.view(x.shape), residual_out.view(x.shape)
 
 
@@ -307,6 +320,20 @@ def rmsnorm(
     return normed.to(hidden_states.dtype)
 
 
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous ``[tokens, hidden]`` tensor (itself when it already is one)."""
+    if t.dim() == 2 and t.is_contiguous():
+        return t
+    return t.reshape(-1, t.shape[-1]).contiguous()
+
+
+def _gamma(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The norm weight as the fused kernel reads it: contiguous, of the input's dtype."""
+    if weight.dtype == dtype and weight.is_contiguous():
+        return weight
+    return weight.to(dtype).contiguous()
+
+
 def _check_args(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
     if x.dim() < 1 or x.shape[-1] < 1:
         raise ValueError(f"x must be [..., hidden] with hidden >= 1, got shape {tuple(x.shape)}")
@@ -345,7 +372,7 @@ def _run_fused(site: _Site, x: torch.Tensor, residual: torch.Tensor | None,
         workspace.handle,
         x=x,
         residual=residual if residual is not None else torch.zeros_like(x),
-        gamma=weight.to(x.dtype).contiguous(),  # the kernel reads gamma as x.dtype
+        gamma=_gamma(weight, x.dtype),
         eps=eps,
         weight_bias=weight_bias,
         oneshot=oneshot,
@@ -512,12 +539,17 @@ def flashinfer_version() -> str | None:
 
 def unavailable_reason() -> str | None:
     """Why this process cannot run the fused kernel at all, or None if it can."""
+    return _unavailable(_config.flashinfer_api)
+
+
+@functools.cache
+def _unavailable(preference: ApiName) -> str | None:
     if not torch.cuda.is_available():
         return "cuda_unavailable"
     if _flashinfer_comm() is None:
         return "flashinfer_missing"
-    if _select_api(_config.flashinfer_api) is None:
-        return f"flashinfer_api_missing:{_config.flashinfer_api}"
+    if _select_api(preference) is None:
+        return f"flashinfer_api_missing:{preference}"
     if torch.cuda.get_device_capability()[0] not in SUPPORTED_SM_MAJORS:
         return "gpu_arch_unsupported"
     return None
@@ -614,7 +646,7 @@ def _resolve_group(group_name: str) -> dist.ProcessGroup:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     try:
-        return _resolve_process_group(group_name)
+        return _resolve_process_group(group_name)  # type: ignore[arg-type]  # GroupName is a str
     except Exception as exc:
         raise RuntimeError(f"passkit_fusion: no process group named {group_name!r} "
                            f"(is torch.distributed initialised?): {exc}") from exc
@@ -633,7 +665,8 @@ def _planned_max_tokens(site: _Site) -> int:
         return site.max_tokens
     if _config.max_tokens is not None:
         return _config.max_tokens
-    return min(max_fused_tokens(_site_rules(site)), AUTO_MAX_TOKENS_CAP)
+    cap = AUTO_MAX_INPUT_BYTES // (site.hidden * site.dtype.itemsize)
+    return min(max_fused_tokens(_site_rules(site)), cap)
 
 
 def _capacity(site: _Site) -> int:
@@ -680,6 +713,8 @@ def _create_workspace(site: _Site) -> _Workspace:
 def _destroy_site_workspace(site: _Site) -> None:
     workspace, site.workspace = site.workspace, None
     if workspace is not None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # no kernel of ours may still use the memory
         workspace.api.destroy(workspace.handle)
 
 
@@ -726,7 +761,8 @@ def _site_plan(site: _Site) -> dict[str, Any]:
         "world_size": site.world_size,
         "hidden": site.hidden,
         "dtype": dtype_name(site.dtype),
-        "max_tokens": _capacity(site),
+        "max_tokens": _planned_max_tokens(site),
+        "workspace_tokens": _capacity(site),
         "table": rules_fingerprint(_site_rules(site)),
         "force": _config.force.label() if _config.force else None,
         "flashinfer": flashinfer_version(),

@@ -345,7 +345,7 @@ def make_inputs(
 
 
 def time_unfused_us(group: Any, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                    eps: float, **timing: int) -> float:
+                    eps: float, replays: int = 100) -> float:
     """NCCL all-reduce (in place, as a compiled graph would run it) + add + RMSNorm in torch."""
     import torch.distributed as dist
 
@@ -357,18 +357,18 @@ def time_unfused_us(group: Any, x: torch.Tensor, residual: torch.Tensor, weight:
         dist.all_reduce(buf, group=group)
         rmsnorm(buf + residual, weight, eps)
 
-    return graph_median_us(step, reset=lambda: buf.copy_(x), **timing)
+    return graph_median_us(step, reset=lambda: buf.copy_(x), replays=replays)
 
 
 def time_fused_us(group_name: str, x: torch.Tensor, residual: torch.Tensor,
-                  weight: torch.Tensor, eps: float, decision: Decision, **timing: int) -> float:
+                  weight: torch.Tensor, eps: float, decision: Decision, replays: int = 100) -> float:
     """passkit's op with ``decision`` forced (it must have a prepared workspace)."""
     from . import runtime
 
     with runtime.forced(decision):
         return graph_median_us(
             lambda: runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, eps, 0.0, group_name),
-            **timing,
+            replays=replays,
         )
 
 
@@ -383,11 +383,12 @@ def measure(group: Any, hidden: int, dtype: torch.dtype, tokens: int,
 
     world_size = dist.get_world_size(group)
     x, residual, weight = make_inputs(tokens, hidden, dtype, dist.get_rank(group))
-    timing = {"replays": replays_for(tokens, hidden)}
+    replays = replays_for(tokens, hidden)
+    name = group.group_name
     times = [
-        time_unfused_us(group, x, residual, weight, eps, **timing),
-        time_fused_us(group.group_name, x, residual, weight, eps, Decision(True, True), **timing),
-        time_fused_us(group.group_name, x, residual, weight, eps, Decision(True, False), **timing)
+        time_unfused_us(group, x, residual, weight, eps, replays),
+        time_fused_us(name, x, residual, weight, eps, Decision(True, True), replays),
+        time_fused_us(name, x, residual, weight, eps, Decision(True, False), replays)
         if tokens > world_size else -1.0,
     ]
     agreed = torch.tensor(times, dtype=torch.float64, device=x.device)
@@ -438,10 +439,11 @@ def tune(
 def main_tune(argv: Sequence[str] | None = None) -> int:
     """``passkit tune``: spawn one process per local GPU, tune, write the table JSON."""
     args = _tune_parser().parse_args(argv)
-    world_size = args.world_size or torch.cuda.device_count()
-    if world_size < 2 or world_size > torch.cuda.device_count():
-        raise SystemExit(f"passkit tune needs 2..{torch.cuda.device_count()} local GPUs, "
-                         f"asked for {world_size}")
+    available = torch.cuda.device_count()
+    world_size = args.world_size or available
+    if not 2 <= world_size <= available:
+        raise SystemExit(f"passkit tune needs 2 to {available} local CUDA GPUs (this machine "
+                         f"has {available}); asked for {world_size}")
     import torch.multiprocessing as mp
 
     mp.spawn(_tune_worker, args=(world_size, _free_port(), args), nprocs=world_size, join=True)

@@ -1,0 +1,327 @@
+"""GPU tests of passkit_fusion.runtime: 2 ranks, NCCL, flashinfer.  Skipped without them.
+
+One pair of spawned processes runs every scenario in order (NCCL, flashinfer and the
+workspaces start once), both ranks writing a verdict per scenario as it finishes; each test
+below reports one scenario.  Every result is compared with a float64 reference computed
+from all ranks' inputs, and fused errors must stay within 1.25x of the unfused path's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.util
+import json
+import socket
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+WORLD = 2
+if torch.cuda.device_count() < WORLD:
+    pytest.skip(f"needs {WORLD} CUDA GPUs", allow_module_level=True)
+if importlib.util.find_spec("flashinfer") is None:
+    pytest.skip("needs flashinfer", allow_module_level=True)
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from passkit_fusion import runtime, tuning  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-6
+BF16 = torch.bfloat16
+ONESHOT, TWOSHOT = tuning.Decision(True, True), tuning.Decision(True, False)
+ERROR_RATIO_LIMIT = 1.25
+DEADLINE_S = 420
+
+
+# ---------------------------------------------------------------------------- helpers --
+
+
+def _group_name() -> str:
+    assert dist.group.WORLD is not None
+    return dist.group.WORLD.group_name
+
+
+def _inputs(tokens: int, hidden: int, dtype: torch.dtype = BF16, seed: int = 0,
+            weight_dtype: torch.dtype | None = None):
+    """This rank's x, the shared residual and weight, and every rank's x (for references)."""
+    rank = dist.get_rank()
+    xs = [tuning.make_inputs(tokens, hidden, dtype, r, seed)[0] for r in range(WORLD)]
+    _, residual, weight = tuning.make_inputs(tokens, hidden, dtype, rank, seed)
+    if weight_dtype is not None:  # the same on every rank: seeded
+        gen = torch.Generator(device=weight.device).manual_seed(seed + 99)
+        weight = (1.0 + 0.1 * torch.randn(hidden, generator=gen, device=weight.device,
+                                          dtype=torch.float32)).to(weight_dtype)
+    return xs[rank], residual, weight, xs
+
+
+def _reference(xs, residual, weight, weight_bias=0.0):
+    total = torch.stack([x.double() for x in xs]).sum(0)
+    if residual is not None:
+        total = total + residual.double()
+    scale = weight.double() + weight_bias
+    return total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + EPS) * scale, total
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all(), "non-finite values in the output"
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def _op(x, residual, weight, weight_bias=0.0, decision: tuning.Decision | None = None):
+    """Call the op, optionally with a forced decision; return (norm, residual_out, path)."""
+    with runtime.forced(decision) if decision else contextlib.nullcontext():
+        norm, res = runtime.fused_allreduce_rmsnorm_cuda(
+            x, residual, weight, EPS, weight_bias, _group_name())
+    record = runtime.last_decision()
+    assert record is not None
+    return norm, res, f"{record.path}:{record.reason}" if record.reason else record.path
+
+
+def _check(x, residual, weight, xs, *, weight_bias=0.0, decision=ONESHOT, expect_path=None,
+           ratio=ERROR_RATIO_LIMIT, dtype_floor=1e-2):
+    """Run fused (``decision``) and unfused on the same inputs and compare both with float64."""
+    norm_ref, res_ref = _reference(xs, residual, weight, weight_bias)
+    unf_norm, unf_res, _ = _op(x, residual, weight, weight_bias, tuning.UNFUSED)
+    norm, res, path = _op(x, residual, weight, weight_bias, decision)
+    assert norm.shape == x.shape and res.shape == x.shape and norm.dtype == x.dtype
+    if expect_path is not None:
+        assert path == expect_path, f"took {path}, expected {expect_path}"
+    for label, out, unfused, ref in (("norm_out", norm, unf_norm, norm_ref),
+                                     ("residual_out", res, unf_res, res_ref)):
+        err, unf_err = _rel(out, ref), _rel(unfused, ref)
+        assert unf_err < dtype_floor, f"unfused {label} error {unf_err:.2e} too large"
+        assert err <= ratio * unf_err + 1e-7, (
+            f"{path} {label}: error {err:.3e} > {ratio} x unfused {unf_err:.3e}")
+    return path
+
+
+# ---------------------------------------------------------------------------- scenarios --
+
+
+def scenario_numerics() -> None:
+    """Fused one-shot and two-shot vs unfused vs float64, hidden 4096 and 8192."""
+    for hidden in (4096, 8192):
+        assert runtime.prepare(_group_name(), hidden, BF16, max_tokens=1024) == 1024
+        for tokens in (1, 5, 128, 1000):
+            x, residual, weight, xs = _inputs(tokens, hidden, seed=tokens)
+            _check(x, residual, weight, xs, decision=ONESHOT, expect_path="fused_oneshot")
+            if tokens > WORLD:
+                _check(x, residual, weight, xs, decision=TWOSHOT, expect_path="fused_twoshot")
+
+
+def scenario_variants() -> None:
+    """3-D input, no residual, Gemma's (1 + w), an fp32 weight, fp16 and fp32 inputs."""
+    x, residual, weight, xs = _inputs(6, 4096, seed=1)
+    shaped = [t.view(2, 3, 4096) for t in xs]
+    _check(shaped[dist.get_rank()], residual.view(2, 3, 4096), weight, shaped,
+           expect_path="fused_oneshot")
+    _check(x, None, weight, xs, decision=TWOSHOT, expect_path="fused_twoshot")
+    _check(x, residual, weight, xs, weight_bias=1.0, expect_path="fused_oneshot")
+    x, residual, weight32, xs = _inputs(6, 4096, seed=2, weight_dtype=torch.float32)
+    # the kernel reads the weight rounded to bf16: one more bf16 rounding than unfused
+    _check(x, residual, weight32, xs, expect_path="fused_oneshot", ratio=2.0)
+    for dtype, floor in ((torch.float16, 2e-3), (torch.float32, 1e-5)):
+        assert runtime.prepare(_group_name(), 4096, dtype, max_tokens=64) == 64
+        x, residual, weight, xs = _inputs(40, 4096, dtype, seed=3)
+        _check(x, residual, weight, xs, decision=ONESHOT, dtype_floor=floor,
+               expect_path="fused_oneshot")
+        _check(x, residual, weight, xs, decision=TWOSHOT, dtype_floor=floor,
+               expect_path="fused_twoshot")
+
+
+def scenario_cuda_graph() -> None:
+    """Capture after prepare(): table, forced two-shot and fallback calls replay correctly."""
+    hidden, tokens = 4096, 64
+    assert runtime.prepare(_group_name(), hidden, BF16, max_tokens=256) >= 256
+    x, residual, weight, _ = _inputs(tokens, hidden)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        captured = {"table": _op(x, residual, weight),
+                    "twoshot": _op(x, residual, weight, decision=TWOSHOT),
+                    "unfused": _op(x, residual, weight, decision=tuning.UNFUSED)}
+    assert captured["twoshot"][2] == "fused_twoshot"
+    assert captured["unfused"][2] == "fallback:table"
+    outs = {label: (norm, res) for label, (norm, res, _) in captured.items()}
+    for seed in (11, 12, 13):
+        _, fresh_residual, _, xs = _inputs(tokens, hidden, seed=seed)
+        x.copy_(xs[dist.get_rank()])
+        residual.copy_(fresh_residual)
+        graph.replay()
+        torch.cuda.synchronize()
+        norm_ref, res_ref = _reference(xs, residual, weight)
+        unf_err = _rel(outs["unfused"][0], norm_ref)
+        assert unf_err < 1e-2
+        for label in ("table", "twoshot"):
+            norm, res = outs[label]
+            assert _rel(norm, norm_ref) <= ERROR_RATIO_LIMIT * unf_err, label
+            assert _rel(res, res_ref) <= ERROR_RATIO_LIMIT * _rel(outs["unfused"][1], res_ref)
+    del graph
+
+
+def scenario_over_workspace() -> None:
+    """Tokens over the workspace fall back (correctly); up to it they fuse."""
+    hidden = 2048
+    assert runtime.prepare(_group_name(), hidden, BF16, max_tokens=64) == 64
+    for tokens, path in ((64, "fused_oneshot"), (65, "fallback:over_workspace"),
+                         (3000, "fallback:over_workspace")):
+        x, residual, weight, xs = _inputs(tokens, hidden, seed=tokens)
+        _check(x, residual, weight, xs, decision=ONESHOT, expect_path=path)
+
+
+def scenario_dynamic_tokens() -> None:
+    """Changing token counts reuse one workspace, under the table and forced two-shot."""
+    hidden = 4096
+    capacity = runtime.prepare(_group_name(), hidden, BF16)
+    for tokens in (1, 3, 17, 64, 100, 255, 33, 1000, 1024, 2):
+        x, residual, weight, xs = _inputs(tokens, hidden, seed=tokens)
+        _, _, path = _op(x, residual, weight)
+        expected = runtime.choose_path(
+            tuning.lookup(torch.cuda.get_device_name(), WORLD, hidden, BF16, tokens),
+            tokens=tokens, hidden=hidden, dtype=BF16, world_size=WORLD, max_tokens=capacity)
+        assert path == (f"{expected[0]}:{expected[1]}" if expected[1] else expected[0])
+        _check(x, residual, weight, xs, decision=None, expect_path=path)
+        _check(x, residual, weight, xs, decision=TWOSHOT,
+               expect_path="fused_twoshot" if tokens > WORLD else "fused_oneshot")
+    assert runtime.prepare(_group_name(), hidden, BF16) == capacity
+
+
+def scenario_capture_without_workspace() -> None:
+    """A fused call first seen during capture raises a clear error; eager then works."""
+    runtime.destroy_workspaces()
+    hidden = 1024
+    x, residual, weight, xs = _inputs(16, hidden)
+    graph = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The CUDA Graph is empty")  # the call raised first
+        with pytest.raises(RuntimeError, match=r"passkit_fusion\.prepare\("), \
+                torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            _op(x, residual, weight, decision=ONESHOT)
+    del graph
+    torch.cuda.synchronize()
+    _check(x, residual, weight, xs, decision=ONESHOT, expect_path="fused_oneshot")
+
+
+def scenario_rank_mismatch() -> None:
+    """Ranks configured differently raise (both), naming the field, instead of hanging."""
+    runtime.configure(max_tokens=256 * (1 + dist.get_rank()))
+    try:
+        x, residual, weight, _ = _inputs(8, 1536)
+        with pytest.raises(RuntimeError, match=r"'max_tokens' differs: 256 on rank 0; 512 on rank 1"):
+            _op(x, residual, weight)
+    finally:
+        runtime.configure(max_tokens=None)
+    x, residual, weight, xs = _inputs(8, 1536)
+    _check(x, residual, weight, xs, decision=ONESHOT, expect_path="fused_oneshot")
+
+
+def scenario_table_decision() -> None:
+    """A configured table drives the per-call choice."""
+    hidden = 4096
+    key = tuning.TableKey(torch.cuda.get_device_name(), WORLD, hidden, "bfloat16")
+    table = tuning.Table({key: tuning.Entry((tuning.Rule(8, ONESHOT), tuning.Rule(64, TWOSHOT)))})
+    runtime.configure(table=table)
+    try:
+        runtime.prepare(_group_name(), hidden, BF16, max_tokens=1024)
+        for tokens, path in ((4, "fused_oneshot"), (32, "fused_twoshot"), (100, "fallback:table")):
+            x, residual, weight, xs = _inputs(tokens, hidden, seed=tokens)
+            _check(x, residual, weight, xs, decision=None, expect_path=path)
+    finally:
+        runtime.configure(table=None)
+
+
+def scenario_legacy_api() -> None:
+    """The deprecated trtllm_* API path gives the same results."""
+    runtime.destroy_workspaces()
+    runtime.configure(flashinfer_api="legacy")
+    try:
+        assert runtime.prepare(_group_name(), 4096, BF16, max_tokens=256) == 256
+        x, residual, weight, xs = _inputs(100, 4096, seed=7)
+        _check(x, residual, weight, xs, decision=ONESHOT, expect_path="fused_oneshot")
+        _check(x, residual, weight, xs, decision=TWOSHOT, expect_path="fused_twoshot")
+        _check(x, None, weight, xs, weight_bias=1.0, expect_path="fused_oneshot")
+    finally:
+        runtime.destroy_workspaces()
+        runtime.configure(flashinfer_api="auto")
+
+
+SCENARIOS: dict[str, Callable[[], None]] = {
+    name.removeprefix("scenario_"): fn for name, fn in globals().items()
+    if name.startswith("scenario_")
+}
+
+
+# ------------------------------------------------------------------ process plumbing --
+
+
+def _rank_main(rank: int, port: int, out_dir: str) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, device_id=torch.device("cuda", rank),
+                            timeout=datetime.timedelta(seconds=120))
+    verdicts: dict[str, str] = {}
+    path = Path(out_dir) / f"rank{rank}.json"
+    try:
+        for name, scenario in SCENARIOS.items():
+            start = time.perf_counter()
+            try:
+                scenario()
+                verdicts[name] = "ok"
+            except Exception:
+                verdicts[name] = traceback.format_exc()
+            finally:
+                runtime.configure(max_tokens=None, table=None, force=None, flashinfer_api="auto")
+            print(f"rank {rank}: {name} {'ok' if verdicts[name] == 'ok' else 'FAILED'} "
+                  f"({time.perf_counter() - start:.1f} s)", flush=True)
+            path.write_text(json.dumps(verdicts))
+    finally:
+        runtime.destroy_workspaces()
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, str]]:
+    """Run all scenarios on 2 ranks once; return each rank's verdict per scenario."""
+    out = tmp_path_factory.mktemp("fusion_runtime_gpu")
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, str(out))) for r in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + DEADLINE_S
+    for proc in procs:
+        proc.join(max(1.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    results = {}
+    for rank in range(WORLD):
+        path = out / f"rank{rank}.json"
+        results[rank] = json.loads(path.read_text()) if path.exists() else {}
+    results[-1] = {"exit_codes": str([p.exitcode for p in procs])}  # type: ignore[index]
+    return results
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_scenario(verdicts: dict[int, dict[str, str]], scenario: str) -> None:
+    for rank in range(WORLD):
+        verdict = verdicts[rank].get(scenario)
+        assert verdict is not None, (
+            f"rank {rank} never finished {scenario!r} (a rank hung or crashed; "
+            f"exit codes {verdicts[-1]['exit_codes']})")
+        assert verdict == "ok", f"rank {rank}:\n{verdict}"
