@@ -9,7 +9,6 @@ import operator
 import pytest
 import torch
 import torch.fx
-
 from passkit_testing.graphs import assert_op_count, assert_replaced, count_ops, find_ops, op_counts, op_name
 
 aten = torch.ops.aten
@@ -80,7 +79,7 @@ def test_unknown_or_malformed_op_names_are_rejected(name: str) -> None:
 def test_non_ops_and_non_graphs_are_rejected() -> None:
     with pytest.raises(TypeError, match="expected an op"):
         count_ops(_graph(), 42)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="torch.fx.Graph"):
+    with pytest.raises(TypeError, match=r"torch\.fx\.Graph"):
         find_ops("graph", aten.add)  # type: ignore[arg-type]
 
 
@@ -132,7 +131,7 @@ def test_assert_replaced_fails_when_old_ops_vanish_without_replacement() -> None
     graph = _graph()
     before = op_counts(graph)
     _replace_adds(graph, aten.mul.Tensor, limit=2)  # not the op the test expects
-    with pytest.raises(AssertionError, match="aten.sub.Tensor went 0 -> 0"):
+    with pytest.raises(AssertionError, match=r"aten\.sub\.Tensor went 0 -> 0"):
         assert_replaced(before, graph, aten.add.Tensor, aten.sub.Tensor, 2)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import sys
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 import torch
 import torch.fx
@@ -41,10 +41,10 @@ __all__ = [
     "op_name",
 ]
 
-OpLike = Union[torch._ops.OpOverload, torch._ops.OpOverloadPacket, str, Callable[..., Any]]
+OpLike = torch._ops.OpOverload | torch._ops.OpOverloadPacket | str | Callable[..., Any]
 """What the helpers accept as an op (see the module docstring)."""
 
-GraphLike = Union[torch.fx.Graph, torch.fx.GraphModule, collections.Counter[str]]
+GraphLike = torch.fx.Graph | torch.fx.GraphModule | collections.Counter[str]
 """A graph, a graph module, or op counts taken earlier with :func:`op_counts`."""
 
 
@@ -122,8 +122,11 @@ def assert_replaced(before: GraphLike, after: GraphLike, old_op: OpLike, new_op:
 
 
 def _callable_name(fn: Any) -> str:
-    """``module.name`` of a Python callable, as it is reachable (``torch.relu``, not
-    ``torch._VariableFunctionsClass.relu``); ``module.qualname`` when not reachable."""
+    """The readable ``module.name`` of a Python callable.
+
+    The name is the one its module exposes it under (``torch.relu``, not
+    ``torch._VariableFunctionsClass.relu``), else its qualified name.
+    """
     name = getattr(fn, "__name__", None)
     if name is None:
         return repr(fn)

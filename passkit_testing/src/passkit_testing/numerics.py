@@ -78,7 +78,8 @@ def assert_close(
 
     Raises:
         AssertionError: naming where the first mismatch is, with the number of mismatched
-            elements and the greatest absolute and relative differences with their indices.
+            elements and the largest absolute and relative differences among them, with their
+            indices and values.
         TypeError: for leaves that are neither tensors nor ``None``.
     """
     problems = _compare(actual, expected, "", dtype, rtol, atol)
@@ -87,7 +88,7 @@ def assert_close(
 
 
 def relative_error(actual: Any, reference: Any) -> float:
-    """``‖actual − reference‖ / ‖reference‖`` (Frobenius norms, computed in float64).
+    """``‖actual - reference‖ / ‖reference‖`` (Frobenius norms, computed in float64).
 
     Accepts tensors or matching (nested) tuples/lists/dicts of them, whose elements are then
     treated as one vector. Returns 0 when both are zero, ``inf`` when only ``reference`` is.
@@ -193,14 +194,20 @@ def _compare_tensors(
         a, e = getattr(actual, attribute), getattr(expected, attribute)
         if a != e:
             return f"{attribute} mismatch at {where}: actual {_show(a)}, expected {_show(e)}"
-    default_rtol, default_atol = tolerances(dtype or expected.dtype)
-    rtol = default_rtol if rtol is None else rtol
-    atol = default_atol if atol is None else atol
+    rtol, atol = _resolve_tolerances(dtype or expected.dtype, rtol, atol)
     a, e = _wide(actual), _wide(expected)
     mismatched = ~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
     if not mismatched.any():
         return None
     return _mismatch_report(a, e, mismatched, where, expected, rtol, atol)
+
+
+def _resolve_tolerances(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """The explicit tolerances, completed with the defaults of ``dtype`` where missing."""
+    if rtol is not None and atol is not None:
+        return rtol, atol
+    default_rtol, default_atol = tolerances(dtype)
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
 
 
 def _show(value: Any) -> str:
@@ -221,8 +228,8 @@ def _mismatch_report(
     rtol: float,
     atol: float,
 ) -> str:
-    abs_diff = torch.where(mismatched, (a - e).abs(), 0.0).nan_to_num(nan=math.inf)
-    rel_diff = torch.where(mismatched, abs_diff / e.abs(), 0.0).nan_to_num(nan=math.inf)
+    abs_diff = _nan_as_inf(torch.where(mismatched, (a - e).abs(), 0.0))
+    rel_diff = _nan_as_inf(torch.where(mismatched, abs_diff / e.abs(), 0.0))
     count, total = int(mismatched.sum()), mismatched.numel()
     lines = [
         f"tensors are not close at {where} (shape {_show(expected.shape)}, {expected.dtype}, "
@@ -232,10 +239,15 @@ def _mismatch_report(
     for label, diff in (("absolute", abs_diff), ("relative", rel_diff)):
         index = _unravel(int(diff.argmax()), a.shape)
         lines.append(
-            f"  greatest {label} difference: {diff[index].item():.6g} at index {index} "
+            f"  largest {label} difference among them: {diff[index].item():.6g} at index {index} "
             f"(actual {a[index].item():.8g}, expected {e[index].item():.8g})"
         )
     return "\n".join(lines)
+
+
+def _nan_as_inf(t: torch.Tensor) -> torch.Tensor:
+    """NaN differences (NaN on one side only) count as infinitely large."""
+    return t.nan_to_num(nan=math.inf, posinf=math.inf)
 
 
 def _unravel(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
@@ -260,11 +272,15 @@ def _flat_float64(actual: Any, reference: Any) -> tuple[torch.Tensor, torch.Tens
 
 
 def _concat(leaves: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([_wide(t).reshape(-1) for t in leaves]) if leaves else torch.zeros(0, dtype=torch.float64)
+    if not leaves:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.cat([_wide(t).reshape(-1) for t in leaves])
 
 
 def _epsilon(reference: Any) -> float:
     floating = [
-        t.dtype for t in pytree.tree_leaves(reference) if isinstance(t, torch.Tensor) and t.is_floating_point()
+        t.dtype
+        for t in pytree.tree_leaves(reference)
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
     ]
     return min((torch.finfo(d).eps for d in floating), default=0.0)

@@ -6,8 +6,11 @@ to check what a pass does to graphs with collectives (``_c10d_functional.all_red
 ``wait_tensor``, DTensor / tensor-parallel models) without spawning anything::
 
     with fake_world(world_size=4) as world:
-        compiled = torch.compile(fn, backend=recording_backend)
-        compiled(torch.randn(8))  # all_reduce(x, "sum", world.group_name) traces
+
+        def fn(x):
+            return funcol.all_reduce(x, "sum", world.group_name)
+
+        torch.compile(fn, backend=recording_backend)(torch.randn(8))
 
 :func:`run_in_gloo_world` and :func:`run_in_nccl_world` run a module-level function on every
 rank of a real world of processes and return each rank's :class:`RankResult`; they never hang
@@ -18,9 +21,9 @@ rank of a real world of processes and return each rank's :class:`RankResult`; th
     def add_ranks(rank, world_size):
         t = torch.tensor([float(rank)])
         dist.all_reduce(t)
-        return t
+        return t.item()
 
-    assert gloo_world(add_ranks, 2) == [torch.tensor([1.0])] * 2
+    assert gloo_world(add_ranks, 2) == [1.0, 1.0]
 
 Ranks run in fresh interpreters (``multiprocessing`` "spawn"), so ``fn`` and ``args`` must be
 picklable: define ``fn`` at module level of an importable module, such as a test module.
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
 
     import pytest
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.distributed_c10d import GroupName
 
 __all__ = [
     "SEED",
@@ -105,7 +109,7 @@ class FakeWorld:
     """The default process group (``dist.group.WORLD``)."""
 
     @property
-    def group_name(self) -> str:
+    def group_name(self) -> GroupName:
         """The c10d name of :attr:`group`, as functional collectives take it."""
         return self.group.group_name
 
@@ -142,7 +146,10 @@ def fake_world(world_size: int = 2, rank: int = 0) -> Iterator[FakeWorld]:
             f"(backend {dist.get_backend()!r}, world size {dist.get_world_size()}) already exists; "
             "destroy it first (dist.destroy_process_group())"
         )
-    dist.init_process_group("fake", rank=rank, world_size=world_size)
+    # Importing fake_pg registers the "fake" backend on torch versions that lack it built in.
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield FakeWorld(world_size=world_size, rank=rank, group=_default_group())
     finally:
@@ -419,9 +426,7 @@ def _start_rank(ctx: SpawnContext, spec: _WorldSpec, rank: int) -> tuple[SpawnPr
     return proc, receiver
 
 
-def _collect(
-    waiting: dict[Connection, int], deadline: float, into: dict[int, RankResult | None]
-) -> None:
+def _collect(waiting: dict[Connection, int], deadline: float, into: dict[int, RankResult | None]) -> None:
     """Receive results until every rank reported or exited, or ``deadline`` passes.
 
     Fills ``into`` (filled in place, so that an interrupted wait leaves what it got) with each
