@@ -1,0 +1,1 @@
+"""A deliberately broken passkit plugin (see README.md)."""

@@ -1,0 +1,11 @@
+"""The ``example`` entry point in the ``passkit.passes`` group."""
+
+import passkit
+
+from .fold_double_neg import FoldDoubleNeg
+from .fuse_addcmul import FuseAddcmul
+
+
+@passkit.hookimpl
+def passkit_register_passes():
+    return [FoldDoubleNeg, FuseAddcmul]
