@@ -20,6 +20,8 @@ import nox
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = False
 PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
+# the example third-party plugin: its entry points are what the suite's discovery tests use
+EXAMPLE = ["-e", "examples/passkit-example-plugin"]
 TEST_DEPS = ["pytest>=8"]
 
 
@@ -39,7 +41,7 @@ def install(session: nox.Session, *extra: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The test suite (GPU tests skip without GPUs). Extra args go to pytest."""
-    install(session, *TEST_DEPS)
+    install(session, *EXAMPLE, *TEST_DEPS)
     # pytest exits 5 when a selection collects no test: not a failure of the suite
     session.run("python", "-m", "pytest", *session.posargs, success_codes=[0, 5])
 

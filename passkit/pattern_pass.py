@@ -31,8 +31,10 @@ class Pattern:
     Attributes:
         search: function whose traced ATen graph is searched for.
         replace: function traced to build the replacement; same arguments as ``search``.
-        example_inputs: inputs to trace both with (tensors and scalars, in argument order).
-        scalars: argument names of ``search`` whose values are wildcards, mapped to the
+        example_inputs: one distinct tensor per tensor argument of ``search``, in argument
+            order. Scalar arguments are not listed here: name them in ``scalars``, after
+            the tensor arguments in ``search``'s signature.
+        scalars: scalar arguments of ``search`` whose values are wildcards, mapped to the
             example value used while tracing (pick a value that appears nowhere else in
             the pattern, e.g. ``{"eps": 1.2345e-6}``).
         extra_check: ``f(match) -> bool`` run on each candidate match with real shapes.
@@ -76,6 +78,7 @@ class PatternPass(Pass):
         pm = PatternMatcherPass(pass_name=f"passkit.{self.name}")
         supported = inspect.signature(register_replacement).parameters
         for i, pat in enumerate(self.patterns()):
+            _check_pattern(self.name, pat, i)
             kwargs: dict[str, Any] = {}
             if "skip_duplicates" in supported:  # torch >= 2.12: tolerate equal patterns
                 kwargs["skip_duplicates"] = True
@@ -99,3 +102,22 @@ class PatternPass(Pass):
     def run(self, gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
         count = int(self.matcher().apply(gm.graph) or 0)
         return PassResult(modified=count > 0, matches=count)
+
+
+def _check_pattern(pass_name: str, pat: Pattern, index: int) -> None:
+    """Reject pattern declarations Inductor would silently never match."""
+    import torch
+
+    label = pat.name or getattr(pat.search, "__name__", f"#{index}")
+    where = f"{pass_name}: pattern {label!r}"
+    tensors = list(pat.example_inputs)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError(f"{where}: example_inputs must all be tensors; name scalars in `scalars`")
+    if len({id(t) for t in tensors}) != len(tensors):
+        raise ValueError(f"{where}: example_inputs repeats a tensor object; give each argument its own")
+    params = list(inspect.signature(pat.search).parameters)
+    if params[: len(tensors)] and set(pat.scalars) & set(params[: len(tensors)]):
+        raise ValueError(f"{where}: scalars must come after the tensor arguments of search()")
+    missing = [name for name in pat.scalars if name not in params]
+    if missing:
+        raise ValueError(f"{where}: scalars {missing} are not arguments of search()")

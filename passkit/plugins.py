@@ -9,11 +9,12 @@ other plugins load (``strict_plugins`` raises instead).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import threading
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pluggy
@@ -259,3 +260,19 @@ def reset() -> None:
     """Forget loaded plugins (tests); the next :func:`get_plugins` rediscovers them."""
     with _lock:
         _cache.clear()
+
+
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Run a block with no in-process registrations but its own, restoring the previous
+    ones afterwards; plugin discovery is redone on entry and exit (tests, notebooks)."""
+    with _lock:
+        saved = list(_in_process)
+        _in_process.clear()
+        _cache.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            _in_process[:] = saved
+            _cache.clear()

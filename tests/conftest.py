@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
@@ -16,13 +15,13 @@ def _fresh_dynamo():
     import passkit.plugins
 
     torch._dynamo.reset()
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(
-        enable_autograd_cache=False
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+        passkit.plugins.isolated(),
     ):
         yield
     torch._dynamo.reset()
-    passkit.plugins._in_process.clear()
-    passkit.plugins.reset()
 
 
 @pytest.fixture

@@ -109,8 +109,11 @@ def test_install_with_nothing_enabled_leaves_config_alone():
 
 
 def _env(**extra):
+    """A child environment: no PASSKIT_* settings, no compile caches (a cache hit would skip
+    the passes), the repository importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PASSKIT_", "TORCH_LOGS"))}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     env.update(extra)
     return env
 

@@ -106,13 +106,5 @@ def passkit_isolated_plugins() -> Iterator[None]:
     """
     from passkit import plugins
 
-    with plugins._lock:
-        saved = list(plugins._in_process)
-        plugins._in_process.clear()
-        plugins.reset()
-    try:
+    with plugins.isolated():
         yield
-    finally:
-        with plugins._lock:
-            plugins._in_process[:] = saved
-            plugins.reset()

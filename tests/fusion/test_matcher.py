@@ -1,0 +1,440 @@
+"""``allreduce_rmsnorm`` on traced graphs in a fake world: every form it must fuse, every
+form it must leave alone (with the reason in the report), and how it skips.
+
+Graphs come from ``torch.compile`` in passkit's eager mode (post-grad ATen graphs, no code
+generation); the fake process group makes collectives trace without communicating, so only
+the graphs are checked here (numerics: ``test_fusion_numerics.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from passkit_fusion.matcher import find_sites
+from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
+
+import passkit
+from passkit_testing import check_pass, count_ops, fake_world, op_counts, run_passes
+
+REFERENCE = {"name": "allreduce_rmsnorm", "implementation": "reference"}
+ALL_REDUCE = "_c10d_functional.all_reduce.default"
+FUSED = "passkit_fusion.allreduce_rmsnorm.default"
+bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+
+
+# ---------------------------------------------------------------------------------------
+# the forms, as model code writes them (w: norm weight, r: residual)
+
+
+def ar(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    return funcol.all_reduce(x, op, dist.group.WORLD)
+
+
+def llama_norm(
+    h: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, weight_right: bool = False
+) -> torch.Tensor:
+    dtype = h.dtype
+    h = h.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return h.to(dtype) * w if weight_right else w * h.to(dtype)
+
+
+def gemma_norm(h: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    out = h.float()
+    out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * (1.0 + w.float())).type_as(h)
+
+
+def llama_residual(x, r, w):
+    return llama_norm(ar(x) + r, w)
+
+
+def llama_weight_right(x, r, w):
+    return llama_norm(ar(x) + r, w, eps=1e-5, weight_right=True)
+
+
+def residual_first(x, r, w):
+    return llama_norm(r + ar(x), w)
+
+
+def square_as_mul(x, r, w):
+    h = (ar(x) + r).float()
+    h = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6)
+    return w * h.to(x.dtype)
+
+
+def f_rms_norm(x, r, w):
+    h = ar(x) + r
+    return F.rms_norm(h, (h.shape[-1],), w, 1e-5)
+
+
+def f_rms_norm_default_eps(x, r, w):
+    h = ar(x) + r
+    return F.rms_norm(h, (h.shape[-1],), w)
+
+
+def f_rms_norm_weight_upcast(x, r, w):
+    h = ar(x) + r
+    return F.rms_norm(h.float(), (h.shape[-1],), w.float(), 1e-6).to(x.dtype)  # exact upcast
+
+
+def gemma(x, r, w):
+    return gemma_norm(ar(x) + r, w)
+
+
+def bias_in_activation_dtype(x, r, w):
+    h = (ar(x) + r).float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (1.0 + w) * h.to(x.dtype)
+
+
+def in_place_all_reduce(x, r, w):
+    y = x.clone()
+    dist.all_reduce(y)  # traced as all_reduce + wait_tensor + copy
+    return llama_norm(y + r, w)
+
+
+def no_residual(x, r, w):
+    return llama_norm(ar(x), w, eps=0.1234)
+
+
+def no_residual_result_used_later(x, r, w):
+    y = ar(x)
+    return llama_norm(y, w), y * 2  # y * 2 reads residual_out (= the all-reduce result)
+
+
+def residual_sum_used_later(x, r, w):
+    h = ar(x) + r
+    return llama_norm(h, w), h
+
+
+def weight_computed_late(x, r, w):
+    h = ar(x) + r
+    early = h * 3  # reads residual_out, which is defined with the weight, after this
+    return llama_norm(h, w * 2), early
+
+
+def two_chained_sites(x, r, w):
+    h = ar(x) + r
+    y = llama_norm(h, w)
+    h = h + ar(y * 0.5)  # the first site's residual_out is the second's residual
+    return llama_norm(h, w)
+
+
+# negative forms
+
+
+def reduce_max(x, r, w):
+    return llama_norm(ar(x, "max") + r, w)
+
+
+def norm_over_dim0(x, r, w):
+    h = (ar(x) + r).float()
+    h = h * torch.rsqrt(h.pow(2).mean(0, keepdim=True) + 1e-6)
+    return w * h.to(x.dtype)
+
+
+def result_also_used(x, r, w):
+    y = ar(x)
+    return llama_norm(y + r, w), y * 2  # the kernel does not output y alone
+
+
+def upcast_also_used(x, r, w):
+    h = (ar(x) + r).float()
+    out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * out.to(x.dtype), h.sum()
+
+
+def variance_also_used(x, r, w):
+    h = (ar(x) + r).float()
+    var = h.pow(2).mean(-1, keepdim=True)
+    return w * (h * torch.rsqrt(var + 1e-6)).to(x.dtype), var
+
+
+def residual_broadcasts(x, r, w):
+    return llama_norm(ar(x) + w, w)  # a bias, not a residual
+
+
+def residual_fp32(x, r, w):
+    return llama_norm(ar(x) + r.float(), w)  # a residual stream kept in fp32
+
+
+def no_weight(x, r, w):
+    h = (ar(x) + r).float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def no_norm(x, r, w):
+    return torch.relu(ar(x) + r) * w
+
+
+# ---------------------------------------------------------------------------------------
+# the tables
+
+
+@dataclasses.dataclass(frozen=True)
+class Form:
+    fn: Callable[..., Any]
+    dtype: torch.dtype = bf16
+    shape: tuple[int, ...] = (4, 64)
+    weight_dtype: torch.dtype | None = None
+    """The stored norm weight's dtype (default: ``dtype``)."""
+    sites: int = 1
+    residuals: int = 1
+    eps: float = 1e-6
+    weight_bias: float = 0.0
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        x, r = torch.randn(self.shape, dtype=self.dtype), torch.randn(self.shape, dtype=self.dtype)
+        return x, r, torch.randn(self.shape[-1], dtype=self.weight_dtype or self.dtype)
+
+
+def as_fp32(value: float) -> float:
+    return float(torch.tensor(value, dtype=fp32))
+
+
+FORMS = [
+    Form(llama_residual),
+    Form(llama_residual, dtype=fp16, shape=(2, 3, 64)),
+    Form(llama_residual, dtype=fp32, shape=(2, 3, 64)),
+    Form(llama_weight_right, shape=(2, 3, 128), eps=1e-5),
+    Form(residual_first, dtype=fp16),
+    Form(square_as_mul),
+    Form(f_rms_norm, shape=(2, 3, 64), eps=as_fp32(1e-5)),  # F.rms_norm rounds eps to fp32
+    Form(f_rms_norm_default_eps, dtype=fp16, eps=torch.finfo(fp32).eps),  # it computes in fp32
+    Form(f_rms_norm_weight_upcast, dtype=fp16, eps=as_fp32(1e-6)),
+    Form(gemma, shape=(2, 3, 64), weight_bias=1.0),
+    Form(gemma, dtype=fp16, weight_bias=1.0),
+    Form(bias_in_activation_dtype, weight_bias=1.0),
+    Form(in_place_all_reduce, shape=(2, 3, 64)),
+    Form(no_residual, residuals=0, eps=0.1234),
+    Form(no_residual_result_used_later, dtype=fp16, shape=(2, 3, 64), residuals=0),
+    Form(residual_sum_used_later),
+    Form(weight_computed_late),
+    Form(two_chained_sites, shape=(2, 3, 64), sites=2, residuals=2),
+]
+
+NEGATIVES = [
+    # (form, reason in the report, world size)
+    (Form(reduce_max), "reduce op 'max'", 2),
+    (Form(norm_over_dim0), "RMSNorm over dims [0], not the last (hidden) dim", 2),
+    (
+        Form(llama_residual, weight_dtype=fp32),
+        "norm weight is float32: the weight multiply promotes the bfloat16 norm output to float32",
+        2,
+    ),
+    (Form(f_rms_norm, weight_dtype=fp32), "norm weight is float32 but activations are bfloat16", 2),
+    (Form(gemma, dtype=fp16, weight_dtype=fp32), "norm weight is float32 but activations are float16", 2),
+    (Form(result_also_used), "all-reduce result is also used outside the residual add", 2),
+    (Form(upcast_also_used), "fp32 upcast", 2),
+    (Form(variance_also_used), "inside the RMSNorm, is also used outside it", 2),
+    (Form(residual_broadcasts), "residual add broadcasts ([4, 64] + [64])", 2),
+    (Form(residual_fp32, weight_dtype=fp32), "residual is float32 but the all-reduce is bfloat16", 2),
+    (Form(no_weight), "RMSNorm without a weight", 2),
+    (Form(no_norm), "no RMSNorm after the all-reduce", 2),
+    (Form(llama_residual, shape=(4, 36)), "hidden size 36 is not a multiple of 8", 2),
+    (Form(llama_residual, shape=(2, 16392)), "hidden size 16392 is above 16384", 2),
+    (Form(llama_residual), "world size 3 not supported by the fused kernel", 3),
+    (Form(llama_residual), "world size 6 not supported by the fused kernel", 6),
+]
+
+
+def _id(form: Form) -> str:
+    weight = f"-w{str(form.weight_dtype).removeprefix('torch.')}" if form.weight_dtype else ""
+    return f"{form.fn.__name__}-{str(form.dtype).removeprefix('torch.')}-{len(form.shape)}d{weight}"
+
+
+def fuse(fn: Callable[..., Any], *inputs: Any, world_size: int = 2, **kwargs: Any):
+    with fake_world(world_size):
+        return run_passes(fn, *inputs, passes=[REFERENCE], **kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# positive forms
+
+
+@pytest.mark.parametrize("form", FORMS, ids=_id)
+def test_fuses_form(form: Form):
+    result = fuse(form.fn, *form.inputs())
+    before, after = op_counts(result.graph_before), result.graph_after
+    assert before[ALL_REDUCE] == form.sites
+    assert count_ops(after, ALL_REDUCE) == 0
+    assert count_ops(after, "_c10d_functional.wait_tensor") == 0
+    assert count_ops(after, "aten.rsqrt") == 0
+    result.assert_matches("allreduce_rmsnorm", form.sites)
+    fused = [n for n in after.graph.nodes if n.target is torch.ops.passkit_fusion.allreduce_rmsnorm.default]
+    assert len(fused) == form.sites
+    assert sum(n.args[1] is not None for n in fused) == form.residuals
+    for node in fused:
+        weight, eps, weight_bias, group, impl = node.args[2:7]
+        assert weight.meta["val"].shape == (form.shape[-1],) and weight.meta["val"].dtype == form.dtype
+        assert eps == form.eps and weight_bias == form.weight_bias
+        assert impl == "reference" and group == "0"
+    note = result.report["allreduce_rmsnorm"].notes[0]
+    assert note.startswith(f"{form.sites} site(s) -> reference op: {form.residuals} with residual")
+
+
+def test_fuses_with_a_dynamic_token_count(clean_env):
+    form = Form(llama_residual, shape=(6, 64))
+    backend = passkit.backend(passes=[REFERENCE], mode="eager", verify=True, on_error="raise")
+    with fake_world(2):
+        compiled = torch.compile(form.fn, backend=backend)
+        for tokens in (6, 9):
+            x, r, w = Form(llama_residual, shape=(tokens, 64)).inputs()
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(r, 0)
+            assert compiled(x, r, w).shape == (tokens, 64)
+    assert len(backend.reports) == 1  # one graph, symbolic in the token count
+    assert backend.reports[0]["allreduce_rmsnorm"].matches == 1
+
+
+def test_rejects_an_epsilon_that_is_a_graph_input():
+    result = fuse(llama_residual, *Form(llama_residual).inputs(), dynamic=True)  # floats become inputs
+    result.assert_matches("allreduce_rmsnorm", 0)
+    assert "the norm's epsilon is not a constant" in result.report["allreduce_rmsnorm"].notes[0]
+
+
+@pytest.mark.parametrize("sharding", ["functional", "dtensor"])
+def test_fuses_every_site_of_a_tensor_parallel_llama(sharding: str):
+    cfg = LlamaConfig()
+    ids = torch.randint(0, cfg.vocab, (2, 5))
+    with fake_world(2) as world:
+        model = TinyLlama(cfg).to(bf16)
+        if sharding == "functional":
+            shard_functional(model, world.group, 0, 2)
+        else:
+            shard_dtensor(model, world.mesh)
+        result = run_passes(model, ids, passes=[REFERENCE])
+    assert op_counts(result.graph_before)[ALL_REDUCE] == cfg.sites() == 5
+    assert count_ops(result.graph_after, ALL_REDUCE) == 0
+    assert count_ops(result.graph_after, FUSED) == 5
+    notes = result.report["allreduce_rmsnorm"].notes
+    assert notes[0].startswith("5 site(s) -> reference op: 4 with residual, 1 without")
+    assert notes[1] == "per layer: layers.0=2, layers.1=2, norm=1"
+
+
+# ---------------------------------------------------------------------------------------
+# negative forms
+
+
+@pytest.mark.parametrize(
+    ("form", "reason", "world_size"), NEGATIVES, ids=[f"{_id(f)}-ws{w}" for f, _, w in NEGATIVES]
+)
+def test_rejects_with_reason(form: Form, reason: str, world_size: int):
+    result = fuse(form.fn, *form.inputs(), world_size=world_size)
+    assert count_ops(result.graph_after, FUSED) == 0
+    assert op_counts(result.graph_after)[ALL_REDUCE] == op_counts(result.graph_before)[ALL_REDUCE] == 1
+    result.assert_matches("allreduce_rmsnorm", 0)
+    (note,) = result.report["allreduce_rmsnorm"].notes
+    assert note.startswith("1 candidate(s) rejected: ")
+    assert reason in note, note
+
+
+def test_rejections_are_counted_per_reason():
+    def fn(x, r, w):
+        return llama_norm(ar(x) + r, w), ar(x, "max") * 1, ar(r, "max") * 1
+
+    result = fuse(fn, *Form(fn).inputs())
+    notes = result.report["allreduce_rmsnorm"].notes
+    assert notes == [
+        "1 site(s) -> reference op: 1 with residual, 0 without; plan " + notes[0].rsplit(" ", 1)[1],
+        "2 candidate(s) rejected: reduce op 'max' (x2)",
+    ]
+
+
+def test_find_sites_leaves_the_graph_alone():
+    with fake_world(2):
+        result = run_passes(two_chained_sites, *Form(two_chained_sites).inputs(), passes=[REFERENCE])
+        before = result.graph_before
+        code = before.code
+        sites, rejected = find_sites(before.graph)
+    assert before.code == code and not rejected
+    assert [s.residual is not None for s in sites] == [True, True]
+    assert sites[1].residual is sites[0].total  # the second site reads the first one's sum
+
+
+# ---------------------------------------------------------------------------------------
+# when the pass runs at all
+
+
+def compile_report(passes: list[Any], world_size: int | None = 2) -> passkit.PassRecord:
+    form = Form(llama_residual)
+    backend = passkit.backend(passes=passes, mode="eager")
+    if world_size is None:
+        torch.compile(lambda x, r, w: llama_norm(x + r, w), backend=backend)(*form.inputs())
+    else:
+        with fake_world(world_size):
+            torch.compile(form.fn, backend=backend)(*form.inputs())
+    report = backend.last_report
+    assert report is not None
+    return report["allreduce_rmsnorm"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="flashinfer is installed")
+@pytest.mark.parametrize("implementation", ["auto", "flashinfer"])
+def test_skips_without_flashinfer_and_says_why(clean_env, implementation: str):
+    record = compile_report([{"name": "allreduce_rmsnorm", "implementation": implementation}])
+    assert record.status == "skipped"
+    assert record.reason == (
+        "flashinfer is not installed (pip install passkit-fusion[flashinfer]) — "
+        "set implementation='reference' to run the reference op"
+    )
+
+
+def test_skips_without_a_process_group(clean_env):
+    record = compile_report([REFERENCE], world_size=None)
+    assert (record.status, record.reason) == ("skipped", "needs world size >= 2 (got 1)")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"implementation": "nccl"}, "passes.allreduce_rmsnorm.implementation"),
+        ({"max_tokens": 0}, "passes.allreduce_rmsnorm.max_tokens"),
+        (
+            {"max_token": 4096},
+            "unknown option (known options: implementation, max_tokens, check_rank_consistency)",
+        ),
+    ],
+)
+def test_rejects_bad_options(clean_env, options: dict[str, Any], message: str):
+    with pytest.raises(passkit.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        passkit.backend(passes=[{"name": "allreduce_rmsnorm", **options}])
+
+
+def test_runtime_options_travel_in_the_graph():
+    form = Form(llama_residual)
+    options = {**REFERENCE, "max_tokens": 4096, "check_rank_consistency": False}
+    with fake_world(2):
+        result = run_passes(form.fn, *form.inputs(), passes=[options])
+    (fused,) = [n for n in result.graph_after.graph.nodes if "allreduce_rmsnorm" in str(n.target)]
+    assert fused.args[7:] == (4096, False)
+
+
+def test_registered_through_the_entry_point_with_its_demo():
+    plugins = passkit.get_plugins()
+    info = plugins.passes["allreduce_rmsnorm"]
+    assert (info.plugin.name, info.plugin.distribution) == ("fusion", "passkit-fusion")
+    assert info.cls.stage is passkit.Stage.POST
+    demos = {name for found in plugins.hook.passkit_demos() for name in (found or {})}
+    assert "allreduce_rmsnorm" in demos
+
+
+def test_conformance():
+    """passkit-testing's checks every pass must pass (cache identity, options, idempotence,
+    lint, plugin validity, importable without CUDA)."""
+    variants = [{"implementation": "reference"}, {"implementation": "reference", "max_tokens": 4096}]
+    with fake_world(2):
+        check_pass(
+            "allreduce_rmsnorm",
+            options_variants=variants,
+            sample=(llama_residual, Form(llama_residual).inputs()),
+        )
