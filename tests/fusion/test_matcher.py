@@ -231,7 +231,12 @@ NEGATIVES = [
         "norm weight is float32: the weight multiply promotes the bfloat16 norm output to float32",
         2,
     ),
-    (Form(f_rms_norm, weight_dtype=fp32), "norm weight is float32 but activations are bfloat16", 2),
+    pytest.param(
+        Form(f_rms_norm, weight_dtype=fp32),
+        "norm weight is float32 but activations are bfloat16",
+        2,
+        marks=pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight"),
+    ),
     (Form(gemma, dtype=fp16, weight_dtype=fp32), "norm weight is float32 but activations are float16", 2),
     (Form(result_also_used), "all-reduce result is also used outside the residual add", 2),
     (Form(upcast_also_used), "fp32 upcast", 2),
@@ -302,6 +307,26 @@ def test_rejects_an_epsilon_that_is_a_graph_input():
     assert "the norm's epsilon is not a constant" in result.report["allreduce_rmsnorm"].notes[0]
 
 
+@pytest.mark.parametrize("world_size", [4, 8, 16])
+def test_fuses_at_every_supported_world_size(world_size: int):
+    result = fuse(llama_residual, *Form(llama_residual).inputs(), world_size=world_size)
+    result.assert_matches("allreduce_rmsnorm", 1)
+
+
+def test_fuses_on_a_tensor_parallel_subgroup():
+    """TP=2 inside a world of 4: the kernel's world is the all-reduce's group, not the world."""
+
+    def fn(x, r, w):
+        return llama_norm(funcol.all_reduce(x, "sum", tp_group) + r, w)
+
+    with fake_world(4):
+        tp_group = dist.new_group([0, 1])
+        result = run_passes(fn, *Form(fn).inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 1)
+    (fused,) = [n for n in result.graph_after.graph.nodes if "allreduce_rmsnorm" in str(n.target)]
+    assert fused.args[5] == tp_group.group_name != "0"
+
+
 @pytest.mark.parametrize("sharding", ["functional", "dtensor"])
 def test_fuses_every_site_of_a_tensor_parallel_llama(sharding: str):
     cfg = LlamaConfig()
@@ -325,8 +350,13 @@ def test_fuses_every_site_of_a_tensor_parallel_llama(sharding: str):
 # negative forms
 
 
+def _negative_id(case: Any) -> str:
+    form, _, world_size = case.values if hasattr(case, "values") else case
+    return f"{_id(form)}-ws{world_size}"
+
+
 @pytest.mark.parametrize(
-    ("form", "reason", "world_size"), NEGATIVES, ids=[f"{_id(f)}-ws{w}" for f, _, w in NEGATIVES]
+    ("form", "reason", "world_size"), NEGATIVES, ids=[_negative_id(c) for c in NEGATIVES]
 )
 def test_rejects_with_reason(form: Form, reason: str, world_size: int):
     result = fuse(form.fn, *form.inputs(), world_size=world_size)

@@ -108,18 +108,34 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class RowParallelReduce:
+    """Sums a row-parallel layer's partial result over the tensor-parallel group with a
+    functional all-reduce; the identity while ``group`` is ``None`` (unsharded, or sharded
+    with DTensor, which inserts its own all-reduces)."""
+
+    def __init__(self) -> None:
+        self.group: Any = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is None:
+            return x
+        import torch.distributed._functional_collectives as funcol
+
+        return funcol.all_reduce(x, "sum", self.group)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, model: TinyLlama):
+    def __init__(self, cfg: LlamaConfig, reduce: RowParallelReduce):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden, cfg.eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.eps)
         self.mlp = MLP(cfg)
-        self._reduce = model.reduce
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self._reduce(self.self_attn(self.input_layernorm(x), cos, sin))
-        return h + self._reduce(self.mlp(self.post_attention_layernorm(h)))
+        h = x + self.reduce(self.self_attn(self.input_layernorm(x), cos, sin))
+        return h + self.reduce(self.mlp(self.post_attention_layernorm(h)))
 
 
 class TinyLlama(nn.Module):
@@ -131,15 +147,17 @@ class TinyLlama(nn.Module):
             so every rank builds the same full model before taking its shard.
     """
 
+    inv_freq: torch.Tensor
+
     def __init__(self, cfg: LlamaConfig = LlamaConfig(), seed: int = 0):
         super().__init__()
         self.cfg = cfg
-        self.tp_group: Any = None
-        """Process group of the row-parallel all-reduces (set by :func:`shard_functional`)."""
+        self.reduce = RowParallelReduce()
+        """The row-parallel all-reduce; :func:`shard_functional` sets its group."""
         self.vocab_range = (0, cfg.vocab)
         """Token ids this rank's embedding shard holds."""
         self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.reduce) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.eps)
         inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -147,21 +165,14 @@ class TinyLlama(nn.Module):
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
+        gen: torch.Generator | None = None
         for name, p in self.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
+            gen = gen or torch.Generator(device=p.device).manual_seed(seed)
+            noise = torch.randn(p.shape, generator=gen, device=p.device)
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 p.copy_(1.0 + 0.1 * noise)
             else:
                 p.copy_(noise * p.shape[-1] ** -0.5)
-
-    def reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum a row-parallel partial result over the tensor-parallel group (no-op unsharded)."""
-        if self.tp_group is None:
-            return x
-        import torch.distributed._functional_collectives as funcol
-
-        return funcol.all_reduce(x, "sum", self.tp_group)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         start, end = self.vocab_range
@@ -173,7 +184,7 @@ class TinyLlama(nn.Module):
 
     def rotary(self, seq: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         t = torch.arange(seq, device=self.inv_freq.device, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq)
+        freqs = torch.outer(t, self.inv_freq.float())
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -215,7 +226,7 @@ def shard_functional(model: TinyLlama, group: Any, rank: int, world_size: int) -
     model.vocab_range = (rank * per_rank, (rank + 1) * per_rank)
     emb = model.embed_tokens
     emb.weight = nn.Parameter(emb.weight[rank * per_rank : (rank + 1) * per_rank].clone())
-    model.tp_group = group
+    model.reduce.group = group
     return model
 
 
@@ -234,6 +245,11 @@ def shard_dtensor(model: TinyLlama, mesh: Any) -> TinyLlama:
     for i in range(model.cfg.layers):
         plan.update({f"layers.{i}.self_attn.{p}": ColwiseParallel() for p in _COLUMN_PARALLEL[:3]})
         plan.update({f"layers.{i}.mlp.{p}": ColwiseParallel() for p in _COLUMN_PARALLEL[3:]})
-        plan.update({f"layers.{i}.{m}.{p}": RowwiseParallel() for m, p in (("self_attn", "o_proj"), ("mlp", "down_proj"))})
+        plan.update(
+            {
+                f"layers.{i}.{m}.{p}": RowwiseParallel()
+                for m, p in (("self_attn", "o_proj"), ("mlp", "down_proj"))
+            }
+        )
     parallelize_module(model, mesh, plan)
     return model

@@ -1,0 +1,190 @@
+"""The ``allreduce_rmsnorm`` pass: all-reduce -> (add residual) -> RMSNorm becomes one op.
+
+Every site :mod:`passkit_fusion.matcher` finds is replaced by one call of
+``torch.ops.passkit_fusion.allreduce_rmsnorm`` returning ``(norm_out, residual_out)``: the
+norm's users read ``norm_out``, every other user of the sum (or of the all-reduce result,
+without a residual) reads ``residual_out``. Enable it by name::
+
+    torch.compile(model, backend=passkit.backend(passes=[
+        {"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]))
+
+With ``implementation="auto"`` (the default) the pass rewrites only CUDA graphs and only
+where flashinfer is importable; elsewhere it skips and says why. ``"reference"`` swaps in
+the op with its torch implementation on any device (tests, demos, CPU runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import operator
+from collections import Counter
+from typing import Literal
+
+import pydantic
+import torch
+import torch.fx as fx
+
+from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage
+
+from . import matcher, ops
+from .matcher import Rejection, Site, candidates
+
+_ADVICE = "set implementation='reference' to run the reference op"
+
+
+class AllReduceRMSNormOptions(pydantic.BaseModel):
+    """Options of the ``allreduce_rmsnorm`` pass."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    implementation: Literal["auto", "flashinfer", "reference"] = "auto"
+    """auto: flashinfer on CUDA if installed, else skip; flashinfer: the same, pinned; reference: the torch op, any device"""
+    max_tokens: int = pydantic.Field(2048, ge=1)
+    """flashinfer workspace capacity in tokens (more run unfused inside the op); set at the op's first call"""
+    check_rank_consistency: bool = True
+    """the runtime compares its plan across ranks before the first fused call"""
+
+
+class AllReduceRMSNorm(GraphPass):
+    """Fuse all-reduce (sum) + optional residual add + RMSNorm into one flashinfer kernel.
+
+    The kernel is flashinfer's ``allreduce_fusion`` with pattern ``kARResidualRMSNorm``,
+    reached through ``torch.ops.passkit_fusion.allreduce_rmsnorm``."""
+
+    name = "allreduce_rmsnorm"
+    stage = Stage.POST
+    Options = AllReduceRMSNormOptions
+    requires = Requirements(min_world_size=2)
+    source_files = (matcher.__file__, ops.__file__)
+
+    options: AllReduceRMSNormOptions
+
+    def skip_reason(self, ctx: CompileContext) -> str | None:
+        unmet = super().skip_reason(ctx)
+        if unmet or self.options.implementation == "reference":
+            return unmet
+        if importlib.util.find_spec("flashinfer") is None:
+            return f"flashinfer is not installed (pip install passkit-fusion[flashinfer]) — {_ADVICE}"
+        if ctx.device != "cuda":
+            return f"flashinfer's fused kernel needs CUDA tensors (graph is on {ctx.device}) — {_ADVICE}"
+        return None
+
+    @property
+    def impl(self) -> str:
+        """The op implementation this pass writes into the graph."""
+        return "reference" if self.options.implementation == "reference" else "flashinfer"
+
+    def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        position = {node: float(i) for i, node in enumerate(gm.graph.nodes)}
+        sites: list[Site] = []
+        rejected: list[Rejection] = []
+        needs_sort = False
+        for found in candidates(gm.graph):
+            if isinstance(found, Rejection):
+                rejected.append(found)
+                continue
+            needs_sort |= self._replace(gm.graph, found, position)
+            sites.append(found)
+        if needs_sort:
+            from torch._inductor.pattern_matcher import stable_topological_sort
+
+            stable_topological_sort(gm.graph)
+        return PassResult(
+            modified=bool(sites), matches=len(sites), notes=summarize(sites, rejected, self.impl)
+        )
+
+    def _replace(self, graph: fx.Graph, site: Site, position: dict[fx.Node, float]) -> bool:
+        """Swap ``site`` for the fused op; True when the graph needs a topological sort.
+
+        ``position`` orders the graph's nodes; the new nodes get positions just before
+        their anchor, so later sites can order them too."""
+        args = (
+            site.x,
+            site.residual,
+            site.weight,
+            site.eps,
+            site.weight_bias,
+            site.group_name,
+            self.impl,
+            self.options.max_tokens,
+            self.options.check_rank_consistency,
+        )
+        anchor, needs_sort = _insertion_point(site, position)
+        with graph.inserting_before(anchor):
+            fused = graph.call_function(torch.ops.passkit_fusion.allreduce_rmsnorm.default, args)
+            norm_out = graph.call_function(operator.getitem, (fused, 0))
+            residual_out = graph.call_function(operator.getitem, (fused, 1))
+        for offset, node in zip((0.3, 0.2, 0.1), (fused, norm_out, residual_out)):
+            position[node] = position[anchor] - offset
+        val = _fake_outputs(args)
+        fused.meta.update(val=val, stack_trace=site.out.meta.get("stack_trace"))
+        norm_out.meta["val"], residual_out.meta["val"] = val
+        inside = set(site.nodes)
+        site.out.replace_all_uses_with(norm_out)
+        site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
+        for node in sorted(site.nodes, key=position.__getitem__, reverse=True):
+            if not node.users:
+                graph.erase_node(node)
+        return needs_sort
+
+
+def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Node, bool]:
+    """Where the fused op goes: at the sum, when its inputs are all defined by then (the
+    usual case: weights are graph inputs); else after its last input, and the users of
+    ``residual_out`` that came earlier must be moved after it (the bool is True)."""
+    inputs = [n for n in (site.x, site.residual, site.weight) if n is not None]
+    last_input = max(position[n] for n in inputs)
+    if last_input < position[site.total]:
+        return site.total, False
+    return next(n for n in sorted(site.nodes, key=position.__getitem__) if position[n] > last_input), True
+
+
+def _fake_outputs(args: tuple[object, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's outputs on the graph's fake tensors (its fake implementation)."""
+    from torch._guards import detect_fake_mode
+
+    vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
+    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if fake_mode is None:
+        raise RuntimeError("allreduce_rmsnorm: the graph's tensors carry no fake values")
+    with fake_mode:
+        return torch.ops.passkit_fusion.allreduce_rmsnorm.default(*vals)
+
+
+def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[str]:
+    """Report notes: sites with/without residual, sites per layer, the plan's fingerprint
+    (compare it across ranks' logs) and the reasons candidates were rejected."""
+    notes: list[str] = []
+    if sites:
+        with_res = sum(1 for s in sites if s.residual is not None)
+        notes.append(
+            f"{len(sites)} site(s) -> {impl} op: {with_res} with residual, {len(sites) - with_res} without; "
+            f"plan {plan_fingerprint(sites)}"
+        )
+        per_layer = Counter(_layer(s.module) for s in sites if s.module)
+        if per_layer:
+            notes.append("per layer: " + ", ".join(f"{k}={v}" for k, v in per_layer.items()))
+    if rejected:
+        reasons = Counter(r.reason for r in rejected)
+        listed = "; ".join(f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in reasons.items())
+        notes.append(f"{len(rejected)} candidate(s) rejected: {listed}")
+    if not sites and not rejected:
+        notes.append("no all-reduce in the graph")
+    return notes
+
+
+def plan_fingerprint(sites: list[Site]) -> str:
+    """A short hash of what was fused, identical on every rank that fused the same graph."""
+    plan = [
+        [s.group_name, s.world_size, s.hidden, str(s.dtype), s.residual is not None, s.eps, s.weight_bias]
+        for s in sites
+    ]
+    return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]
+
+
+def _layer(module: str) -> str:
+    """``layers.0.post_attention_layernorm`` -> ``layers.0``; ``norm`` -> ``norm``."""
+    parent, _, _ = module.rpartition(".")
+    return parent or module

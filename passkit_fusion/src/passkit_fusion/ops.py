@@ -1,0 +1,100 @@
+"""``torch.ops.passkit_fusion.allreduce_rmsnorm``: the op the pass swaps in.
+
+A functional ``torch.library`` custom op (new outputs, inputs untouched) with a fake
+implementation, so it traces, compiles and re-propagates like any ATen op. Importing this
+module registers it; the plugin imports it when passkit loads the plugin, so graphs that
+Inductor restores from its cache (where the pass does not run again) still find the op.
+
+``impl`` picks the implementation, fixed in the graph at compile time:
+
+* ``"flashinfer"``: flashinfer's fused kernel through :mod:`passkit_fusion.runtime` (CUDA),
+  which creates its workspace lazily on the first call and falls back to the unfused
+  computation, identically on every rank, where the kernel cannot run (e.g. more tokens
+  than the workspace holds).
+* ``"reference"``: :func:`passkit_fusion.reference.allreduce_rmsnorm`, on any device.
+
+``max_tokens`` and ``check_rank_consistency`` travel in the graph too: they are handed to
+``runtime.configure`` on the first flashinfer call of the process (and again only if they
+change), so they hold after a cache hit as well.
+"""
+
+import torch
+
+from . import reference
+
+OP_NAME = "passkit_fusion::allreduce_rmsnorm"
+IMPLEMENTATIONS = ("flashinfer", "reference")
+
+_runtime_settings: tuple[int, bool] | None = None
+"""The ``(max_tokens, check_rank_consistency)`` last handed to ``runtime.configure``."""
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def allreduce_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    group_name: str,
+    impl: str,
+    max_tokens: int = 2048,
+    check_rank_consistency: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-reduce (sum) ``x`` over the process group ``group_name``, add ``residual`` (when
+    given), RMS-normalise over the last dim with ``weight + weight_bias``.
+
+    Returns ``(norm_out, residual_out)``, both shaped like ``x`` and of ``x.dtype``;
+    ``residual_out`` is the all-reduced sum (with the residual). Collective: every rank of
+    the group calls it with the same shapes, in the same order.
+    """
+    if impl == "reference":
+        return reference.allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group_name)
+    if impl == "flashinfer":
+        return _flashinfer(
+            x, residual, weight, eps, weight_bias, group_name, max_tokens, check_rank_consistency
+        )
+    raise ValueError(f"passkit_fusion.allreduce_rmsnorm: impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
+
+
+@allreduce_rmsnorm.register_fake
+def _fake(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    group_name: str,
+    impl: str,
+    max_tokens: int = 2048,
+    check_rank_consistency: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1], lambda: "weight must be [hidden]")
+    if residual is not None:
+        torch._check(residual.shape == x.shape, lambda: "residual must have x's shape")
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _flashinfer(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    group_name: str,
+    max_tokens: int,
+    check_rank_consistency: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.device.type != "cuda":
+        raise RuntimeError(
+            f"passkit_fusion.allreduce_rmsnorm: impl='flashinfer' needs CUDA tensors, got {x.device} "
+            "(compile with implementation='reference' to run the reference op)"
+        )
+    from . import runtime  # imports flashinfer lazily itself
+
+    global _runtime_settings
+    settings = (max_tokens, check_rank_consistency)
+    if _runtime_settings != settings:
+        runtime.configure(max_tokens=max_tokens, check_rank_consistency=check_rank_consistency)
+        _runtime_settings = settings
+    return runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, eps, weight_bias, group_name)

@@ -1,0 +1,30 @@
+"""The ``fusion`` entry point of the ``passkit.passes`` group: what passkit-fusion adds.
+
+Loading it registers the fused op (through :mod:`passkit_fusion.allreduce_rmsnorm`), so the
+op exists in every process that builds a passkit pipeline, cache hits included.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from passkit import Pass, hookimpl
+
+from .allreduce_rmsnorm import AllReduceRMSNorm
+
+
+@hookimpl
+def passkit_register_passes() -> list[type[Pass]]:
+    return [AllReduceRMSNorm]
+
+
+@hookimpl
+def passkit_demos() -> dict[str, Any]:
+    return {"allreduce_rmsnorm": _demo}
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import main
+
+    return main(args)
