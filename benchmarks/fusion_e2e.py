@@ -185,9 +185,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) ->
                 "pass": rec.to_dict() if rec else None,
                 "device": torch.cuda.get_device_name(0) if cuda else "cpu",
                 "torch": torch.__version__,
+                "paths": _runtime_paths() if cuda else {},
             }
         )
     dist.destroy_process_group()
+
+
+def _runtime_paths() -> dict[str, int]:
+    from passkit_fusion import runtime
+
+    return dict(runtime.stats())
 
 
 def render(res: dict, args: argparse.Namespace) -> str:
@@ -205,6 +212,8 @@ def render(res: dict, args: argparse.Namespace) -> str:
         else:
             lines.append(f"| {r['tokens']} | - | - | - | {r['rel_diff_vs_inductor']:.1e} |")
     p = res["pass"] or {}
+    if "paths" in res:
+        lines += ["", f"Runtime paths taken by the fused op (all token counts, warm-up included): {res['paths']}"]
     lines += [
         "",
         f"Compile (first call, dynamic tokens): Inductor {res['compile_s']['inductor']:.1f} s, with passkit {res['compile_s']['passkit']:.1f} s; "
@@ -221,7 +230,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--replays", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=2048, help="fused-kernel workspace size")
+    ap.add_argument("--max-tokens", type=int, default=None, help="fused-kernel workspace size (default: from the tuned table)")
     ap.add_argument("--cpu", action="store_true", help="tiny smoke run on CPU (gloo, reference op)")
     args = ap.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
@@ -243,8 +252,8 @@ def main() -> None:
     if not args.cpu:
         for folder in filter(None, [os.environ.get("OUT"), str(HERE / "results")]):
             Path(folder).mkdir(parents=True, exist_ok=True)
-            (Path(folder) / "fusion_e2e.json").write_text(json.dumps(res, indent=2))
-            (Path(folder) / "fusion_e2e.md").write_text(md)
+            (Path(folder) / f"fusion_e2e_w{args.world}.json").write_text(json.dumps(res, indent=2))
+            (Path(folder) / f"fusion_e2e_w{args.world}.md").write_text(md)
 
 
 if __name__ == "__main__":

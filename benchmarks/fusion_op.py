@@ -46,7 +46,8 @@ import torch.multiprocessing as mp
 
 from passkit_fusion import runtime, tuning
 
-WORLD = 2
+WORLD = int(os.environ.get("GPU_WORLD_SIZE", "2"))
+"""Ranks (one GPU each); set GPU_WORLD_SIZE=4 or 8 on larger machines."""
 EPS = 1e-6
 DTYPE = torch.bfloat16
 ERROR_RATIO_LIMIT = 1.25

@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import importlib.util
 import json
+import os
 import socket
 import time
 import traceback
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-WORLD = 2
+WORLD = int(os.environ.get("GPU_WORLD_SIZE", "2"))
+"""Ranks (one GPU each); set GPU_WORLD_SIZE=4 or 8 on larger machines."""
 if torch.cuda.device_count() < WORLD:
     pytest.skip(f"needs {WORLD} CUDA GPUs", allow_module_level=True)
 if importlib.util.find_spec("flashinfer") is None:

@@ -41,8 +41,8 @@ class AllReduceRMSNormOptions(pydantic.BaseModel):
 
     implementation: Literal["auto", "flashinfer", "reference"] = "auto"
     """auto: flashinfer on CUDA if installed, else skip; flashinfer: the same, pinned; reference: the torch op, any device"""
-    max_tokens: int = pydantic.Field(2048, ge=1)
-    """flashinfer workspace capacity in tokens (more run unfused inside the op); set at the op's first call"""
+    max_tokens: int | None = pydantic.Field(None, ge=1)
+    """flashinfer workspace capacity in tokens (more run unfused inside the op); None: as many as the tuned table fuses (capped at 64 MiB of input); set at the op's first call"""
     check_rank_consistency: bool = True
     """the runtime compares its plan across ranks before the first fused call"""
 

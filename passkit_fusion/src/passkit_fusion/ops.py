@@ -13,7 +13,8 @@ Inductor restores from its cache (where the pass does not run again) still find 
   than the workspace holds).
 * ``"reference"``: :func:`passkit_fusion.reference.allreduce_rmsnorm`, on any device.
 
-``max_tokens`` and ``check_rank_consistency`` travel in the graph too: they are handed to
+``max_tokens`` (``None``: sized by the runtime from the tuned table, up to the largest token
+count the table fuses) and ``check_rank_consistency`` travel in the graph too: they are handed to
 ``runtime.configure`` on the first flashinfer call of the process (and again only if they
 change), so they hold after a cache hit as well.
 """
@@ -25,7 +26,7 @@ from . import reference
 OP_NAME = "passkit_fusion::allreduce_rmsnorm"
 IMPLEMENTATIONS = ("flashinfer", "reference")
 
-_runtime_settings: tuple[int, bool] | None = None
+_runtime_settings: tuple[int | None, bool] | None = None
 """The ``(max_tokens, check_rank_consistency)`` last handed to ``runtime.configure``."""
 
 
@@ -38,7 +39,7 @@ def allreduce_rmsnorm(
     weight_bias: float,
     group_name: str,
     impl: str,
-    max_tokens: int = 2048,
+    max_tokens: int | None = None,
     check_rank_consistency: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """All-reduce (sum) ``x`` over the process group ``group_name``, add ``residual`` (when
@@ -66,7 +67,7 @@ def _fake(
     weight_bias: float,
     group_name: str,
     impl: str,
-    max_tokens: int = 2048,
+    max_tokens: int | None = None,
     check_rank_consistency: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1], lambda: "weight must be [hidden]")
@@ -82,7 +83,7 @@ def _flashinfer(
     eps: float,
     weight_bias: float,
     group_name: str,
-    max_tokens: int,
+    max_tokens: int | None,
     check_rank_consistency: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.device.type != "cuda":

@@ -1,0 +1,32 @@
+#!/bin/bash
+# One GPU-machine session: the GPU tests and the fusion benchmarks, each step time-boxed so
+# the whole command ends inside the device tool's 10-minute limit. Run from the repo root on
+# the GPU machine, with .whl/ (wheels of passkit, passkit-fusion, passkit-testing and the
+# dependencies the image lacks: pip wheel --no-deps -w .whl . ./passkit_fusion ./passkit_testing)
+# and .gpu-carry/ (bash ../shared/device/stage-flashinfer.sh) carried along:
+#     E2E_WORLDS="2 4" OP_WORLDS="4" TEST_WORLDS="4" bash benchmarks/gpu_session.sh
+# Logs and results go to $OUT. NVLink multicast stays off (activate.sh sets the variables).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOG="$OUT/log.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/site/bin:$PATH
+source .gpu-carry/activate.sh
+[ "${NCCL_NVLS_ENABLE:-}" = 0 ] || { echo "multicast must be off"; exit 1; }
+step() { local limit=$1; shift; echo "=== $* (limit ${limit}s)" | tee -a "$LOG"; local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n 40; echo "=== rc=${PIPESTATUS[0]} in $((SECONDS - t0))s" | tee -a "$LOG"; }
+nvidia-smi -L | tee -a "$LOG"
+python3 -c "import torch, passkit, passkit_fusion, flashinfer; print(torch.__version__, passkit.__version__, flashinfer.__version__, torch.cuda.device_count())" | tee -a "$LOG"
+for W in ${E2E_WORLDS:-2}; do
+  step "${E2E_LIMIT:-150}" python3 benchmarks/fusion_e2e.py --world "$W" --replays "${REPLAYS:-100}"
+done
+for W in ${OP_WORLDS:-}; do
+  mkdir -p "$OUT/op_w$W"
+  GPU_WORLD_SIZE=$W step "${OP_LIMIT:-150}" python3 benchmarks/fusion_op.py --out "$OUT/op_w$W" --tokens ${OP_TOKENS:-1 4 16 64 256 1024 2048 4096 8192}
+done
+for W in ${TEST_WORLDS:-}; do
+  GPU_WORLD_SIZE=$W step "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider tests/gpu
+done
