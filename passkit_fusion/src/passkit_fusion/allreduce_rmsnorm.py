@@ -82,6 +82,8 @@ class AllReduceRMSNorm(GraphPass):
         rejected: list[Rejection] = []
         needs_sort = False
         for found in candidates(gm.graph):
+            if isinstance(found, Site) and (unprofitable := self._never_pays(found)):
+                found = Rejection(found.all_reduce, unprofitable)
             if isinstance(found, Rejection):
                 rejected.append(found)
                 continue
@@ -93,6 +95,29 @@ class AllReduceRMSNorm(GraphPass):
             stable_topological_sort(gm.graph)
         return PassResult(
             modified=bool(sites), matches=len(sites), notes=summarize(sites, rejected, self.impl)
+        )
+
+    def _never_pays(self, site: Site) -> str | None:
+        """Why fusing ``site`` can never pay on this GPU, or None.
+
+        The fused op picks fused or unfused per call from the tuned table; when the table
+        has no fused rule at all for this GPU, world size, hidden size and dtype, every
+        call would take the op's unfused fallback, slower than what Inductor generates for
+        the unfused graph. Then the site is left alone. A graph-level and device-model fact,
+        the same on every rank of a homogeneous group.
+        """
+        if self.impl != "flashinfer":
+            return None
+        from . import tuning
+
+        device = site.x.meta["val"].device
+        gpu = torch.cuda.get_device_name(device)
+        rules = tuning.default_table().resolve(gpu, site.world_size, site.hidden, site.dtype)
+        if any(rule.decision.use_fused for rule in rules):
+            return None
+        return (
+            f"no tuned table fuses {gpu} x{site.world_size}, hidden {site.hidden}, "
+            f"{str(site.dtype).removeprefix('torch.')} (run `passkit tune` to measure one)"
         )
 
     def _replace(self, graph: fx.Graph, site: Site, position: dict[fx.Node, float]) -> bool:

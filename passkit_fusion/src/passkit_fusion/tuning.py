@@ -223,6 +223,7 @@ def save_table(table: Table, path: str | os.PathLike[str]) -> None:
 
 
 @functools.cache
+@functools.cache
 def default_table() -> Table:
     """All tables shipped in ``passkit_fusion/tables/*.json``, merged (read once)."""
     table = Table()
