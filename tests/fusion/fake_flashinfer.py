@@ -21,8 +21,9 @@ one of :data:`VARIANTS`:
 
 * ``"0.7.2"``: both APIs with the signatures above.
 * ``"legacy-only"``: only the ``trtllm_*`` functions, without the ``metadata`` /
-  ``create_metadata`` / ``weight_bias`` parameters that later versions added (as in older
-  flashinfer releases): calling them with those keywords is a ``TypeError``.
+  ``create_metadata`` / ``weight_bias`` parameters, which flashinfer added over time: the
+  shape of an older API for runtime's signature probing, not a copy of one release. Calling
+  them with those keywords is a ``TypeError``.
 * ``"unified-no-weight-bias"``: only the unified API, ``allreduce_fusion`` without
   ``weight_bias``.
 
@@ -63,8 +64,15 @@ class AllReduceFusionPattern:
 class _State:
     """What the IPC buffers of one workspace would hold: the group and the sizes."""
 
-    def __init__(self, group: dist.ProcessGroup, rank: int, world_size: int, max_token_num: int,
-                 hidden_dim: int, use_fp32_lamport: bool) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        max_token_num: int,
+        hidden_dim: int,
+        use_fp32_lamport: bool,
+    ) -> None:
         self.group, self.rank, self.world_size = group, rank, world_size
         self.max_token_num, self.hidden_dim = max_token_num, hidden_dim
         self.use_fp32_lamport = use_fp32_lamport
@@ -104,20 +112,40 @@ def trtllm_create_ipc_workspace_for_all_reduce_fusion(
     use_symm_dev_mem: bool = False,
 ):
     _record("trtllm_create_ipc_workspace_for_all_reduce_fusion", locals())
-    return _create_ipc(tp_rank, tp_size, max_token_num, hidden_dim, use_fp32_lamport, group,
-                       create_metadata, comm_backend, use_symm_dev_mem)
+    return _create_ipc(
+        tp_rank,
+        tp_size,
+        max_token_num,
+        hidden_dim,
+        use_fp32_lamport,
+        group,
+        create_metadata,
+        comm_backend,
+        use_symm_dev_mem,
+    )
 
 
-def _create_ipc(tp_rank, tp_size, max_token_num, hidden_dim, use_fp32_lamport, group,
-                create_metadata, comm_backend, use_symm_dev_mem):
+def _create_ipc(
+    tp_rank,
+    tp_size,
+    max_token_num,
+    hidden_dim,
+    use_fp32_lamport,
+    group,
+    create_metadata,
+    comm_backend,
+    use_symm_dev_mem,
+):
     if use_symm_dev_mem and not create_metadata:
         raise ValueError("use_symm_dev_mem is only supported when create_metadata=True")
     if use_symm_dev_mem or comm_backend is not None:
         raise NotImplementedError("fake flashinfer: only the torch.distributed IPC path")
     group = group if group is not None else dist.group.WORLD
     if (tp_rank, tp_size) != (dist.get_rank(group), dist.get_world_size(group)):
-        raise ValueError(f"tp_rank/tp_size ({tp_rank}, {tp_size}) do not match the group's "
-                         f"({dist.get_rank(group)}, {dist.get_world_size(group)})")
+        raise ValueError(
+            f"tp_rank/tp_size ({tp_rank}, {tp_size}) do not match the group's "
+            f"({dist.get_rank(group)}, {dist.get_world_size(group)})"
+        )
     key = next(_KEYS)
     _WORKSPACES[key] = _State(group, tp_rank, tp_size, max_token_num, hidden_dim, use_fp32_lamport)
     ipc_handles = [[key] * tp_size]  # flashinfer: one list of peer pointers per buffer
@@ -125,8 +153,13 @@ def _create_ipc(tp_rank, tp_size, max_token_num, hidden_dim, use_fp32_lamport, g
     dist.barrier(group=group)  # creation is collective
     if not create_metadata:
         return ipc_handles, workspace_tensor
-    metadata = {"tp_rank": tp_rank, "tp_size": tp_size, "max_token_num": max_token_num,
-                "hidden_dim": hidden_dim, "use_fp32_lamport": use_fp32_lamport}
+    metadata = {
+        "tp_rank": tp_rank,
+        "tp_size": tp_size,
+        "max_token_num": max_token_num,
+        "hidden_dim": hidden_dim,
+        "use_fp32_lamport": use_fp32_lamport,
+    }
     return ipc_handles, workspace_tensor, metadata
 
 
@@ -169,13 +202,30 @@ def trtllm_allreduce_fusion(
     _record("trtllm_allreduce_fusion", locals())
     if block_quant_group_size is not None or scale_factor is not None or layout_code is not None:
         raise NotImplementedError("fake flashinfer: quantising patterns")
-    _fused_kernel(allreduce_in, world_size, world_rank, token_num, hidden_dim, workspace_ptrs,
-                  pattern_code, use_oneshot, allreduce_out, residual_in, residual_out, norm_out,
-                  quant_out, rms_gamma, rms_eps, metadata, weight_bias)
+    _fused_kernel(
+        allreduce_in,
+        world_size,
+        world_rank,
+        token_num,
+        hidden_dim,
+        workspace_ptrs,
+        pattern_code,
+        use_oneshot,
+        allreduce_out,
+        residual_in,
+        residual_out,
+        norm_out,
+        quant_out,
+        rms_gamma,
+        rms_eps,
+        metadata,
+        weight_bias,
+    )
 
 
-def _check_metadata(token_num: int, hidden_dim: int, world_size: int, dtype: torch.dtype,
-                    metadata: dict) -> None:
+def _check_metadata(
+    token_num: int, hidden_dim: int, world_size: int, dtype: torch.dtype, metadata: dict
+) -> None:
     """flashinfer's ``check_trtllm_allreduce_fusion_workspace_metadata``."""
     errors = []
     if world_size != metadata["tp_size"]:
@@ -188,9 +238,25 @@ def _check_metadata(token_num: int, hidden_dim: int, world_size: int, dtype: tor
         raise ValueError("Workspace validation failed:\n" + "\n".join(errors))
 
 
-def _fused_kernel(allreduce_in, world_size, world_rank, token_num, hidden_dim, workspace_ptrs,
-                  pattern_code, use_oneshot, allreduce_out, residual_in, residual_out, norm_out,
-                  quant_out, rms_gamma, rms_eps, metadata, weight_bias) -> None:
+def _fused_kernel(
+    allreduce_in,
+    world_size,
+    world_rank,
+    token_num,
+    hidden_dim,
+    workspace_ptrs,
+    pattern_code,
+    use_oneshot,
+    allreduce_out,
+    residual_in,
+    residual_out,
+    norm_out,
+    quant_out,
+    rms_gamma,
+    rms_eps,
+    metadata,
+    weight_bias,
+) -> None:
     if metadata is not None:
         _check_metadata(token_num, hidden_dim, world_size, allreduce_in.dtype, metadata)
     if use_oneshot is None:
@@ -212,11 +278,23 @@ def _fused_kernel(allreduce_in, world_size, world_rank, token_num, hidden_dim, w
         state.use_fp32_lamport != (dtype == torch.float32) and "lamport buffers of the wrong dtype",
         rms_gamma.dtype != dtype and f"rms_gamma is {rms_gamma.dtype}, input is {dtype}",
         rms_gamma.shape != (hidden_dim,) and f"rms_gamma has shape {tuple(rms_gamma.shape)}",
-        *(t.shape != (numel,) and f"{name} is not a flat [{numel}] tensor" for name, t in (
-            ("allreduce_in", allreduce_in), ("residual_in", residual_in),
-            ("residual_out", residual_out), ("norm_out", norm_out))),
-        *(t.dtype != dtype and f"{name} is {t.dtype}, input is {dtype}" for name, t in (
-            ("residual_in", residual_in), ("residual_out", residual_out), ("norm_out", norm_out))),
+        *(
+            t.shape != (numel,) and f"{name} is not a flat [{numel}] tensor"
+            for name, t in (
+                ("allreduce_in", allreduce_in),
+                ("residual_in", residual_in),
+                ("residual_out", residual_out),
+                ("norm_out", norm_out),
+            )
+        ),
+        *(
+            t.dtype != dtype and f"{name} is {t.dtype}, input is {dtype}"
+            for name, t in (
+                ("residual_in", residual_in),
+                ("residual_out", residual_out),
+                ("norm_out", norm_out),
+            )
+        ),
     ]
     if problems := [p for p in problems if p]:
         raise RuntimeError("fake flashinfer kernel: " + "; ".join(problems))
@@ -237,14 +315,28 @@ def _fused_kernel(allreduce_in, world_size, world_rank, token_num, hidden_dim, w
 class TRTLLMAllReduceFusionWorkspace:
     """flashinfer's trtllm workspace: wraps the ``trtllm_*`` IPC workspace (with metadata)."""
 
-    def __init__(self, tp_size: int, tp_rank: int, max_token_num: int, hidden_dim: int,
-                 dtype: torch.dtype = torch.float16, comm_backend: Any = None,
-                 group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        tp_size: int,
+        tp_rank: int,
+        max_token_num: int,
+        hidden_dim: int,
+        dtype: torch.dtype = torch.float16,
+        comm_backend: Any = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.world_size, self.rank = tp_size, tp_rank
         self.ipc_handles, self.workspace_tensor, self.metadata = _create_ipc(
-            tp_rank=tp_rank, tp_size=tp_size, max_token_num=max_token_num, hidden_dim=hidden_dim,
-            use_fp32_lamport=dtype == torch.float32, group=group, create_metadata=True,
-            comm_backend=comm_backend, use_symm_dev_mem=False)
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            max_token_num=max_token_num,
+            hidden_dim=hidden_dim,
+            use_fp32_lamport=dtype == torch.float32,
+            group=group,
+            create_metadata=True,
+            comm_backend=comm_backend,
+            use_symm_dev_mem=False,
+        )
         self._destroyed = False
 
     @property
@@ -291,8 +383,9 @@ def create_allreduce_fusion_workspace(
         raise NotImplementedError(f"fake flashinfer: backend {backend!r}")
     if None in (world_size, rank, max_token_num, hidden_dim, dtype):
         raise ValueError("world_size, rank, max_token_num, hidden_dim and dtype are required")
-    return TRTLLMAllReduceFusionWorkspace(world_size, rank, max_token_num, hidden_dim, dtype,
-                                          comm_backend, group)
+    return TRTLLMAllReduceFusionWorkspace(
+        world_size, rank, max_token_num, hidden_dim, dtype, comm_backend, group
+    )
 
 
 def allreduce_fusion(
@@ -339,11 +432,24 @@ def allreduce_fusion(
     if block_quant_group_size is not None or scale_factor is not None or layout_code is not None:
         raise NotImplementedError("fake flashinfer: quantising patterns")
     _fused_kernel(
-        flat(input, "input"), workspace.world_size, workspace.rank, token_num, hidden_dim,
-        workspace.workspace_tensor, pattern, use_oneshot, flat(output, "output"),
-        flat(residual_in, "residual_in"), flat(residual_out, "residual_out"),
-        flat(norm_out, "norm_out"), flat(quant_out, "quant_out"), rms_gamma, rms_eps,
-        workspace.metadata, weight_bias)
+        flat(input, "input"),
+        workspace.world_size,
+        workspace.rank,
+        token_num,
+        hidden_dim,
+        workspace.workspace_tensor,
+        pattern,
+        use_oneshot,
+        flat(output, "output"),
+        flat(residual_in, "residual_in"),
+        flat(residual_out, "residual_out"),
+        flat(norm_out, "norm_out"),
+        flat(quant_out, "quant_out"),
+        rms_gamma,
+        rms_eps,
+        workspace.metadata,
+        weight_bias,
+    )
     return norm_out if norm_out is not None else output
 
 
@@ -351,10 +457,9 @@ def allreduce_fusion(
 
 
 def _without(fn: Callable[..., Any], *names: str) -> Callable[..., Any]:
-    """``fn`` as an older flashinfer had it: without parameters ``names``."""
+    """``fn`` without parameters ``names`` (in its signature and when called)."""
     signature = inspect.signature(fn)
-    reduced = signature.replace(
-        parameters=[p for p in signature.parameters.values() if p.name not in names])
+    reduced = signature.replace(parameters=[p for p in signature.parameters.values() if p.name not in names])
 
     def older(*args: Any, **kwargs: Any) -> Any:
         bound = reduced.bind(*args, **kwargs)  # TypeError for a parameter it lacks
@@ -373,21 +478,28 @@ def make_modules(variant: str = "0.7.2") -> tuple[types.ModuleType, types.Module
     comm.AllReduceFusionPattern = AllReduceFusionPattern
     if variant in ("0.7.2", "unified-no-weight-bias"):
         comm.create_allreduce_fusion_workspace = create_allreduce_fusion_workspace
-        comm.allreduce_fusion = (allreduce_fusion if variant == "0.7.2"
-                                 else _without(allreduce_fusion, "weight_bias"))
+        comm.allreduce_fusion = (
+            allreduce_fusion if variant == "0.7.2" else _without(allreduce_fusion, "weight_bias")
+        )
     if variant == "0.7.2":
         comm.trtllm_create_ipc_workspace_for_all_reduce_fusion = (
-            trtllm_create_ipc_workspace_for_all_reduce_fusion)
+            trtllm_create_ipc_workspace_for_all_reduce_fusion
+        )
         comm.trtllm_allreduce_fusion = trtllm_allreduce_fusion
     elif variant == "legacy-only":
         comm.trtllm_create_ipc_workspace_for_all_reduce_fusion = _without(
             trtllm_create_ipc_workspace_for_all_reduce_fusion,
-            "create_metadata", "comm_backend", "use_symm_dev_mem")
+            "create_metadata",
+            "comm_backend",
+            "use_symm_dev_mem",
+        )
         comm.trtllm_allreduce_fusion = _without(
-            trtllm_allreduce_fusion, "metadata", "block_quant_group_size", "weight_bias")
+            trtllm_allreduce_fusion, "metadata", "block_quant_group_size", "weight_bias"
+        )
     if variant != "unified-no-weight-bias":
         comm.trtllm_destroy_ipc_workspace_for_all_reduce_fusion = (
-            trtllm_destroy_ipc_workspace_for_all_reduce_fusion)
+            trtllm_destroy_ipc_workspace_for_all_reduce_fusion
+        )
     flashinfer = types.ModuleType("flashinfer")
     flashinfer.__version__ = VERSION
     flashinfer.__path__ = []  # a package, so that ``import flashinfer.comm`` finds the submodule
