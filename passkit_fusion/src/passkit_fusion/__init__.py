@@ -7,6 +7,29 @@ Enable it by name in a passkit config; passkit finds it through the ``passkit.pa
 entry point. Nothing heavy is imported here: flashinfer is imported on the first fused call.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+_LAZY = {
+    "AllReduceRMSNorm": "allreduce_rmsnorm",
+    "AllReduceRMSNormOptions": "allreduce_rmsnorm",
+    "prepare": "runtime",
+    "configure": "runtime",
+    "destroy_workspaces": "runtime",
+    "stats": "runtime",
+    "Table": "tuning",
+    "load_table": "tuning",
+    "save_table": "tuning",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    """Public names, imported on first use (so ``import passkit_fusion`` stays light)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

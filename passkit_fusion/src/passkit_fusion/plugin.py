@@ -24,6 +24,20 @@ def passkit_demos() -> dict[str, Any]:
     return {"allreduce_rmsnorm": _demo}
 
 
+@hookimpl
+def passkit_cli_commands(subparsers: Any) -> dict[str, Any]:
+    from .tuning import TUNE_HELP, add_tune_arguments
+
+    add_tune_arguments(subparsers.add_parser("tune", help=TUNE_HELP, description=TUNE_HELP))
+    return {"tune": _tune}
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from .tuning import run_tune
+
+    return run_tune(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import main
 

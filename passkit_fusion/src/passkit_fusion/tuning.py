@@ -7,7 +7,7 @@ if so, whether one-shot or two-shot.  Token counts above the last rule run unfus
 
 Tables ship as JSON files in ``passkit_fusion/tables/`` (one file per GPU and world size,
 one entry per hidden size and dtype).  :func:`tune` measures the three variants on the GPUs
-at hand and returns a table; :func:`main_tune` runs it on N local GPUs and writes the JSON.
+at hand and returns a table; :func:`run_tune` (the ``passkit tune`` command) runs it on N local GPUs and stores the JSON.
 
 JSON format (``"format": "passkit-fusion-table/1"``)::
 
@@ -39,8 +39,13 @@ from typing import Any
 
 import torch
 
+from passkit import PasskitError
+
 TABLE_FORMAT = "passkit-fusion-table/1"
 TABLES_DIR = Path(__file__).with_name("tables")
+"""Tables shipped with passkit-fusion (measured by its developers)."""
+USER_TABLES_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "passkit" / "fusion-tables"
+"""Tables ``passkit tune`` measured on this machine; they win over shipped ones."""
 
 #: Fuse only where the fused median beats the unfused median by this fraction.
 DEFAULT_MARGIN = 0.05
@@ -106,7 +111,12 @@ class Measurement:
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
-    """``torch.bfloat16`` or ``"torch.bfloat16"`` or ``"bfloat16"`` -> ``"bfloat16"``."""
+    """``torch.bfloat16``, ``"torch.bfloat16"``, ``"bfloat16"`` or an alias such as
+    ``"half"`` -> the canonical name (``"bfloat16"``, ``"float16"``)."""
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype.removeprefix("torch."), None)
+        if isinstance(resolved, torch.dtype):
+            dtype = resolved
     return str(dtype).removeprefix("torch.")
 
 
@@ -225,10 +235,13 @@ def save_table(table: Table, path: str | os.PathLike[str]) -> None:
 @functools.cache
 @functools.cache
 def default_table() -> Table:
-    """All tables shipped in ``passkit_fusion/tables/*.json``, merged (read once)."""
+    """The tables shipped in ``passkit_fusion/tables/``, then those ``passkit tune`` stored
+    in :data:`USER_TABLES_DIR` (which replace shipped entries with the same key), merged and
+    read once per process."""
     table = Table()
-    for path in sorted(TABLES_DIR.glob("*.json")):
-        table = table.merged(load_table(path))
+    for folder in (TABLES_DIR, USER_TABLES_DIR):
+        for path in sorted(folder.glob("*.json")):
+            table = table.merged(load_table(path))
     return table
 
 
@@ -250,7 +263,7 @@ def choose(measurement: Measurement, margin: float = DEFAULT_MARGIN) -> Decision
                                              (measurement.twoshot_us, False)) if t is not None]
     if not fused:
         return UNFUSED
-    best_us, oneshot = min(fused)
+    best_us, oneshot = min(fused, key=lambda f: (f[0], not f[1]))  # a tie goes to one-shot
     if best_us * (1.0 + margin) <= measurement.unfused_us:
         return Decision(True, oneshot)
     return UNFUSED
@@ -382,6 +395,8 @@ def measure(group: Any, hidden: int, dtype: torch.dtype, tokens: int,
     """
     import torch.distributed as dist
 
+    from .runtime import TWOSHOT_WORLD_SIZES
+
     world_size = dist.get_world_size(group)
     x, residual, weight = make_inputs(tokens, hidden, dtype, dist.get_rank(group))
     replays = replays_for(tokens, hidden)
@@ -390,7 +405,7 @@ def measure(group: Any, hidden: int, dtype: torch.dtype, tokens: int,
         time_unfused_us(group, x, residual, weight, eps, replays),
         time_fused_us(name, x, residual, weight, eps, Decision(True, True), replays),
         time_fused_us(name, x, residual, weight, eps, Decision(True, False), replays)
-        if tokens > world_size else -1.0,
+        if tokens > world_size and world_size in TWOSHOT_WORLD_SIZES else -1.0,
     ]
     agreed = torch.tensor(times, dtype=torch.float64, device=x.device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
@@ -437,13 +452,19 @@ def tune(
     return Table({key: Entry(rules_from_measurements(measurements, margin), source)})
 
 
-def main_tune(argv: Sequence[str] | None = None) -> int:
-    """``passkit tune``: spawn one process per local GPU, tune, write the table JSON."""
-    args = _tune_parser().parse_args(argv)
+TUNE_HELP = "Measure fused vs unfused all-reduce+RMSNorm on this machine's GPUs and store a decision table."
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """Run ``passkit tune`` with parsed arguments (see :func:`add_tune_arguments`)."""
+    if args.output is None:
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        slug = "-".join("".join(c if c.isalnum() else " " for c in gpu.lower()).split())
+        args.output = USER_TABLES_DIR / f"{slug}_w{args.world_size or torch.cuda.device_count()}.json"
     available = torch.cuda.device_count()
     world_size = args.world_size or available
     if not 2 <= world_size <= available:
-        raise SystemExit(f"passkit tune needs 2 to {available} local CUDA GPUs (this machine "
+        raise PasskitError(f"needs 2 to {available} local CUDA GPUs (this machine "
                          f"has {available}); asked for {world_size}")
     import torch.multiprocessing as mp
 
@@ -452,18 +473,16 @@ def main_tune(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _tune_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="passkit tune",
-        description="Measure fused vs unfused all-reduce+RMSNorm and write a decision table.")
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=0,
                         help="GPUs to use (default: all local GPUs)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TUNE_TOKENS))
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
-    parser.add_argument("--output", type=Path, default=Path("passkit_fusion_table.json"))
-    return parser
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"table file (default: {USER_TABLES_DIR}/<gpu>_w<N>.json, "
+                             "which the fused op loads automatically)")
 
 
 def _tune_worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
@@ -521,12 +540,17 @@ def _entry_to_json(key: TableKey, entry: Entry) -> dict[str, Any]:
     return data
 
 
+def _decision_from_json(rule: Mapping[str, Any]) -> Decision:
+    fused, oneshot = rule["fused"], rule.get("oneshot", True)
+    if not isinstance(fused, bool) or not isinstance(oneshot, bool):
+        raise ValueError(f"'fused' and 'oneshot' must be true/false, got {dict(rule)}")
+    return Decision(fused, oneshot) if fused else UNFUSED
+
+
 def _entry_from_json(raw: Mapping[str, Any]) -> tuple[TableKey, Entry]:
     key = TableKey(str(raw["gpu"]), int(raw["world_size"]), int(raw["hidden"]),
                    dtype_name(raw["dtype"]))
     if not isinstance(getattr(torch, key.dtype, None), torch.dtype):
         raise ValueError(f"unknown dtype {key.dtype!r}")
-    rules = tuple(
-        Rule(int(r["max_tokens"]), Decision(bool(r["fused"]), bool(r.get("oneshot", True))))
-        for r in raw["rules"])
+    rules = tuple(Rule(int(r["max_tokens"]), _decision_from_json(r)) for r in raw["rules"])
     return key, Entry(_validated_rules(rules, key), raw.get("source", {}))

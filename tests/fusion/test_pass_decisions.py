@@ -1,0 +1,75 @@
+"""Decisions the pass takes from the tuned table, and the ``passkit tune`` command's wiring."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed._functional_collectives as funcol
+from passkit_fusion import tuning
+from passkit_fusion.allreduce_rmsnorm import AllReduceRMSNorm
+from passkit_fusion.matcher import find_sites
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from passkit_testing import fake_world
+
+
+def site_graph(world, x, r, w):
+    def f(x, r, w):
+        h = (funcol.all_reduce(x, "sum", world.group) + r).float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * h.to(x.dtype)
+
+    return make_fx(f, tracing_mode="fake")(x, r, w)
+
+
+def table(world_size: int, fused: bool) -> tuning.Table:
+    key = tuning.TableKey("Fancy GPU", world_size, 64, "bfloat16")
+    decision = tuning.Decision(True, True) if fused else tuning.UNFUSED
+    return tuning.Table({key: tuning.Entry((tuning.Rule(1024, decision),))})
+
+
+@pytest.mark.parametrize(
+    "world_size, fused, expect_skip",
+    [(2, True, False), (2, False, True), (4, True, False), (8, None, True)],
+)
+def test_site_left_alone_where_no_table_fuses(monkeypatch, world_size, fused, expect_skip):
+    """With no fused rule for the GPU/world/hidden/dtype, every call would take the op's
+    slower unfused fallback: the pass must leave the site to Inductor."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fancy GPU")
+    shipped = table(world_size, fused) if fused is not None else tuning.Table()
+    monkeypatch.setattr(tuning, "default_table", lambda: shipped)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with fake_world(world_size) as world:
+        gm = site_graph(world, x, x.clone(), torch.ones(64, dtype=torch.bfloat16))
+        (site,), rejected = find_sites(gm.graph)
+        assert rejected == []
+        why = AllReduceRMSNorm(implementation="flashinfer")._never_pays(site)
+        assert AllReduceRMSNorm(implementation="reference")._never_pays(site) is None
+    if expect_skip:
+        assert why == (
+            f"no tuned table fuses Fancy GPU x{world_size}, hidden 64, bfloat16 "
+            "(run `passkit tune` to measure one)"
+        )
+    else:
+        assert why is None
+
+
+def test_user_tables_replace_shipped_ones(monkeypatch, tmp_path):
+    user = table(2, False)
+    tuning.save_table(user, tmp_path / "fancy_w2.json")
+    monkeypatch.setattr(tuning, "USER_TABLES_DIR", tmp_path)
+    tuning.default_table.cache_clear()
+    try:
+        merged = tuning.default_table()
+        assert merged.rules_for("Fancy GPU", 2, 64, "bfloat16") == user.rules_for("Fancy GPU", 2, 64, "bfloat16")
+        assert merged.rules_for("NVIDIA H200", 2, 4096, "bfloat16")  # shipped entries remain
+    finally:
+        tuning.default_table.cache_clear()
+
+
+def test_tune_command_is_registered_and_refuses_without_gpus(capsys):
+    from passkit.cli import main
+
+    assert main(["tune", "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "passkit tune: error: needs 2 to 0 local CUDA GPUs" in err
