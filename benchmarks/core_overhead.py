@@ -95,7 +95,11 @@ def bench_uuid() -> dict:
 def bench_compile(layers: int, repeats: int) -> dict:
     base, with_pk, pass_ms, nodes = [], [], [], 0
     for _ in range(repeats):  # alternate so drift hits both sides equally
-        base.append(run_probe(COMPILE_PROBE.format(here=str(HERE), layers=layers, use_passkit=False, passes=BUILTINS))["compile_s"])
+        base.append(
+            run_probe(
+                COMPILE_PROBE.format(here=str(HERE), layers=layers, use_passkit=False, passes=BUILTINS)
+            )["compile_s"]
+        )
         r = run_probe(COMPILE_PROBE.format(here=str(HERE), layers=layers, use_passkit=True, passes=BUILTINS))
         with_pk.append(r["compile_s"])
         pass_ms.append(r["pass_ms"])
@@ -117,7 +121,9 @@ def bench_compile(layers: int, repeats: int) -> dict:
 def machine() -> str:
     import torch
 
-    return f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}, torch {torch.__version__}"
+    return (
+        f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}, torch {torch.__version__}"
+    )
 
 
 def main() -> None:
@@ -131,14 +137,26 @@ def main() -> None:
     res["compile"] = bench_compile(args.layers, args.repeats)
     i, u, c = res["import"], res["uuid"], res["compile"]
     rows = [
-        ("(a) import passkit + discovery + config (beyond torch)", f"{i['passkit_import_discovery_config_ms']:.1f} ms", "<= 50 ms"),
+        (
+            "(a) import passkit + discovery + config (beyond torch)",
+            f"{i['passkit_import_discovery_config_ms']:.1f} ms",
+            "<= 50 ms",
+        ),
         ("    (import torch itself)", f"{i['torch_import_ms']:.0f} ms", ""),
         ("(b) pipeline uuid() per call", f"{u['uuid_call_us']:.2f} us", "<= 1 ms"),
         ("    uuid first computation (once per pipeline)", f"{u['uuid_first_compute_ms']:.3f} ms", ""),
-        (f"(c) compile, {c['layers']} layers ({c['graph_nodes']} nodes): Inductor alone", f"{c['inductor_s']:.2f} s", ""),
+        (
+            f"(c) compile, {c['layers']} layers ({c['graph_nodes']} nodes): Inductor alone",
+            f"{c['inductor_s']:.2f} s",
+            "",
+        ),
         ("    Inductor + passkit built-ins", f"{c['inductor_plus_passkit_s']:.2f} s", ""),
         ("    difference (wall clock, median)", f"{c['added_pct']:+.2f} %", "<= 3 %"),
-        ("    time inside passkit's passes", f"{c['passkit_pass_ms']:.1f} ms = {c['pass_time_pct_of_inductor']:.2f} %", "<= 3 %"),
+        (
+            "    time inside passkit's passes",
+            f"{c['passkit_pass_ms']:.1f} ms = {c['pass_time_pct_of_inductor']:.2f} %",
+            "<= 3 %",
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"passkit core overhead — {res['machine']} — {res['date']}", ""]

@@ -49,7 +49,9 @@ class Norm(nn.Module):
 class Layer(nn.Module):
     """One tensor-parallel shard of a Llama decoder layer with a KV cache of ``context``."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, inter: int, world: int, context: int, group: str):
+    def __init__(
+        self, hidden: int, heads: int, kv_heads: int, inter: int, world: int, context: int, group: str
+    ):
         super().__init__()
         self.group, self.hd = group, hidden // heads
         self.h, self.kvh = heads // world, kv_heads // world
@@ -81,7 +83,9 @@ class Layer(nn.Module):
 
 
 class Stack(nn.Module):
-    def __init__(self, layers: int, world: int, group: str, hidden=4096, heads=32, kv_heads=8, inter=14336, context=256):
+    def __init__(
+        self, layers: int, world: int, group: str, hidden=4096, heads=32, kv_heads=8, inter=14336, context=256
+    ):
         super().__init__()
         self.layers = nn.ModuleList(
             Layer(hidden, heads, kv_heads, inter, world, context, group) for _ in range(layers)
@@ -145,7 +149,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) ->
     impl = "auto" if cuda else "reference"
     variants = {
         "inductor": "inductor",
-        "passkit": passkit.backend(passes=[{"name": "allreduce_rmsnorm", "implementation": impl, "max_tokens": args.max_tokens}]),
+        "passkit": passkit.backend(
+            passes=[{"name": "allreduce_rmsnorm", "implementation": impl, "max_tokens": args.max_tokens}]
+        ),
     }
     compiled, compile_s = {}, {}
     for name, backend in variants.items():
@@ -208,12 +214,17 @@ def render(res: dict, args: argparse.Namespace) -> str:
     ]
     for r in res["rows"]:
         if "inductor_us" in r:
-            lines.append(f"| {r['tokens']} | {r['inductor_us']:.1f} | {r['passkit_us']:.1f} | {r['speedup']:.2f}x | {r['rel_diff_vs_inductor']:.1e} |")
+            lines.append(
+                f"| {r['tokens']} | {r['inductor_us']:.1f} | {r['passkit_us']:.1f} | {r['speedup']:.2f}x | {r['rel_diff_vs_inductor']:.1e} |"
+            )
         else:
             lines.append(f"| {r['tokens']} | - | - | - | {r['rel_diff_vs_inductor']:.1e} |")
     p = res["pass"] or {}
     if "paths" in res:
-        lines += ["", f"Runtime paths taken by the fused op (all token counts, warm-up included): {res['paths']}"]
+        lines += [
+            "",
+            f"Runtime paths taken by the fused op (all token counts, warm-up included): {res['paths']}",
+        ]
     lines += [
         "",
         f"Compile (first call, dynamic tokens): Inductor {res['compile_s']['inductor']:.1f} s, with passkit {res['compile_s']['passkit']:.1f} s; "
@@ -230,7 +241,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--replays", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=None, help="fused-kernel workspace size (default: from the tuned table)")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="fused-kernel workspace size (default: from the tuned table)",
+    )
     ap.add_argument("--cpu", action="store_true", help="tiny smoke run on CPU (gloo, reference op)")
     args = ap.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]

@@ -89,15 +89,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--hidden", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2**i for i in range(14)])
     parser.add_argument("--margin", type=float, default=tuning.DEFAULT_MARGIN)
-    parser.add_argument("--out", type=Path,
-                        default=Path(os.environ.get("OUT") or Path(__file__).parent / "results"))
+    parser.add_argument(
+        "--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+    )
     return parser
 
 
 def _rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD, device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        device_id=torch.device("cuda", rank),
+    )
     try:
         _run(rank, args)
     finally:
@@ -115,8 +121,14 @@ def _run(rank: int, args: argparse.Namespace) -> None:
     max_tokens = max(args.tokens)
     for hidden in args.hidden:
         raw_ws = comm.create_allreduce_fusion_workspace(
-            backend="trtllm", world_size=WORLD, rank=rank, max_token_num=max_tokens,
-            hidden_dim=hidden, dtype=DTYPE, group=group)
+            backend="trtllm",
+            world_size=WORLD,
+            rank=rank,
+            max_token_num=max_tokens,
+            hidden_dim=hidden,
+            dtype=DTYPE,
+            group=group,
+        )
         runtime.prepare(group.group_name, hidden, DTYPE, max_tokens=max_tokens)
         for tokens in sorted(args.tokens):
             rows.append(_measure_shape(comm, raw_ws, group, hidden, tokens))
@@ -131,8 +143,7 @@ def _run(rank: int, args: argparse.Namespace) -> None:
         print(_markdown(rows, eager, table))
 
 
-def _measure_shape(comm: Any, raw_ws: Any, group: dist.ProcessGroup, hidden: int,
-                   tokens: int) -> Row:
+def _measure_shape(comm: Any, raw_ws: Any, group: dist.ProcessGroup, hidden: int, tokens: int) -> Row:
     """Numerics, then the six timings, agreed (max) over the ranks."""
     rank = dist.get_rank(group)
     x, residual, weight = tuning.make_inputs(tokens, hidden, DTYPE, rank, seed=tokens)
@@ -145,42 +156,66 @@ def _measure_shape(comm: Any, raw_ws: Any, group: dist.ProcessGroup, hidden: int
         "raw_1shot": lambda: _time_raw(comm, raw_ws, x, residual, weight, True, replays),
         "raw_2shot": lambda: _time_raw(comm, raw_ws, x, residual, weight, False, replays),
         "pk_auto": lambda: tuning.graph_median_us(
-            lambda: runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, EPS, 0.0, name),
-            replays=replays),
-        "pk_1shot": lambda: tuning.time_fused_us(name, x, residual, weight, EPS,
-                                                 tuning.Decision(True, True), replays),
-        "pk_2shot": lambda: tuning.time_fused_us(name, x, residual, weight, EPS,
-                                                 tuning.Decision(True, False), replays),
+            lambda: runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, EPS, 0.0, name), replays=replays
+        ),
+        "pk_1shot": lambda: tuning.time_fused_us(
+            name, x, residual, weight, EPS, tuning.Decision(True, True), replays
+        ),
+        "pk_2shot": lambda: tuning.time_fused_us(
+            name, x, residual, weight, EPS, tuning.Decision(True, False), replays
+        ),
     }
     local = [timers[v]() if twoshot or not v.endswith("2shot") else -1.0 for v in VARIANTS]
     runtime.reset_stats()
     runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, EPS, 0.0, name)
     record = runtime.last_decision()
-    auto_path = f"{record.path}:{record.reason}" if record and record.reason else str(
-        record.path if record else "?")
+    auto_path = (
+        f"{record.path}:{record.reason}" if record and record.reason else str(record.path if record else "?")
+    )
     agreed = torch.tensor(local, dtype=torch.float64, device=x.device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
     us = {v: (t if t >= 0 else None) for v, t in zip(VARIANTS, agreed.tolist())}
     return Row(hidden, tokens, us, auto_path, errors, numerics_ok)
 
 
-def _time_raw(comm: Any, workspace: Any, x: torch.Tensor, residual: torch.Tensor,
-              weight: torch.Tensor, oneshot: bool, replays: int) -> float:
+def _time_raw(
+    comm: Any,
+    workspace: Any,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    oneshot: bool,
+    replays: int,
+) -> float:
     norm_out, residual_out = torch.empty_like(x), torch.empty_like(x)
     pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
 
     def step() -> None:
         comm.allreduce_fusion(
-            input=x, workspace=workspace, pattern=pattern, launch_with_pdl=False,
-            trigger_completion_at_end=True, residual_out=residual_out, norm_out=norm_out,
-            residual_in=residual, rms_gamma=weight, rms_eps=EPS, use_oneshot=oneshot)
+            input=x,
+            workspace=workspace,
+            pattern=pattern,
+            launch_with_pdl=False,
+            trigger_completion_at_end=True,
+            residual_out=residual_out,
+            norm_out=norm_out,
+            residual_in=residual,
+            rms_gamma=weight,
+            rms_eps=EPS,
+            use_oneshot=oneshot,
+        )
 
     return tuning.graph_median_us(step, replays=replays)
 
 
-def _check_numerics(group: dist.ProcessGroup, x: torch.Tensor, residual: torch.Tensor,
-                    weight: torch.Tensor, tokens: int, hidden: int
-                    ) -> tuple[dict[str, dict[str, float]], bool]:
+def _check_numerics(
+    group: dist.ProcessGroup,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: int,
+    hidden: int,
+) -> tuple[dict[str, dict[str, float]], bool]:
     """Relative L2 errors vs float64 of unfused, fused one-shot and fused two-shot."""
     xs = [tuning.make_inputs(tokens, hidden, DTYPE, r, seed=tokens)[0] for r in range(WORLD)]
     total = torch.stack([t.double() for t in xs]).sum(0) + residual.double()
@@ -191,8 +226,7 @@ def _check_numerics(group: dist.ProcessGroup, x: torch.Tensor, residual: torch.T
     errors = {}
     for label, decision in decisions.items():
         with runtime.forced(decision):
-            norm, res = runtime.fused_allreduce_rmsnorm_cuda(
-                x, residual, weight, EPS, 0.0, group.group_name)
+            norm, res = runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, EPS, 0.0, group.group_name)
         errors[label] = {"norm": _rel(norm, norm_ref), "residual": _rel(res, total)}
     limit = {k: ERROR_RATIO_LIMIT * errors["unfused"][k] + 1e-7 for k in ("norm", "residual")}
     ok = all(errors[label][k] <= limit[k] for label in errors for k in limit)
@@ -210,24 +244,38 @@ def _measure_eager(comm: Any, group: dist.ProcessGroup, rank: int) -> list[dict[
     return [_eager_row(comm, group, rank, hidden, tokens) for hidden, tokens in EAGER_SHAPES]
 
 
-def _eager_row(comm: Any, group: dist.ProcessGroup, rank: int, hidden: int,
-               tokens: int) -> dict[str, Any]:
+def _eager_row(comm: Any, group: dist.ProcessGroup, rank: int, hidden: int, tokens: int) -> dict[str, Any]:
     x, residual, weight = tuning.make_inputs(tokens, hidden, DTYPE, rank)
     runtime.prepare(group.group_name, hidden, DTYPE, max_tokens=tokens)
     raw_ws = comm.create_allreduce_fusion_workspace(
-        backend="trtllm", world_size=WORLD, rank=rank, max_token_num=max(tokens, 8),
-        hidden_dim=hidden, dtype=DTYPE, group=group)
+        backend="trtllm",
+        world_size=WORLD,
+        rank=rank,
+        max_token_num=max(tokens, 8),
+        hidden_dim=hidden,
+        dtype=DTYPE,
+        group=group,
+    )
     norm_out, residual_out = torch.empty_like(x), torch.empty_like(x)
     pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
     fns: dict[str, Callable[[], object]] = {
-        "pk_fallback": lambda: runtime.unfused_allreduce_rmsnorm(
-            x, residual, weight, EPS, 0.0, group),
+        "pk_fallback": lambda: runtime.unfused_allreduce_rmsnorm(x, residual, weight, EPS, 0.0, group),
         "raw_1shot": lambda: comm.allreduce_fusion(
-            input=x, workspace=raw_ws, pattern=pattern, launch_with_pdl=False,
-            trigger_completion_at_end=True, residual_out=residual_out, norm_out=norm_out,
-            residual_in=residual, rms_gamma=weight, rms_eps=EPS, use_oneshot=True),
+            input=x,
+            workspace=raw_ws,
+            pattern=pattern,
+            launch_with_pdl=False,
+            trigger_completion_at_end=True,
+            residual_out=residual_out,
+            norm_out=norm_out,
+            residual_in=residual,
+            rms_gamma=weight,
+            rms_eps=EPS,
+            use_oneshot=True,
+        ),
         "pk_1shot": lambda: runtime.fused_allreduce_rmsnorm_cuda(
-            x, residual, weight, EPS, 0.0, group.group_name),
+            x, residual, weight, EPS, 0.0, group.group_name
+        ),
     }
     row: dict[str, Any] = {"hidden": hidden, "tokens": tokens}
     with runtime.forced(tuning.Decision(True, True)):
@@ -257,17 +305,23 @@ def _tuned_table(rows: list[Row], margin: float) -> tuning.Table:
     gpu = torch.cuda.get_device_name()
     entries = {}
     for hidden in sorted({r.hidden for r in rows}):
-        measurements = [tuning.Measurement(r.tokens, r.us["nccl_torch"] or 0.0, r.us["pk_1shot"],
-                                    r.us["pk_2shot"]) for r in rows if r.hidden == hidden]
+        measurements = [
+            tuning.Measurement(r.tokens, r.us["nccl_torch"] or 0.0, r.us["pk_1shot"], r.us["pk_2shot"])
+            for r in rows
+            if r.hidden == hidden
+        ]
         key = tuning.TableKey(gpu, WORLD, hidden, tuning.dtype_name(DTYPE))
-        entries[key] = tuning.Entry(tuning.rules_from_measurements(measurements, margin), {
-            "measured": datetime.date.today().isoformat(),
-            "by": "benchmarks/fusion_op.py",
-            "torch": torch.__version__,
-            "flashinfer": runtime.flashinfer_version(),
-            "margin": margin,
-            "medians_us": [dataclasses.asdict(m) for m in measurements],
-        })
+        entries[key] = tuning.Entry(
+            tuning.rules_from_measurements(measurements, margin),
+            {
+                "measured": datetime.date.today().isoformat(),
+                "by": "benchmarks/fusion_op.py",
+                "torch": torch.__version__,
+                "flashinfer": runtime.flashinfer_version(),
+                "margin": margin,
+                "medians_us": [dataclasses.asdict(m) for m in measurements],
+            },
+        )
     return tuning.Table(entries)
 
 
@@ -288,10 +342,15 @@ def _environment() -> dict[str, Any]:
     }
 
 
-def _write_results(args: argparse.Namespace, rows: list[Row], eager: list[dict[str, Any]],
-                   table: tuning.Table | None) -> None:
-    data = {"environment": _environment(), "rows": [dataclasses.asdict(r) for r in rows],
-            "eager_us": eager, "tuned_table": table.to_json() if table else None}
+def _write_results(
+    args: argparse.Namespace, rows: list[Row], eager: list[dict[str, Any]], table: tuning.Table | None
+) -> None:
+    data = {
+        "environment": _environment(),
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "eager_us": eager,
+        "tuned_table": table.to_json() if table else None,
+    }
     (args.out / "fusion_op.json").write_text(json.dumps(data, indent=1) + "\n")
     if table is not None:
         (args.out / "fusion_op.md").write_text(_markdown(rows, eager, table))
@@ -323,18 +382,30 @@ def _markdown(rows: list[Row], eager: list[dict[str, Any]], table: tuning.Table)
         speedup = (r.us["nccl_torch"] or 0.0) / min(fused) if fused else 0.0
         choice = table.lookup(env["gpu"], WORLD, r.hidden, DTYPE, r.tokens).label()
         err = r.errors
-        numerics = (f"{'ok' if r.numerics_ok else 'FAIL'} (unf {err['unfused']['norm']:.2e}, "
-                    f"1s {err['fused_1shot']['norm']:.2e}"
-                    + (f", 2s {err['fused_2shot']['norm']:.2e})" if "fused_2shot" in err else ")"))
+        numerics = (
+            f"{'ok' if r.numerics_ok else 'FAIL'} (unf {err['unfused']['norm']:.2e}, "
+            f"1s {err['fused_1shot']['norm']:.2e}"
+            + (f", 2s {err['fused_2shot']['norm']:.2e})" if "fused_2shot" in err else ")")
+        )
         lines.append(
-            f"| {r.hidden} | {r.tokens} | " + " | ".join(_fmt(r.us[v]) for v in VARIANTS[:4])
+            f"| {r.hidden} | {r.tokens} | "
+            + " | ".join(_fmt(r.us[v]) for v in VARIANTS[:4])
             + f" | {r.pk_auto_path} | {_fmt(r.us['pk_1shot'])} | {_fmt(r.us['pk_2shot'])} "
-            f"| {speedup:.2f}x | {choice} | {numerics} |")
-    lines += ["", "Eager calls (host overhead included), microseconds per call; pk_fallback is the "
-              "op's unfused path (copy + NCCL all_reduce + add + RMSNorm):", "",
-              "| hidden | tokens | pk_fallback | raw_1shot | pk_1shot |", "|---|---|---|---|---|"]
-    lines += [f"| {e['hidden']} | {e['tokens']} | {e['pk_fallback']:.1f} | {e['raw_1shot']:.1f} "
-              f"| {e['pk_1shot']:.1f} |" for e in eager]
+            f"| {speedup:.2f}x | {choice} | {numerics} |"
+        )
+    lines += [
+        "",
+        "Eager calls (host overhead included), microseconds per call; pk_fallback is the "
+        "op's unfused path (copy + NCCL all_reduce + add + RMSNorm):",
+        "",
+        "| hidden | tokens | pk_fallback | raw_1shot | pk_1shot |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {e['hidden']} | {e['tokens']} | {e['pk_fallback']:.1f} | {e['raw_1shot']:.1f} "
+        f"| {e['pk_1shot']:.1f} |"
+        for e in eager
+    ]
     lines += ["", "Tuned rules (tokens up to max_tokens take the decision; above: unfused):", ""]
     for key, entry in table.entries.items():
         rules = ", ".join(f"<= {r.max_tokens}: {r.decision.label()}" for r in entry.rules)
@@ -345,8 +416,11 @@ def _markdown(rows: list[Row], eager: list[dict[str, Any]], table: tuning.Table)
 def _print_row(row: Row, elapsed: float) -> None:
     us = "  ".join(f"{v}={_fmt(row.us[v])}" for v in VARIANTS)
     errs = " ".join(f"{k}:{v['norm']:.2e}/{v['residual']:.2e}" for k, v in row.errors.items())
-    print(f"[{elapsed:6.1f}s] h={row.hidden} t={row.tokens}  {us}  auto={row.pk_auto_path}  "
-          f"err(norm/res) {errs}  {'ok' if row.numerics_ok else 'NUMERICS FAIL'}", flush=True)
+    print(
+        f"[{elapsed:6.1f}s] h={row.hidden} t={row.tokens}  {us}  auto={row.pk_auto_path}  "
+        f"err(norm/res) {errs}  {'ok' if row.numerics_ok else 'NUMERICS FAIL'}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -31,19 +31,24 @@ API_FUNCTIONS = (
 
 def print_versions() -> None:
     """Python, torch, CUDA and NCCL versions, and each GPU."""
-    print(f"python {platform.python_version()}  torch {torch.__version__}  "
-          f"cuda {torch.version.cuda}  nccl {'.'.join(map(str, torch.cuda.nccl.version()))}")
+    print(
+        f"python {platform.python_version()}  torch {torch.__version__}  "
+        f"cuda {torch.version.cuda}  nccl {'.'.join(map(str, torch.cuda.nccl.version()))}"
+    )
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        print(f"gpu {i}: {props.name}  sm_{props.major}{props.minor}  "
-              f"{props.total_memory / 2**30:.0f} GiB  {props.multi_processor_count} SMs")
+        print(
+            f"gpu {i}: {props.name}  sm_{props.major}{props.minor}  "
+            f"{props.total_memory / 2**30:.0f} GiB  {props.multi_processor_count} SMs"
+        )
 
 
 def print_topology() -> None:
     """``nvidia-smi topo -m``: how the GPUs are linked."""
     try:
-        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
-                             timeout=30, check=False)
+        out = subprocess.run(
+            ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30, check=False
+        )
         print(out.stdout.strip() or out.stderr.strip())
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"nvidia-smi topo unavailable: {exc}")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
-from passkit_fusion import tuning
 from passkit_fusion.allreduce_rmsnorm import AllReduceRMSNorm
 from passkit_fusion.matcher import find_sites
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from passkit_fusion import tuning
 from passkit_testing import fake_world
 
 
@@ -61,7 +61,9 @@ def test_user_tables_replace_shipped_ones(monkeypatch, tmp_path):
     tuning.default_table.cache_clear()
     try:
         merged = tuning.default_table()
-        assert merged.rules_for("Fancy GPU", 2, 64, "bfloat16") == user.rules_for("Fancy GPU", 2, 64, "bfloat16")
+        assert merged.rules_for("Fancy GPU", 2, 64, "bfloat16") == user.rules_for(
+            "Fancy GPU", 2, 64, "bfloat16"
+        )
         assert merged.rules_for("NVIDIA H200", 2, 4096, "bfloat16")  # shipped entries remain
     finally:
         tuning.default_table.cache_clear()

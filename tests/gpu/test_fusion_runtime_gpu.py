@@ -52,16 +52,22 @@ def _group_name() -> str:
     return dist.group.WORLD.group_name
 
 
-def _inputs(tokens: int, hidden: int, dtype: torch.dtype = BF16, seed: int = 0,
-            weight_dtype: torch.dtype | None = None):
+def _inputs(
+    tokens: int,
+    hidden: int,
+    dtype: torch.dtype = BF16,
+    seed: int = 0,
+    weight_dtype: torch.dtype | None = None,
+):
     """This rank's x, the shared residual and weight, and every rank's x (for references)."""
     rank = dist.get_rank()
     xs = [tuning.make_inputs(tokens, hidden, dtype, r, seed)[0] for r in range(WORLD)]
     _, residual, weight = tuning.make_inputs(tokens, hidden, dtype, rank, seed)
     if weight_dtype is not None:  # the same on every rank: seeded
         gen = torch.Generator(device=weight.device).manual_seed(seed + 99)
-        weight = (1.0 + 0.1 * torch.randn(hidden, generator=gen, device=weight.device,
-                                          dtype=torch.float32)).to(weight_dtype)
+        weight = (
+            1.0 + 0.1 * torch.randn(hidden, generator=gen, device=weight.device, dtype=torch.float32)
+        ).to(weight_dtype)
     return xs[rank], residual, weight, xs
 
 
@@ -81,15 +87,24 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _op(x, residual, weight, weight_bias=0.0, decision: tuning.Decision | None = None):
     """Call the op, optionally with a forced decision; return (norm, residual_out, path)."""
     with runtime.forced(decision) if decision else contextlib.nullcontext():
-        norm, res = runtime.fused_allreduce_rmsnorm_cuda(
-            x, residual, weight, EPS, weight_bias, _group_name())
+        norm, res = runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, EPS, weight_bias, _group_name())
     record = runtime.last_decision()
     assert record is not None
     return norm, res, f"{record.path}:{record.reason}" if record.reason else record.path
 
 
-def _check(x, residual, weight, xs, *, weight_bias=0.0, decision=ONESHOT, expect_path=None,
-           ratio=ERROR_RATIO_LIMIT, dtype_floor=1e-2):
+def _check(
+    x,
+    residual,
+    weight,
+    xs,
+    *,
+    weight_bias=0.0,
+    decision=ONESHOT,
+    expect_path=None,
+    ratio=ERROR_RATIO_LIMIT,
+    dtype_floor=1e-2,
+):
     """Run fused (``decision``) and unfused on the same inputs and compare both with float64."""
     norm_ref, res_ref = _reference(xs, residual, weight, weight_bias)
     unf_norm, unf_res, _ = _op(x, residual, weight, weight_bias, tuning.UNFUSED)
@@ -97,12 +112,15 @@ def _check(x, residual, weight, xs, *, weight_bias=0.0, decision=ONESHOT, expect
     assert norm.shape == x.shape and res.shape == x.shape and norm.dtype == x.dtype
     if expect_path is not None:
         assert path == expect_path, f"took {path}, expected {expect_path}"
-    for label, out, unfused, ref in (("norm_out", norm, unf_norm, norm_ref),
-                                     ("residual_out", res, unf_res, res_ref)):
+    for label, out, unfused, ref in (
+        ("norm_out", norm, unf_norm, norm_ref),
+        ("residual_out", res, unf_res, res_ref),
+    ):
         err, unf_err = _rel(out, ref), _rel(unfused, ref)
         assert unf_err < dtype_floor, f"unfused {label} error {unf_err:.2e} too large"
         assert err <= ratio * unf_err + 1e-7, (
-            f"{path} {label}: error {err:.3e} > {ratio} x unfused {unf_err:.3e}")
+            f"{path} {label}: error {err:.3e} > {ratio} x unfused {unf_err:.3e}"
+        )
     return path
 
 
@@ -124,8 +142,7 @@ def scenario_variants() -> None:
     """3-D input, no residual, Gemma's (1 + w), an fp32 weight, fp16 and fp32 inputs."""
     x, residual, weight, xs = _inputs(6, 4096, seed=1)
     shaped = [t.view(2, 3, 4096) for t in xs]
-    _check(shaped[dist.get_rank()], residual.view(2, 3, 4096), weight, shaped,
-           expect_path="fused_oneshot")
+    _check(shaped[dist.get_rank()], residual.view(2, 3, 4096), weight, shaped, expect_path="fused_oneshot")
     _check(x, None, weight, xs, decision=TWOSHOT, expect_path="fused_twoshot")
     _check(x, residual, weight, xs, weight_bias=1.0, expect_path="fused_oneshot")
     x, residual, weight32, xs = _inputs(6, 4096, seed=2, weight_dtype=torch.float32)
@@ -134,10 +151,8 @@ def scenario_variants() -> None:
     for dtype, floor in ((torch.float16, 2e-3), (torch.float32, 1e-5)):
         assert runtime.prepare(_group_name(), 4096, dtype, max_tokens=64) == 64
         x, residual, weight, xs = _inputs(40, 4096, dtype, seed=3)
-        _check(x, residual, weight, xs, decision=ONESHOT, dtype_floor=floor,
-               expect_path="fused_oneshot")
-        _check(x, residual, weight, xs, decision=TWOSHOT, dtype_floor=floor,
-               expect_path="fused_twoshot")
+        _check(x, residual, weight, xs, decision=ONESHOT, dtype_floor=floor, expect_path="fused_oneshot")
+        _check(x, residual, weight, xs, decision=TWOSHOT, dtype_floor=floor, expect_path="fused_twoshot")
 
 
 def scenario_cuda_graph() -> None:
@@ -147,9 +162,11 @@ def scenario_cuda_graph() -> None:
     x, residual, weight, _ = _inputs(tokens, hidden)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        captured = {"table": _op(x, residual, weight),
-                    "twoshot": _op(x, residual, weight, decision=TWOSHOT),
-                    "unfused": _op(x, residual, weight, decision=tuning.UNFUSED)}
+        captured = {
+            "table": _op(x, residual, weight),
+            "twoshot": _op(x, residual, weight, decision=TWOSHOT),
+            "unfused": _op(x, residual, weight, decision=tuning.UNFUSED),
+        }
     assert captured["twoshot"][2] == "fused_twoshot"
     assert captured["unfused"][2] == "fallback:table"
     outs = {label: (norm, res) for label, (norm, res, _) in captured.items()}
@@ -173,8 +190,11 @@ def scenario_over_workspace() -> None:
     """Tokens over the workspace fall back (correctly); up to it they fuse."""
     hidden = 2048
     assert runtime.prepare(_group_name(), hidden, BF16, max_tokens=64) == 64
-    for tokens, path in ((64, "fused_oneshot"), (65, "fallback:over_workspace"),
-                         (3000, "fallback:over_workspace")):
+    for tokens, path in (
+        (64, "fused_oneshot"),
+        (65, "fallback:over_workspace"),
+        (3000, "fallback:over_workspace"),
+    ):
         x, residual, weight, xs = _inputs(tokens, hidden, seed=tokens)
         _check(x, residual, weight, xs, decision=ONESHOT, expect_path=path)
 
@@ -188,11 +208,22 @@ def scenario_dynamic_tokens() -> None:
         _, _, path = _op(x, residual, weight)
         expected = runtime.choose_path(
             tuning.lookup(torch.cuda.get_device_name(), WORLD, hidden, BF16, tokens),
-            tokens=tokens, hidden=hidden, dtype=BF16, world_size=WORLD, max_tokens=capacity)
+            tokens=tokens,
+            hidden=hidden,
+            dtype=BF16,
+            world_size=WORLD,
+            max_tokens=capacity,
+        )
         assert path == (f"{expected[0]}:{expected[1]}" if expected[1] else expected[0])
         _check(x, residual, weight, xs, decision=None, expect_path=path)
-        _check(x, residual, weight, xs, decision=TWOSHOT,
-               expect_path="fused_twoshot" if tokens > WORLD else "fused_oneshot")
+        _check(
+            x,
+            residual,
+            weight,
+            xs,
+            decision=TWOSHOT,
+            expect_path="fused_twoshot" if tokens > WORLD else "fused_oneshot",
+        )
     assert runtime.prepare(_group_name(), hidden, BF16) == capacity
 
 
@@ -204,8 +235,10 @@ def scenario_capture_without_workspace() -> None:
     graph = torch.cuda.CUDAGraph()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The CUDA Graph is empty")  # the call raised first
-        with pytest.raises(RuntimeError, match=r"passkit_fusion\.prepare\("), \
-                torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with (
+            pytest.raises(RuntimeError, match=r"passkit_fusion\.prepare\("),
+            torch.cuda.graph(graph, capture_error_mode="thread_local"),
+        ):
             _op(x, residual, weight, decision=ONESHOT)
     del graph
     torch.cuda.synchronize()
@@ -256,8 +289,7 @@ def scenario_legacy_api() -> None:
 
 
 SCENARIOS: dict[str, Callable[[], None]] = {
-    name.removeprefix("scenario_"): fn for name, fn in globals().items()
-    if name.startswith("scenario_")
+    name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")
 }
 
 
@@ -266,9 +298,14 @@ SCENARIOS: dict[str, Callable[[], None]] = {
 
 def _rank_main(rank: int, port: int, out_dir: str) -> None:
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD, device_id=torch.device("cuda", rank),
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        device_id=torch.device("cuda", rank),
+        timeout=datetime.timedelta(seconds=120),
+    )
     verdicts: dict[str, str] = {}
     path = Path(out_dir) / f"rank{rank}.json"
     try:
@@ -281,8 +318,11 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
                 verdicts[name] = traceback.format_exc()
             finally:
                 runtime.configure(max_tokens=None, table=None, force=None, flashinfer_api="auto")
-            print(f"rank {rank}: {name} {'ok' if verdicts[name] == 'ok' else 'FAILED'} "
-                  f"({time.perf_counter() - start:.1f} s)", flush=True)
+            print(
+                f"rank {rank}: {name} {'ok' if verdicts[name] == 'ok' else 'FAILED'} "
+                f"({time.perf_counter() - start:.1f} s)",
+                flush=True,
+            )
             path.write_text(json.dumps(verdicts))
     finally:
         runtime.destroy_workspaces()
@@ -325,5 +365,6 @@ def test_scenario(verdicts: dict[int, dict[str, str]], scenario: str) -> None:
         verdict = verdicts[rank].get(scenario)
         assert verdict is not None, (
             f"rank {rank} never finished {scenario!r} (a rank hung or crashed; "
-            f"exit codes {verdicts[-1]['exit_codes']})")
+            f"exit codes {verdicts[-1]['exit_codes']})"
+        )
         assert verdict == "ok", f"rank {rank}:\n{verdict}"

@@ -148,10 +148,17 @@ def configure(
     re-checks that the ranks agree.
     """
     global _config
-    changes: dict[str, Any] = {name: value for name, value in (
-        ("max_tokens", max_tokens), ("check_rank_consistency", check_rank_consistency),
-        ("table", table), ("force", force), ("flashinfer_api", flashinfer_api),
-    ) if value is not _UNSET}
+    changes: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("max_tokens", max_tokens),
+            ("check_rank_consistency", check_rank_consistency),
+            ("table", table),
+            ("force", force),
+            ("flashinfer_api", flashinfer_api),
+        )
+        if value is not _UNSET
+    }
     new = dataclasses.replace(_config, **changes)
     _validate_config(new)
     _config = new
@@ -203,8 +210,9 @@ def _validate_config(config: RuntimeConfig) -> None:
     if config.max_tokens is not None and config.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer or None, got {config.max_tokens}")
     if config.flashinfer_api not in ("auto", "unified", "legacy"):
-        raise ValueError(f"flashinfer_api must be 'auto', 'unified' or 'legacy', "
-                         f"got {config.flashinfer_api!r}")
+        raise ValueError(
+            f"flashinfer_api must be 'auto', 'unified' or 'legacy', got {config.flashinfer_api!r}"
+        )
     if config.table is not None and not isinstance(config.table, Table):
         raise TypeError(f"table must be a passkit_fusion.tuning.Table, got {type(config.table)}")
     if config.force is not None and not isinstance(config.force, Decision):
@@ -250,11 +258,11 @@ def fused_allreduce_rmsnorm_cuda(
     path, reason = _route(site, tokens, x2d, weight_bias)
     _record(site, tokens, path, reason)
     if path == FALLBACK:
-        norm_out, residual_out = unfused_allreduce_rmsnorm(
-            x2d, res2d, weight, eps, weight_bias, site.group)
+        norm_out, residual_out = unfused_allreduce_rmsnorm(x2d, res2d, weight, eps, weight_bias, site.group)
     else:
         norm_out, residual_out = _run_fused(
-            site, x2d, res2d, weight, eps, weight_bias, oneshot=path == FUSED_ONESHOT)
+            site, x2d, res2d, weight, eps, weight_bias, oneshot=path == FUSED_ONESHOT
+        )
     if x.dim() == 2:
         return norm_out, residual_out
     return norm_out.view(x.shape), residual_out.view(x.shape)
@@ -291,8 +299,7 @@ def choose_path(
         return FALLBACK, "no_tokens"
     if tokens > max_tokens:
         return FALLBACK, "over_workspace"
-    oneshot = (decision.oneshot or tokens <= world_size
-               or world_size not in TWOSHOT_WORLD_SIZES)
+    oneshot = decision.oneshot or tokens <= world_size or world_size not in TWOSHOT_WORLD_SIZES
     return (FUSED_ONESHOT if oneshot else FUSED_TWOSHOT), ""
 
 
@@ -338,17 +345,25 @@ def _check_args(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     if x.dim() < 1 or x.shape[-1] < 1:
         raise ValueError(f"x must be [..., hidden] with hidden >= 1, got shape {tuple(x.shape)}")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"residual must match x in shape and dtype: x is {tuple(x.shape)} "
-                         f"{x.dtype}, residual is {tuple(residual.shape)} {residual.dtype}")
+        raise ValueError(
+            f"residual must match x in shape and dtype: x is {tuple(x.shape)} "
+            f"{x.dtype}, residual is {tuple(residual.shape)} {residual.dtype}"
+        )
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
 
 
 def _route(site: _Site, tokens: int, x: torch.Tensor, weight_bias: float) -> tuple[str, str]:
     decision = _config.force or decide(_site_rules(site), tokens)
-    return choose_path(decision, tokens=tokens, hidden=site.hidden, dtype=site.dtype,
-                       world_size=site.world_size, max_tokens=_capacity(site),
-                       unavailable=_call_unavailable(x, weight_bias))
+    return choose_path(
+        decision,
+        tokens=tokens,
+        hidden=site.hidden,
+        dtype=site.dtype,
+        world_size=site.world_size,
+        max_tokens=_capacity(site),
+        unavailable=_call_unavailable(x, weight_bias),
+    )
 
 
 def _call_unavailable(x: torch.Tensor, weight_bias: float) -> str | None:
@@ -362,9 +377,15 @@ def _call_unavailable(x: torch.Tensor, weight_bias: float) -> str | None:
     return None
 
 
-def _run_fused(site: _Site, x: torch.Tensor, residual: torch.Tensor | None,
-               weight: torch.Tensor, eps: float, weight_bias: float,
-               oneshot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_fused(
+    site: _Site,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    oneshot: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     workspace = site.workspace or _create_workspace_for_call(site)
     norm_out = torch.empty_like(x)
     residual_out = torch.empty_like(x)
@@ -391,12 +412,30 @@ class _FlashinferApi(Protocol):
     name: str
     supports_weight_bias: bool
 
-    def create(self, *, group: dist.ProcessGroup, rank: int, world_size: int,
-               max_tokens: int, hidden: int, dtype: torch.dtype) -> Any: ...
+    def create(
+        self,
+        *,
+        group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        max_tokens: int,
+        hidden: int,
+        dtype: torch.dtype,
+    ) -> Any: ...
 
-    def run(self, handle: Any, *, x: torch.Tensor, residual: torch.Tensor,
-            gamma: torch.Tensor, eps: float, weight_bias: float, oneshot: bool,
-            norm_out: torch.Tensor, residual_out: torch.Tensor) -> None: ...
+    def run(
+        self,
+        handle: Any,
+        *,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        gamma: torch.Tensor,
+        eps: float,
+        weight_bias: float,
+        oneshot: bool,
+        norm_out: torch.Tensor,
+        residual_out: torch.Tensor,
+    ) -> None: ...
 
     def destroy(self, handle: Any) -> None: ...
 
@@ -411,25 +450,61 @@ class _UnifiedApi:
         self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
         self.supports_weight_bias = _accepts(comm.allreduce_fusion, "weight_bias")
 
-    def create(self, *, group: dist.ProcessGroup, rank: int, world_size: int,
-               max_tokens: int, hidden: int, dtype: torch.dtype) -> Any:
+    def create(
+        self,
+        *,
+        group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        max_tokens: int,
+        hidden: int,
+        dtype: torch.dtype,
+    ) -> Any:
         workspace = self._comm.create_allreduce_fusion_workspace(
-            backend="trtllm", world_size=world_size, rank=rank, max_token_num=max_tokens,
-            hidden_dim=hidden, dtype=dtype, group=group)
+            backend="trtllm",
+            world_size=world_size,
+            rank=rank,
+            max_token_num=max_tokens,
+            hidden_dim=hidden,
+            dtype=dtype,
+            group=group,
+        )
         if getattr(workspace, "backend", "trtllm") != "trtllm":
             workspace.destroy()
-            raise RuntimeError(f"flashinfer created a {workspace.backend!r} workspace when "
-                               "asked for 'trtllm'; refusing to use it")
+            raise RuntimeError(
+                f"flashinfer created a {workspace.backend!r} workspace when "
+                "asked for 'trtllm'; refusing to use it"
+            )
         return workspace
 
-    def run(self, handle: Any, *, x: torch.Tensor, residual: torch.Tensor,
-            gamma: torch.Tensor, eps: float, weight_bias: float, oneshot: bool,
-            norm_out: torch.Tensor, residual_out: torch.Tensor) -> None:
+    def run(
+        self,
+        handle: Any,
+        *,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        gamma: torch.Tensor,
+        eps: float,
+        weight_bias: float,
+        oneshot: bool,
+        norm_out: torch.Tensor,
+        residual_out: torch.Tensor,
+    ) -> None:
         extra = {"weight_bias": weight_bias} if weight_bias else {}
         self._comm.allreduce_fusion(
-            input=x, workspace=handle, pattern=self._pattern, launch_with_pdl=False,
-            trigger_completion_at_end=True, residual_out=residual_out, norm_out=norm_out,
-            residual_in=residual, rms_gamma=gamma, rms_eps=eps, use_oneshot=oneshot, **extra)
+            input=x,
+            workspace=handle,
+            pattern=self._pattern,
+            launch_with_pdl=False,
+            trigger_completion_at_end=True,
+            residual_out=residual_out,
+            norm_out=norm_out,
+            residual_in=residual,
+            rms_gamma=gamma,
+            rms_eps=eps,
+            use_oneshot=oneshot,
+            **extra,
+        )
 
     def destroy(self, handle: Any) -> None:
         handle.destroy()
@@ -456,36 +531,76 @@ class _LegacyApi:
         self.supports_weight_bias = _accepts(comm.trtllm_allreduce_fusion, "weight_bias")
         self._takes_metadata = _accepts(comm.trtllm_allreduce_fusion, "metadata")
         self._makes_metadata = _accepts(
-            comm.trtllm_create_ipc_workspace_for_all_reduce_fusion, "create_metadata")
+            comm.trtllm_create_ipc_workspace_for_all_reduce_fusion, "create_metadata"
+        )
 
-    def create(self, *, group: dist.ProcessGroup, rank: int, world_size: int,
-               max_tokens: int, hidden: int, dtype: torch.dtype) -> _LegacyHandle:
+    def create(
+        self,
+        *,
+        group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        max_tokens: int,
+        hidden: int,
+        dtype: torch.dtype,
+    ) -> _LegacyHandle:
         extra = {"create_metadata": True} if self._makes_metadata else {}
         created = self._comm.trtllm_create_ipc_workspace_for_all_reduce_fusion(
-            tp_rank=rank, tp_size=world_size, max_token_num=max_tokens, hidden_dim=hidden,
-            use_fp32_lamport=dtype == torch.float32, group=group, **extra)
+            tp_rank=rank,
+            tp_size=world_size,
+            max_token_num=max_tokens,
+            hidden_dim=hidden,
+            use_fp32_lamport=dtype == torch.float32,
+            group=group,
+            **extra,
+        )
         metadata = created[-1] if self._makes_metadata else None
         return _LegacyHandle(created[0], created[1], metadata, group, rank, world_size)
 
-    def run(self, handle: _LegacyHandle, *, x: torch.Tensor, residual: torch.Tensor,
-            gamma: torch.Tensor, eps: float, weight_bias: float, oneshot: bool,
-            norm_out: torch.Tensor, residual_out: torch.Tensor) -> None:
+    def run(
+        self,
+        handle: _LegacyHandle,
+        *,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        gamma: torch.Tensor,
+        eps: float,
+        weight_bias: float,
+        oneshot: bool,
+        norm_out: torch.Tensor,
+        residual_out: torch.Tensor,
+    ) -> None:
         extra: dict[str, Any] = {"weight_bias": weight_bias} if weight_bias else {}
         if self._takes_metadata and handle.metadata is not None:
             extra["metadata"] = handle.metadata
         tokens, hidden = x.shape
         self._comm.trtllm_allreduce_fusion(
-            allreduce_in=x.view(-1), world_size=handle.world_size, world_rank=handle.rank,
-            token_num=tokens, hidden_dim=hidden, workspace_ptrs=handle.workspace_tensor,
-            launch_with_pdl=False, use_oneshot=oneshot, trigger_completion_at_end=True,
-            fp32_acc=False, pattern_code=self._pattern, allreduce_out=None,
-            residual_in=residual.view(-1), residual_out=residual_out.view(-1),
-            norm_out=norm_out.view(-1), quant_out=None, scale_out=None, rms_gamma=gamma,
-            rms_eps=eps, scale_factor=None, layout_code=None, **extra)
+            allreduce_in=x.view(-1),
+            world_size=handle.world_size,
+            world_rank=handle.rank,
+            token_num=tokens,
+            hidden_dim=hidden,
+            workspace_ptrs=handle.workspace_tensor,
+            launch_with_pdl=False,
+            use_oneshot=oneshot,
+            trigger_completion_at_end=True,
+            fp32_acc=False,
+            pattern_code=self._pattern,
+            allreduce_out=None,
+            residual_in=residual.view(-1),
+            residual_out=residual_out.view(-1),
+            norm_out=norm_out.view(-1),
+            quant_out=None,
+            scale_out=None,
+            rms_gamma=gamma,
+            rms_eps=eps,
+            scale_factor=None,
+            layout_code=None,
+            **extra,
+        )
 
     def destroy(self, handle: _LegacyHandle) -> None:
-        self._comm.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(
-            handle.ipc_handles, group=handle.group)
+        self._comm.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handle.ipc_handles, group=handle.group)
 
 
 def _accepts(fn: Any, parameter: str) -> bool:
@@ -501,8 +616,13 @@ def _flashinfer_comm() -> ModuleType | None:
         import flashinfer.comm as comm
     except Exception as exc:  # ImportError, or a broken install failing at import time
         level = logging.DEBUG if isinstance(exc, ModuleNotFoundError) else logging.WARNING
-        logger.log(level, "flashinfer.comm unavailable (%s: %s); the fused all-reduce + "
-                   "RMSNorm falls back to torch.distributed", type(exc).__name__, exc)
+        logger.log(
+            level,
+            "flashinfer.comm unavailable (%s: %s); the fused all-reduce + "
+            "RMSNorm falls back to torch.distributed",
+            type(exc).__name__,
+            exc,
+        )
         return None
     return comm
 
@@ -512,10 +632,10 @@ def _select_api(preference: ApiName) -> _FlashinferApi | None:
     comm = _flashinfer_comm()
     if comm is None:
         return None
-    unified = hasattr(comm, "create_allreduce_fusion_workspace") and hasattr(
-        comm, "allreduce_fusion")
+    unified = hasattr(comm, "create_allreduce_fusion_workspace") and hasattr(comm, "allreduce_fusion")
     legacy = hasattr(comm, "trtllm_create_ipc_workspace_for_all_reduce_fusion") and hasattr(
-        comm, "trtllm_allreduce_fusion")
+        comm, "trtllm_allreduce_fusion"
+    )
     if unified and preference in ("auto", "unified"):
         return _UnifiedApi(comm)
     if legacy and preference in ("auto", "legacy"):
@@ -589,8 +709,7 @@ _sites: dict[tuple[str, int, torch.dtype], _Site] = {}
 _atexit_registered = False
 
 
-def prepare(group_name: str, hidden: int, dtype: torch.dtype,
-            max_tokens: int | None = None) -> int:
+def prepare(group_name: str, hidden: int, dtype: torch.dtype, max_tokens: int | None = None) -> int:
     """Create the workspace for ``(group, hidden, dtype)`` now, e.g. before CUDA graph capture.
 
     Collective: every rank of the group calls it with the same arguments.  ``max_tokens``
@@ -600,8 +719,10 @@ def prepare(group_name: str, hidden: int, dtype: torch.dtype,
     here (see :func:`unavailable_reason`) or the table never fuses this shape.
     """
     if _capturing():
-        raise RuntimeError("passkit_fusion.prepare() is collective and allocates memory: "
-                           "call it before CUDA graph capture, not during it")
+        raise RuntimeError(
+            "passkit_fusion.prepare() is collective and allocates memory: "
+            "call it before CUDA graph capture, not during it"
+        )
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
     site = _site(group_name, hidden, dtype)
@@ -636,8 +757,7 @@ def _site(group_name: str, hidden: int, dtype: torch.dtype) -> _Site:
     site = _sites.get(key)
     if site is None:
         group = _resolve_group(group_name)
-        site = _Site(group, group_name, dist.get_rank(group), dist.get_world_size(group),
-                     hidden, dtype)
+        site = _Site(group, group_name, dist.get_rank(group), dist.get_world_size(group), hidden, dtype)
         _sites[key] = site
     return site
 
@@ -648,8 +768,10 @@ def _resolve_group(group_name: str) -> dist.ProcessGroup:
     try:
         return _resolve_process_group(group_name)  # type: ignore[arg-type]  # GroupName is a str
     except Exception as exc:
-        raise RuntimeError(f"passkit_fusion: no process group named {group_name!r} "
-                           f"(is torch.distributed initialised?): {exc}") from exc
+        raise RuntimeError(
+            f"passkit_fusion: no process group named {group_name!r} "
+            f"(is torch.distributed initialised?): {exc}"
+        ) from exc
 
 
 def _site_rules(site: _Site) -> tuple[Rule, ...]:
@@ -675,9 +797,15 @@ def _capacity(site: _Site) -> int:
 
 def _static_problem(site: _Site) -> str | None:
     """A reason no call on this site can be fused, independent of the token count."""
-    path, reason = choose_path(Decision(True, True), tokens=1, hidden=site.hidden,
-                               dtype=site.dtype, world_size=site.world_size, max_tokens=1,
-                               unavailable=unavailable_reason())
+    path, reason = choose_path(
+        Decision(True, True),
+        tokens=1,
+        hidden=site.hidden,
+        dtype=site.dtype,
+        world_size=site.world_size,
+        max_tokens=1,
+        unavailable=unavailable_reason(),
+    )
     return reason if path == FALLBACK else None
 
 
@@ -689,7 +817,8 @@ def _create_workspace_for_call(site: _Site) -> _Workspace:
             f"one cannot be created during CUDA graph capture (creation is collective and "
             f"allocates IPC memory). Call passkit_fusion.prepare({site.group_name!r}, "
             f"{site.hidden}, torch.{dtype_name(site.dtype)}, max_tokens=...) before capturing, "
-            f"or run one eager step first.")
+            f"or run one eager step first."
+        )
     return _create_workspace(site)
 
 
@@ -698,15 +827,26 @@ def _create_workspace(site: _Site) -> _Workspace:
     if not site.checked:
         _check_ranks(site)
     api, max_tokens = _api(), _planned_max_tokens(site)
-    handle = api.create(group=site.group, rank=site.rank, world_size=site.world_size,
-                        max_tokens=max_tokens, hidden=site.hidden, dtype=site.dtype)
+    handle = api.create(
+        group=site.group,
+        rank=site.rank,
+        world_size=site.world_size,
+        max_tokens=max_tokens,
+        hidden=site.hidden,
+        dtype=site.dtype,
+    )
     site.workspace = _Workspace(api, handle, max_tokens)
     if not _atexit_registered:
         atexit.register(_destroy_at_exit)
         _atexit_registered = True
-    logger.info("passkit_fusion: created a flashinfer %s workspace for group %r, hidden %d, "
-                "%s, %d tokens", api.name, site.group_name, site.hidden,
-                dtype_name(site.dtype), max_tokens)
+    logger.info(
+        "passkit_fusion: created a flashinfer %s workspace for group %r, hidden %d, %s, %d tokens",
+        api.name,
+        site.group_name,
+        site.hidden,
+        dtype_name(site.dtype),
+        max_tokens,
+    )
     return site.workspace
 
 
@@ -747,9 +887,10 @@ def compare_plans(plans: Sequence[Mapping[str, Any]]) -> str | None:
             ranks_by_value: dict[str, list[int]] = {}
             for rank, value in enumerate(values):
                 ranks_by_value.setdefault(repr(value), []).append(rank)
-            parts = "; ".join(f"{value} on rank{'s' if len(ranks) > 1 else ''} "
-                              f"{', '.join(map(str, ranks))}"
-                              for value, ranks in ranks_by_value.items())
+            parts = "; ".join(
+                f"{value} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                for value, ranks in ranks_by_value.items()
+            )
             return f"field {field!r} differs: {parts}"
     return None
 
@@ -788,7 +929,8 @@ def _check_ranks(site: _Site) -> None:
                 f"dtype={dtype_name(site.dtype)}: {compare_plans(plans) or 'fingerprints differ'}."
                 f" Every rank must use the same passkit-fusion and flashinfer versions, tables "
                 f"and passkit_fusion.configure()/prepare() settings; otherwise the collective "
-                f"would hang.")
+                f"would hang."
+            )
     site.checked = True
 
 

@@ -44,7 +44,9 @@ from passkit import PasskitError
 TABLE_FORMAT = "passkit-fusion-table/1"
 TABLES_DIR = Path(__file__).with_name("tables")
 """Tables shipped with passkit-fusion (measured by its developers)."""
-USER_TABLES_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "passkit" / "fusion-tables"
+USER_TABLES_DIR = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "passkit" / "fusion-tables"
+)
 """Tables ``passkit tune`` measured on this machine; they win over shipped ones."""
 
 #: Fuse only where the fused median beats the unfused median by this fraction.
@@ -177,9 +179,7 @@ class Table:
         entry = self._entries.get(TableKey(gpu, world_size, hidden, dtype_name(dtype)))
         return entry.rules if entry is not None else None
 
-    def resolve(
-        self, gpu: str, world_size: int, hidden: int, dtype: torch.dtype | str
-    ) -> tuple[Rule, ...]:
+    def resolve(self, gpu: str, world_size: int, hidden: int, dtype: torch.dtype | str) -> tuple[Rule, ...]:
         """The matching entry's rules, or :func:`conservative_rules` when none matches."""
         rules = self.rules_for(gpu, world_size, hidden, dtype)
         return rules if rules is not None else conservative_rules(world_size, hidden, dtype)
@@ -198,8 +198,10 @@ class Table:
         """The JSON-serialisable form (see the module docstring)."""
         return {
             "format": TABLE_FORMAT,
-            "entries": [_entry_to_json(key, entry) for key, entry in sorted(
-                self._entries.items(), key=lambda kv: dataclasses.astuple(kv[0]))],
+            "entries": [
+                _entry_to_json(key, entry)
+                for key, entry in sorted(self._entries.items(), key=lambda kv: dataclasses.astuple(kv[0]))
+            ],
         }
 
     @classmethod
@@ -259,8 +261,11 @@ def lookup(
 
 def choose(measurement: Measurement, margin: float = DEFAULT_MARGIN) -> Decision:
     """Fuse only if the faster fused variant beats unfused by ``margin``; pick the faster one."""
-    fused = [(t, oneshot) for t, oneshot in ((measurement.oneshot_us, True),
-                                             (measurement.twoshot_us, False)) if t is not None]
+    fused = [
+        (t, oneshot)
+        for t, oneshot in ((measurement.oneshot_us, True), (measurement.twoshot_us, False))
+        if t is not None
+    ]
     if not fused:
         return UNFUSED
     best_us, oneshot = min(fused, key=lambda f: (f[0], not f[1]))  # a tie goes to one-shot
@@ -328,8 +333,9 @@ def graph_median_us(
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         for _ in range(ops_per_graph):
             step()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(replays)]
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)
+    ]
     graph.replay()  # first replay uploads the graph
     torch.cuda.synchronize()
     for start, end in events:
@@ -358,8 +364,9 @@ def make_inputs(
     return x, residual, weight.to(dtype)
 
 
-def time_unfused_us(group: Any, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                    eps: float, replays: int = 100) -> float:
+def time_unfused_us(
+    group: Any, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, replays: int = 100
+) -> float:
     """NCCL all-reduce (in place, as a compiled graph would run it) + add + RMSNorm in torch."""
     import torch.distributed as dist
 
@@ -374,8 +381,15 @@ def time_unfused_us(group: Any, x: torch.Tensor, residual: torch.Tensor, weight:
     return graph_median_us(step, reset=lambda: buf.copy_(x), replays=replays)
 
 
-def time_fused_us(group_name: str, x: torch.Tensor, residual: torch.Tensor,
-                  weight: torch.Tensor, eps: float, decision: Decision, replays: int = 100) -> float:
+def time_fused_us(
+    group_name: str,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    decision: Decision,
+    replays: int = 100,
+) -> float:
     """passkit's op with ``decision`` forced (it must have a prepared workspace)."""
     from . import runtime
 
@@ -386,8 +400,7 @@ def time_fused_us(group_name: str, x: torch.Tensor, residual: torch.Tensor,
         )
 
 
-def measure(group: Any, hidden: int, dtype: torch.dtype, tokens: int,
-            eps: float = 1e-6) -> Measurement:
+def measure(group: Any, hidden: int, dtype: torch.dtype, tokens: int, eps: float = 1e-6) -> Measurement:
     """Time unfused, fused one-shot and (where legal) fused two-shot at one token count.
 
     Collective: every rank of ``group`` calls it with the same arguments.  The medians are
@@ -405,7 +418,8 @@ def measure(group: Any, hidden: int, dtype: torch.dtype, tokens: int,
         time_unfused_us(group, x, residual, weight, eps, replays),
         time_fused_us(name, x, residual, weight, eps, Decision(True, True), replays),
         time_fused_us(name, x, residual, weight, eps, Decision(True, False), replays)
-        if tokens > world_size and world_size in TWOSHOT_WORLD_SIZES else -1.0,
+        if tokens > world_size and world_size in TWOSHOT_WORLD_SIZES
+        else -1.0,
     ]
     agreed = torch.tensor(times, dtype=torch.float64, device=x.device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
@@ -438,10 +452,10 @@ def tune(
     prepared = runtime.prepare(group.group_name, hidden, dtype, max_tokens=counts[-1])
     if prepared < counts[-1]:
         raise RuntimeError(
-            f"cannot tune: the fused kernel is unavailable here ({runtime.unavailable_reason()})")
+            f"cannot tune: the fused kernel is unavailable here ({runtime.unavailable_reason()})"
+        )
     measurements = [measure(group, hidden, dtype, t, eps) for t in counts]
-    key = TableKey(torch.cuda.get_device_name(), dist.get_world_size(group), hidden,
-                   dtype_name(dtype))
+    key = TableKey(torch.cuda.get_device_name(), dist.get_world_size(group), hidden, dtype_name(dtype))
     source = {
         "measured": datetime.date.today().isoformat(),
         "torch": torch.__version__,
@@ -464,8 +478,9 @@ def run_tune(args: argparse.Namespace) -> int:
     available = torch.cuda.device_count()
     world_size = args.world_size or available
     if not 2 <= world_size <= available:
-        raise PasskitError(f"needs 2 to {available} local CUDA GPUs (this machine "
-                         f"has {available}); asked for {world_size}")
+        raise PasskitError(
+            f"needs 2 to {available} local CUDA GPUs (this machine has {available}); asked for {world_size}"
+        )
     import torch.multiprocessing as mp
 
     mp.spawn(_tune_worker, args=(world_size, _free_port(), args), nprocs=world_size, join=True)
@@ -474,15 +489,18 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world-size", type=int, default=0,
-                        help="GPUs to use (default: all local GPUs)")
+    parser.add_argument("--world-size", type=int, default=0, help="GPUs to use (default: all local GPUs)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TUNE_TOKENS))
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
-    parser.add_argument("--output", type=Path, default=None,
-                        help=f"table file (default: {USER_TABLES_DIR}/<gpu>_w<N>.json, "
-                             "which the fused op loads automatically)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"table file (default: {USER_TABLES_DIR}/<gpu>_w<N>.json, "
+        "which the fused op loads automatically)",
+    )
 
 
 def _tune_worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
@@ -491,14 +509,20 @@ def _tune_worker(rank: int, world_size: int, port: int, args: argparse.Namespace
     from . import runtime
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        device_id=torch.device("cuda", rank),
+    )
     try:
         group = dist.group.WORLD
         table = Table()
         for hidden in args.hidden:
-            table = table.merged(tune(group, hidden, getattr(torch, args.dtype), args.tokens,
-                                      margin=args.margin))
+            table = table.merged(
+                tune(group, hidden, getattr(torch, args.dtype), args.tokens, margin=args.margin)
+            )
         if rank == 0:
             save_table(table, args.output)
     finally:
@@ -512,8 +536,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _randn(shape: tuple[int, ...], seed: int, dtype: torch.dtype,
-           device: torch.device) -> torch.Tensor:
+def _randn(shape: tuple[int, ...], seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     gen = torch.Generator(device=device).manual_seed(seed)
     return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
 
@@ -522,14 +545,12 @@ def _validated_rules(rules: Iterable[Rule], key: TableKey) -> tuple[Rule, ...]:
     rules = tuple(rules)
     bounds = [r.max_tokens for r in rules]
     if any(b < 1 for b in bounds) or bounds != sorted(set(bounds)):
-        raise ValueError(f"{key}: rule bounds must be positive and strictly increasing, "
-                         f"got {bounds}")
+        raise ValueError(f"{key}: rule bounds must be positive and strictly increasing, got {bounds}")
     return rules
 
 
 def _rule_to_json(rule: Rule) -> dict[str, Any]:
-    return {"max_tokens": rule.max_tokens, "fused": rule.decision.use_fused,
-            "oneshot": rule.decision.oneshot}
+    return {"max_tokens": rule.max_tokens, "fused": rule.decision.use_fused, "oneshot": rule.decision.oneshot}
 
 
 def _entry_to_json(key: TableKey, entry: Entry) -> dict[str, Any]:
@@ -548,8 +569,7 @@ def _decision_from_json(rule: Mapping[str, Any]) -> Decision:
 
 
 def _entry_from_json(raw: Mapping[str, Any]) -> tuple[TableKey, Entry]:
-    key = TableKey(str(raw["gpu"]), int(raw["world_size"]), int(raw["hidden"]),
-                   dtype_name(raw["dtype"]))
+    key = TableKey(str(raw["gpu"]), int(raw["world_size"]), int(raw["hidden"]), dtype_name(raw["dtype"]))
     if not isinstance(getattr(torch, key.dtype, None), torch.dtype):
         raise ValueError(f"unknown dtype {key.dtype!r}")
     rules = tuple(Rule(int(r["max_tokens"]), _decision_from_json(r)) for r in raw["rules"])
