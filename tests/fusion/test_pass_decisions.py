@@ -54,10 +54,11 @@ def test_site_left_alone_where_no_table_fuses(monkeypatch, world_size, fused, ex
         assert why is None
 
 
-def test_user_tables_replace_shipped_ones(monkeypatch, tmp_path):
+def test_user_tables_replace_shipped_ones(tmp_path):
     user = table(2, False)
     tuning.save_table(user, tmp_path / "fancy_w2.json")
-    monkeypatch.setattr(tuning, "USER_TABLES_DIR", tmp_path)
+    real = tuning.USER_TABLES_DIR
+    tuning.USER_TABLES_DIR = tmp_path
     tuning.default_table.cache_clear()
     try:
         merged = tuning.default_table()
@@ -66,6 +67,7 @@ def test_user_tables_replace_shipped_ones(monkeypatch, tmp_path):
         )
         assert merged.rules_for("NVIDIA H200", 2, 4096, "bfloat16")  # shipped entries remain
     finally:
+        tuning.USER_TABLES_DIR = real
         tuning.default_table.cache_clear()
 
 

@@ -921,8 +921,7 @@ def _check_ranks(site: _Site) -> None:
         gathered = [torch.empty_like(mine) for _ in range(site.world_size)]
         dist.all_gather(gathered, mine, group=site.group)
         if len({int(t.item()) for t in gathered}) > 1:
-            plans: list[Any] = [None] * site.world_size
-            dist.all_gather_object(plans, plan, group=site.group)
+            plans = _all_gather_json(plan, site.group, site.world_size, device)
             raise RuntimeError(
                 f"passkit_fusion: the ranks of process group {site.group_name!r} disagree on "
                 f"the fused all-reduce + RMSNorm plan for hidden={site.hidden}, "
@@ -932,6 +931,23 @@ def _check_ranks(site: _Site) -> None:
                 f"would hang."
             )
     site.checked = True
+
+
+def _all_gather_json(
+    obj: Mapping[str, Any], group: dist.ProcessGroup, world_size: int, device: torch.device
+) -> list[Any]:
+    """Every rank's ``obj`` (JSON-able). Unlike ``all_gather_object`` it needs no numpy."""
+    data = json.dumps(obj, sort_keys=True, default=str).encode()
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(size) for _ in range(world_size)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    mine = mine.to(device)
+    gathered = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(gathered, mine, group=group)
+    return [json.loads(bytes(t[: int(n.item())].tolist())) for t, n in zip(gathered, sizes)]
 
 
 def _collective_device(group: dist.ProcessGroup) -> torch.device:

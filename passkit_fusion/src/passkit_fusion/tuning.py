@@ -235,7 +235,6 @@ def save_table(table: Table, path: str | os.PathLike[str]) -> None:
 
 
 @functools.cache
-@functools.cache
 def default_table() -> Table:
     """The tables shipped in ``passkit_fusion/tables/``, then those ``passkit tune`` stored
     in :data:`USER_TABLES_DIR` (which replace shipped entries with the same key), merged and

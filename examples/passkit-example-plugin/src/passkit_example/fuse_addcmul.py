@@ -3,7 +3,6 @@
 
 import pydantic
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import passkit
 
@@ -35,5 +34,8 @@ class FuseAddcmul(passkit.PatternPass):
         )
 
     def big_enough(self, match):
+        # imported here, not at the top: plugins are imported at every backend init
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
         numel = match.output_node().meta["val"].numel()
         return statically_known_true(numel >= self.options.min_numel)
