@@ -4,7 +4,7 @@ Sources, highest precedence first:
 
 1. Python: a :class:`Config` object and/or keyword arguments
    (``passkit.backend(passes=[...])``). Only fields set explicitly count.
-2. Environment: ``PASSKIT_PASSES=a,b``, ``PASSKIT_DISABLE=c``, ``PASSKIT_ON_ERROR=raise``,
+2. Environment: ``PASSKIT_PASSES=a,b`` (options inline: ``a,b:max_tokens=4096``), ``PASSKIT_DISABLE=c``, ``PASSKIT_ON_ERROR=raise``,
    ``PASSKIT_DUMP_DIR=dir``, ``PASSKIT_VERIFY=1``, ``PASSKIT_STRICT_PLUGINS=1``,
    ``PASSKIT_PLUGINS=a,b`` (allow list), ``PASSKIT_BLOCK_PLUGINS=a,b``,
    ``PASSKIT_DISABLE_PLUGIN_AUTOLOAD=1``, and ``PASSKIT_CONFIG=path`` naming the TOML file
@@ -19,6 +19,7 @@ A field set by a higher source replaces it whole (lists are not concatenated), e
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -173,13 +174,36 @@ def _names(name: str, value: str) -> list[str]:
     return _split(value)
 
 
+def _pass_entries(name: str, value: str) -> list[Any]:
+    """``a,b:key=value:key2=value2`` -> ``["a", {"name": "b", "key": value, ...}]``.
+
+    Values are read as JSON where they parse (``4096``, ``true``), else as strings."""
+    entries: list[Any] = []
+    for item in _split(value):
+        pass_name, *pairs = item.split(":")
+        if not pairs:
+            entries.append(pass_name)
+            continue
+        options: dict[str, Any] = {"name": pass_name}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"{name}={value!r}: expected name:option=value, got {item!r}")
+            try:
+                options[key] = json.loads(raw)
+            except ValueError:
+                options[key] = raw
+        entries.append(options)
+    return entries
+
+
 def _not(name: str, value: str) -> bool:
     return not _bool(name, value)
 
 
 # PASSKIT_<suffix> -> (config field, parser(variable name, raw value))
 _ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
-    "PASSES": ("passes", _names),
+    "PASSES": ("passes", _pass_entries),
     "DISABLE": ("disable", _names),
     "ON_ERROR": ("on_error", _text),
     "DUMP_DIR": ("dump_dir", _text),

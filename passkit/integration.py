@@ -80,7 +80,11 @@ class Backend:
         from torch._inductor.compile_fx import compile_fx
 
         patches = {**self.inductor_config, **self.pipeline.inductor_patches()}
-        return cast(CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None))
+        reports_before, hits_before = len(self.pipeline.reports), _cache_hits()
+        compiled = compile_fx(gm, list(example_inputs), config_patches=patches or None)
+        if self.pipeline.enabled and len(self.pipeline.reports) == reports_before and _cache_hits() > hits_before:
+            self.pipeline.record_cache_hit()
+        return cast(CompiledFn, compiled)
 
     def _compile_eager(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
         from torch._dynamo.backends.common import aot_autograd
@@ -98,6 +102,13 @@ class Backend:
             decompositions=select_decomp_table(),
             keep_inference_input_mutations=True,
         )(gm, list(example_inputs))
+
+
+def _cache_hits() -> int:
+    """Inductor FX-graph-cache plus AOTAutograd-cache hits so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"])
 
 
 def backend(config: Config | dict[str, Any] | None = None, **options: Any) -> Backend:

@@ -276,14 +276,16 @@ class Pipeline:
         start = time.perf_counter()
         try:
             result = _as_result(p.run(gm, ctx), p)
-            if self.config.verify:
-                verify_graph(gm, p.name)
-        except Exception as exc:
             record.ms = (time.perf_counter() - start) * 1e3
+            if self.config.verify:
+                verified = time.perf_counter()
+                verify_graph(gm, p.name)
+                record.verify_ms = (time.perf_counter() - verified) * 1e3
+        except Exception as exc:
+            record.ms = record.ms or (time.perf_counter() - start) * 1e3
             restore(graph, saved)
             gm.recompile()
             return self._failed(p, gm, exc, record, report, dumper, index, before_code)
-        record.ms = (time.perf_counter() - start) * 1e3
         if result.modified:
             gm.recompile()
         record.status = "ran"
@@ -325,6 +327,12 @@ class Pipeline:
                 ran_before=ran,
             ) from exc
         return record
+
+    def record_cache_hit(self, mode: Mode = "inductor") -> Report:
+        """Report a graph Inductor served from its cache (no pass ran for it)."""
+        report = Report(graph_id=next(_graph_ids), pipeline_uuid=self._uuid[:12], mode=mode, cache_hit=True)
+        self._finish(report, None)
+        return report
 
     def _finish(self, report: Report, dumper: Dumper | None) -> None:
         self._open = None

@@ -17,6 +17,9 @@ class PassRecord:
     matches: int = 0
     modified: bool = False
     ms: float = 0.0
+    """Time in the pass itself."""
+    verify_ms: float = 0.0
+    """Time verifying the graph after it (``verify = true``)."""
     nodes_before: int = 0
     nodes_after: int = 0
     reason: str | None = None
@@ -37,6 +40,9 @@ class Report:
     pipeline_uuid: str = ""
     mode: str = "inductor"
     records: list[PassRecord] = dataclasses.field(default_factory=list)
+    cache_hit: bool = False
+    """Inductor served this graph from its cache: the passes did not run again (their
+    effect is in the cached code) and ``records`` is empty."""
 
     def __getitem__(self, name: str) -> PassRecord:
         for rec in self.records:
@@ -63,6 +69,7 @@ class Report:
             "graph_id": self.graph_id,
             "pipeline_uuid": self.pipeline_uuid,
             "mode": self.mode,
+            "cache_hit": self.cache_hit,
             "total_ms": round(self.total_ms, 3),
             "passes": [r.to_dict() for r in self.records],
         }
@@ -73,7 +80,10 @@ class Report:
     def format(self) -> str:
         """A fixed-width table, one row per pass."""
         head = f"{'pass':<24} {'stage':<15} {'status':<8} {'matches':>7} {'ms':>9} {'nodes':>13}  note"
-        lines = [f"passkit report (graph {self.graph_id}, {self.mode})", head, "-" * len(head)]
+        title = f"passkit report (graph {self.graph_id}, {self.mode})"
+        if self.cache_hit:
+            return f"{title}: served from Inductor's cache; the passes' rewrite is in the cached code"
+        lines = [title, head, "-" * len(head)]
         for r in self.records:
             nodes = f"{r.nodes_before}->{r.nodes_after}" if r.status == "ran" else "-"
             note = r.reason or "; ".join(r.notes)

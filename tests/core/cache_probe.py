@@ -25,6 +25,8 @@ print(
             "bypass": inductor["fxgraph_cache_bypass"],
             "out": out.tolist(),
             "reports": len(backend.reports),
+            "cache_hit_reports": sum(r.cache_hit for r in backend.reports),
+            "ran": [rec.name for r in backend.reports for rec in r.records if rec.status == "ran"],
         }
     )
 )

@@ -71,6 +71,16 @@ def test_disable_from_higher_source_removes_lower_enable(clean_env, monkeypatch)
     assert cfg.pass_names == ["noop_elimination"] and cfg.disable == ["cleanup"]
 
 
+def test_env_passes_with_inline_options(clean_env, monkeypatch):
+    monkeypatch.setenv("PASSKIT_PASSES", "noop_elimination, mul_to_scale:factor=4.5:limit=3, cleanup")
+    cfg = load_config()
+    assert cfg.pass_names == ["noop_elimination", "mul_to_scale", "cleanup"]
+    assert cfg.options_for("mul_to_scale") == {"factor": 4.5, "limit": 3}
+    monkeypatch.setenv("PASSKIT_PASSES", "mul_to_scale:factor")
+    with pytest.raises(passkit.ConfigError, match=r"expected name:option=value, got 'mul_to_scale:factor'"):
+        load_config()
+
+
 def test_env_booleans_and_plugin_switches(clean_env, monkeypatch):
     monkeypatch.setenv("PASSKIT_VERIFY", "yes")
     monkeypatch.setenv("PASSKIT_DISABLE_PLUGIN_AUTOLOAD", "1")

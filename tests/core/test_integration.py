@@ -181,7 +181,9 @@ def test_fx_graph_cache_hits_in_fresh_process_and_options_change_the_key(tmp_pat
     second = run(2.0)
     assert (second["miss"], second["hit"], second["bypass"]) == (0, 1, 0)
     assert second["out"] == first["out"]
-    assert second["reports"] == 0  # a cache hit skips the passes entirely
+    assert first["ran"] == ["mul_to_scale", "cleanup"] and first["cache_hit_reports"] == 0
+    # a cache hit skips the passes entirely, and the report says so
+    assert second["ran"] == [] and second["reports"] == second["cache_hit_reports"] == 1
     third = run(5.0)
     assert (third["miss"], third["hit"], third["bypass"]) == (1, 0, 0)
     assert third["out"] != first["out"]
