@@ -34,7 +34,7 @@ def _has_gpu() -> bool:
 
 def install(session: nox.Session, *extra: str) -> None:
     torch_req = os.environ.get("PASSKIT_TORCH") or ("torch" if _has_gpu() else "torch==2.13.0")
-    session.install(torch_req)
+    session.install(torch_req, "numpy")  # numpy: torch warns at every compile without it
     session.install(*PACKAGES, *extra)
 
 

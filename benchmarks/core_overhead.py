@@ -30,11 +30,16 @@ import time, json
 t0 = time.perf_counter()
 import torch
 t1 = time.perf_counter()
+import pydantic
+class _Warm(pydantic.BaseModel):
+    x: int = 0
+t2 = time.perf_counter()
 import passkit
+t3 = time.perf_counter()
 cfg = passkit.load_config(passes={passes!r})
 pipeline = passkit.build_pipeline(cfg)
-t2 = time.perf_counter()
-print(json.dumps({{"torch_s": t1 - t0, "passkit_s": t2 - t1}}))
+t4 = time.perf_counter()
+print(json.dumps({{"torch_s": t1 - t0, "pydantic_s": t2 - t1, "import_s": t3 - t2, "discovery_s": t4 - t3}}))
 """
 
 COMPILE_PROBE = """
@@ -68,9 +73,14 @@ def run_probe(code: str) -> dict:
 
 def bench_import(repeats: int) -> dict:
     runs = [run_probe(IMPORT_PROBE.format(passes=BUILTINS)) for _ in range(repeats)]
+    med = {k: statistics.median(r[k] for r in runs) * 1e3 for k in runs[0]}
     return {
-        "torch_import_ms": statistics.median(r["torch_s"] for r in runs) * 1e3,
-        "passkit_import_discovery_config_ms": statistics.median(r["passkit_s"] for r in runs) * 1e3,
+        "torch_import_ms": med["torch_s"],
+        "pydantic_import_ms": med["pydantic_s"],
+        "passkit_import_ms": med["import_s"],
+        "discovery_config_ms": med["discovery_s"],
+        "passkit_import_discovery_config_ms": med["pydantic_s"] + med["import_s"] + med["discovery_s"],
+        "plugins": sorted(__import__("passkit").get_plugins().passes),
     }
 
 
@@ -142,6 +152,9 @@ def main() -> None:
             f"{i['passkit_import_discovery_config_ms']:.1f} ms",
             "<= 50 ms",
         ),
+        ("    of which: import pydantic (a core dependency)", f"{i['pydantic_import_ms']:.1f} ms", ""),
+        ("    of which: import passkit", f"{i['passkit_import_ms']:.1f} ms", ""),
+        (f"    of which: discovery ({len(i['plugins'])} passes) + config", f"{i['discovery_config_ms']:.1f} ms", ""),
         ("    (import torch itself)", f"{i['torch_import_ms']:.0f} ms", ""),
         ("(b) pipeline uuid() per call", f"{u['uuid_call_us']:.2f} us", "<= 1 ms"),
         ("    uuid first computation (once per pipeline)", f"{u['uuid_first_compute_ms']:.3f} ms", ""),
