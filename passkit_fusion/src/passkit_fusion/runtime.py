@@ -4,7 +4,7 @@ For ``x`` of shape ``[..., hidden]`` on every rank of a process group,
 :func:`fused_allreduce_rmsnorm_cuda` returns ``(norm_out, residual_out)`` with::
 
     residual_out = all_reduce_sum(x) + residual          # residual may be None
-    norm_out     = rmsnorm(residual_out) * (weight + weight_bias)   # fp32 math, x.dtype out
+    norm_out     = rms_norm(residual_out) * (weight + weight_bias)   # fp32 math, x.dtype out
 
 Each call runs flashinfer's fused kernel (one-shot or two-shot) or the unfused fallback
 (``torch.distributed.all_reduce`` + add + RMSNorm in torch).  The choice depends only on the
@@ -40,6 +40,7 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 
+from .reference import rms_norm
 from .tuning import (
     Decision,
     Rule,
@@ -66,7 +67,6 @@ __all__ = [
     "plan_fingerprint",
     "prepare",
     "reset_stats",
-    "rmsnorm",
     "stats",
     "unavailable_reason",
     "unfused_allreduce_rmsnorm",
@@ -315,16 +315,7 @@ def unfused_allreduce_rmsnorm(
     reduced = x.clone()
     dist.all_reduce(reduced, group=group)
     residual_out = reduced if residual is None else reduced.add_(residual)
-    return rmsnorm(residual_out, weight, eps, weight_bias), residual_out
-
-
-def rmsnorm(
-    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float, weight_bias: float = 0.0
-) -> torch.Tensor:
-    """``rmsnorm(h) * (weight + weight_bias)`` over the last dim, in fp32, cast to h.dtype."""
-    gamma = weight.float() + weight_bias if weight_bias else weight.float()
-    normed = torch.rms_norm(hidden_states.float(), (hidden_states.shape[-1],), gamma, eps)
-    return normed.to(hidden_states.dtype)
+    return rms_norm(residual_out, weight, eps, weight_bias), residual_out
 
 
 def _as_2d(t: torch.Tensor) -> torch.Tensor:
