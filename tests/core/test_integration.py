@@ -118,6 +118,15 @@ def _env(**extra):
     return env
 
 
+def run_python(code: str, cwd, **env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (see :func:`_env`); fail with its stderr."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=_env(**env), cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_named_backend_reads_env_config(tmp_path):
     code = (
         "import torch, passkit\n"
@@ -125,15 +134,7 @@ def test_named_backend_reads_env_config(tmp_path):
         "f(torch.randn(2, 4))\n"
         "print(passkit.last_report().to_json())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_env(PASSKIT_PASSES="noop_elimination,cleanup"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_python(code, tmp_path, PASSKIT_PASSES="noop_elimination,cleanup")
     report = json.loads(out.stdout)
     assert [p["name"] for p in report["passes"]] == ["noop_elimination", "cleanup"]
     assert report["passes"][0]["status"] == "ran" and report["mode"] == "inductor"
@@ -144,15 +145,7 @@ def test_torch_logs_shows_the_report(tmp_path):
         "import torch, passkit\n"
         "torch.compile(lambda t: t.view(2, 4) + 1, backend=passkit.backend(passes=['noop_elimination'], mode='eager'))(torch.randn(2, 4))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_env(TORCH_LOGS="passkit"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_python(code, tmp_path, TORCH_LOGS="passkit")
     assert "passkit report" in out.stderr and "noop_elimination" in out.stderr
 
 
