@@ -154,7 +154,11 @@ def main() -> None:
         ),
         ("    of which: import pydantic (a core dependency)", f"{i['pydantic_import_ms']:.1f} ms", ""),
         ("    of which: import passkit", f"{i['passkit_import_ms']:.1f} ms", ""),
-        (f"    of which: discovery ({len(i['plugins'])} passes) + config", f"{i['discovery_config_ms']:.1f} ms", ""),
+        (
+            f"    of which: discovery ({len(i['plugins'])} passes) + config",
+            f"{i['discovery_config_ms']:.1f} ms",
+            "",
+        ),
         ("    (import torch itself)", f"{i['torch_import_ms']:.0f} ms", ""),
         ("(b) pipeline uuid() per call", f"{u['uuid_call_us']:.2f} us", "<= 1 ms"),
         ("    uuid first computation (once per pipeline)", f"{u['uuid_first_compute_ms']:.3f} ms", ""),

@@ -1,6 +1,6 @@
 """Plot the committed fusion benchmark results (no GPU needed; needs matplotlib).
 
-    python benchmarks/plot_fusion.py      # writes benchmarks/results/fusion.png
+python benchmarks/plot_fusion.py      # writes benchmarks/results/fusion.png
 """
 
 from __future__ import annotations
@@ -27,22 +27,47 @@ def main() -> None:
         for hidden, style in ((4096, "-"), (8192, "--")):
             sel = [r for r in rows if r["hidden"] == hidden]
             tokens = [r["tokens"] for r in sel]
-            ax.plot(tokens, [r["us"]["nccl_torch"] for r in sel], "k" + style, label=f"NCCL + torch, h{hidden}")
-            ax.plot(tokens, [r["us"]["raw_1shot"] for r in sel], "C1" + style, label=f"raw flashinfer 1-shot, h{hidden}")
+            ax.plot(
+                tokens, [r["us"]["nccl_torch"] for r in sel], "k" + style, label=f"NCCL + torch, h{hidden}"
+            )
+            ax.plot(
+                tokens,
+                [r["us"]["raw_1shot"] for r in sel],
+                "C1" + style,
+                label=f"raw flashinfer 1-shot, h{hidden}",
+            )
             best = [min(t for t in (r["us"]["pk_1shot"], r["us"]["pk_2shot"]) if t) for r in sel]
-            ax.plot(tokens, best, "C0" + style, marker="o", ms=3, label=f"passkit op (best of 1/2-shot), h{hidden}")
-        ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="us per call (CUDA graph)",
-               title=f"all-reduce + add + RMSNorm, {world}x H200, bf16")
+            ax.plot(
+                tokens,
+                best,
+                "C0" + style,
+                marker="o",
+                ms=3,
+                label=f"passkit op (best of 1/2-shot), h{hidden}",
+            )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="tokens",
+            ylabel="us per call (CUDA graph)",
+            title=f"all-reduce + add + RMSNorm, {world}x H200, bf16",
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     ax = axes[2]
     for world, color in ((2, "C0"), (4, "C2")):
         rows = load(f"fusion_e2e_w{world}.json")["rows"]
-        ax.plot([r["tokens"] for r in rows], [r["speedup"] for r in rows], color, marker="o", label=f"TP={world}")
+        ax.plot(
+            [r["tokens"] for r in rows], [r["speedup"] for r in rows], color, marker="o", label=f"TP={world}"
+        )
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(0.99, color="r", lw=0.8, ls=":", label="0.99x (never slower)")
-    ax.set(xscale="log", xlabel="tokens", ylabel="speedup vs torch.compile as is",
-           title="decode step, 8-layer Llama-8B shape, H200")
+    ax.set(
+        xscale="log",
+        xlabel="tokens",
+        ylabel="speedup vs torch.compile as is",
+        title="decode step, 8-layer Llama-8B shape, H200",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

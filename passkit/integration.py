@@ -82,7 +82,11 @@ class Backend:
         patches = {**self.inductor_config, **self.pipeline.inductor_patches()}
         reports_before, hits_before = len(self.pipeline.reports), _cache_hits()
         compiled = compile_fx(gm, list(example_inputs), config_patches=patches or None)
-        if self.pipeline.enabled and len(self.pipeline.reports) == reports_before and _cache_hits() > hits_before:
+        if (
+            self.pipeline.enabled
+            and len(self.pipeline.reports) == reports_before
+            and _cache_hits() > hits_before
+        ):
             self.pipeline.record_cache_hit()
         return cast(CompiledFn, compiled)
 
