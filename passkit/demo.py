@@ -8,6 +8,7 @@ output against eager. Plugins add their own demos through the ``passkit_demos`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +44,16 @@ class TinyBlock(nn.Module):
         return x + self.down(torch.nn.functional.gelu(y))
 
 
+def _no_compile_caches() -> contextlib.AbstractContextManager[object]:
+    import torch._functorch.config
+    import torch._inductor.config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+    stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+    return stack
+
+
 def excerpt(diff: str, lines: int = 16) -> str:
     body = [ln for ln in diff.splitlines() if ln.startswith(("+", "-")) and not ln.startswith(("+++", "---"))]
     shown = body[:lines]
@@ -62,7 +73,8 @@ def run_core_demo(mode: str = "inductor") -> int:
         print(f"   model: 2 pre-norm transformer blocks, compiled with torch.compile (mode={mode})")
         torch._dynamo.reset()
         start = time.perf_counter()
-        with torch.no_grad():
+        # caches off: a cache hit would skip the passes, and the demo is about showing them
+        with torch.no_grad(), _no_compile_caches():
             compiled = torch.compile(model, backend=backend)
             out = compiled(x)
             ref = model(x)

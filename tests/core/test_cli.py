@@ -131,3 +131,11 @@ def test_explain_bad_targets(cli, target, message):
 def test_bad_env_config_is_one_line(cli):
     out = cli("explain", "tests.core.explain_target:make", cwd=ROOT, env={"PASSKIT_ON_ERROR": "explode"})
     assert out.returncode == 2 and "on_error" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_core_demo_shows_report_excerpt_and_numerics(cli):
+    out = cli("demo", "--only", "core", "--mode", "eager")
+    assert out.returncode == 0, out.stderr
+    assert "passes enabled by name: noop_elimination, cleanup" in out.stdout
+    assert "noop_elimination" in out.stdout and "ran" in out.stdout
+    assert "before/after excerpt" in out.stdout and "numerics vs eager" in out.stdout and "OK" in out.stdout
