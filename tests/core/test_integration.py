@@ -180,3 +180,13 @@ def test_fx_graph_cache_hits_in_fresh_process_and_options_change_the_key(tmp_pat
     third = run(5.0)
     assert (third["miss"], third["hit"], third["bypass"]) == (1, 0, 0)
     assert third["out"] != first["out"]
+
+
+def test_both_stages_run_in_inductor_and_share_one_report():
+    b = passkit.backend(passes=["pre_pass", "mul_to_scale"])
+    torch.testing.assert_close(torch.compile(small_fn, backend=b)(x()), torch.relu(x() * 2.0) + 1.0)
+    (report,) = b.reports
+    assert [(r.name, r.stage, r.status) for r in report.records] == [
+        ("pre_pass", "post_grad_pre", "ran"),
+        ("mul_to_scale", "post_grad_post", "ran"),
+    ]
