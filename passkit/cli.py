@@ -69,9 +69,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not rows:
         print("no passes installed")
     width = max([len(r["name"]) for r in rows] + [4])
-    for r in rows:
-        origin = f"{r['distribution']} {r['version']}".strip()
-        print(f"{r['name']:<{width}}  {r['stage']:<15} {origin:<24} {r['summary']}")
+    origins = [f"{r['distribution']} {r['version']}".strip() for r in rows]
+    origin_width = max([len(o) for o in origins] + [4])
+    for r, origin in zip(rows, origins):
+        print(f"{r['name']:<{width}}  {r['stage']:<15} {origin:<{origin_width}}  {r['summary']}")
         for opt, desc in r["options"].items():
             print(f"{'':<{width}}    {opt}: {desc}")
     for f in plugins.failures:
@@ -89,8 +90,11 @@ def _describe_field(field: Any) -> str:
 
 
 def _summary(cls: type) -> str:
-    doc = inspect.getdoc(cls) or ""
-    return doc.splitlines()[0] if doc else ""
+    """The first sentence of the class docstring, on one line."""
+    paragraph = (inspect.getdoc(cls) or "").split("\n\n")[0]
+    text = " ".join(paragraph.split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
 
 
 def cmd_show(args: argparse.Namespace) -> int:
