@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import importlib.util
 import json
 import os
@@ -42,6 +43,8 @@ BF16 = torch.bfloat16
 ONESHOT, TWOSHOT = tuning.Decision(True, True), tuning.Decision(True, False)
 ERROR_RATIO_LIMIT = 1.25
 DEADLINE_S = 420
+SCENARIO_STACKS_S = float(os.environ.get("GPU_SCENARIO_STACKS_S", "120"))
+"""A scenario still running after this long prints every thread's stack (a hang shows where)."""
 
 
 # ---------------------------------------------------------------------------- helpers --
@@ -311,6 +314,8 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     try:
         for name, scenario in SCENARIOS.items():
             start = time.perf_counter()
+            print(f"rank {rank}: {name} ...", flush=True)
+            faulthandler.dump_traceback_later(SCENARIO_STACKS_S, exit=False)
             try:
                 scenario()
                 verdicts[name] = "ok"
@@ -325,6 +330,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
             )
             path.write_text(json.dumps(verdicts))
     finally:
+        faulthandler.cancel_dump_traceback_later()
         runtime.destroy_workspaces()
         dist.destroy_process_group()
 
