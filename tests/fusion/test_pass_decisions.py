@@ -9,7 +9,7 @@ from passkit_fusion.allreduce_rmsnorm import AllReduceRMSNorm
 from passkit_fusion.matcher import find_sites
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from passkit_fusion import tuning
+from passkit_fusion import tables, tuning
 from passkit_testing import fake_world
 
 
@@ -57,8 +57,8 @@ def test_site_left_alone_where_no_table_fuses(monkeypatch, world_size, fused, ex
 def test_user_tables_replace_shipped_ones(tmp_path):
     user = table(2, False)
     tuning.save_table(user, tmp_path / "fancy_w2.json")
-    real = tuning.USER_TABLES_DIR
-    tuning.USER_TABLES_DIR = tmp_path
+    real = tables.USER_TABLES_DIR  # default_table() reads the folder from the tables module
+    tables.USER_TABLES_DIR = tmp_path
     tuning.default_table.cache_clear()
     try:
         merged = tuning.default_table()
@@ -67,7 +67,7 @@ def test_user_tables_replace_shipped_ones(tmp_path):
         )
         assert merged.rules_for("NVIDIA H200", 2, 4096, "bfloat16")  # shipped entries remain
     finally:
-        tuning.USER_TABLES_DIR = real
+        tables.USER_TABLES_DIR = real
         tuning.default_table.cache_clear()
 
 

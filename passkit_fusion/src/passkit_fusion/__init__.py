@@ -18,9 +18,9 @@ _LAZY = {
     "configure": "runtime",
     "destroy_workspaces": "runtime",
     "stats": "runtime",
-    "Table": "tuning",
-    "load_table": "tuning",
-    "save_table": "tuning",
+    "Table": "tables",
+    "load_table": "tables",
+    "save_table": "tables",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -27,21 +27,28 @@ import atexit
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import inspect
-import json
 import logging
+import os
 import sys
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
 
+from .collective import (
+    RankAgreementError,
+    agree,
+    bounded,
+    compare_plans,
+    plan_fingerprint,
+    resolve_group,
+)
 from .reference import rms_norm
-from .tuning import (
+from .tables import (
     Decision,
     Rule,
     Table,
@@ -54,6 +61,8 @@ from .tuning import (
 
 __all__ = [
     "CallRecord",
+    "CollectiveError",
+    "RankAgreementError",
     "RuntimeConfig",
     "choose_path",
     "compare_plans",
@@ -108,6 +117,15 @@ class RuntimeConfig:
     ``force``: take this decision for every call instead of the table's (benchmarks, tuning).
     ``flashinfer_api``: ``"unified"`` (``create_allreduce_fusion_workspace`` +
     ``allreduce_fusion``), ``"legacy"`` (``trtllm_*``), or ``"auto"`` (unified if present).
+    ``collective_timeout_s``: how long a rank waits for the others at a step passkit
+    coordinates (plan check, workspace creation); ``None``: ``PASSKIT_FUSION_COLLECTIVE_TIMEOUT``
+    or 180 s. A rank missing after it raises :class:`RankAgreementError` on every rank.
+    ``teardown_timeout_s``: how long destroying workspaces waits for the GPU to finish the
+    work that may still use them; past it the memory is left to the process's exit.
+    ``check_calls``: agree on every call's token count and path across ranks before the
+    collective (``PASSKIT_FUSION_CHECK_CALLS=1``): turns ranks that call with different
+    shapes into an error instead of a hang, at the cost of a store round trip per call
+    (a debugging aid, off by default).
     """
 
     max_tokens: int | None = None
@@ -115,6 +133,9 @@ class RuntimeConfig:
     table: Table | None = None
     force: Decision | None = None
     flashinfer_api: ApiName = "auto"
+    collective_timeout_s: float | None = None
+    teardown_timeout_s: float = 10.0
+    check_calls: bool = os.environ.get("PASSKIT_FUSION_CHECK_CALLS", "") not in ("", "0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +150,10 @@ class CallRecord:
     world_size: int
 
 
+class CollectiveError(RuntimeError):
+    """A collective the op issued failed (a peer died or called something else)."""
+
+
 _config = RuntimeConfig()
 _stats: Counter[str] = Counter()
 _last: tuple[_Site, int, str, str] | None = None
@@ -141,6 +166,9 @@ def configure(
     table: Table | None = _UNSET,
     force: Decision | None = _UNSET,
     flashinfer_api: ApiName = _UNSET,
+    collective_timeout_s: float | None = _UNSET,
+    teardown_timeout_s: float = _UNSET,
+    check_calls: bool = _UNSET,
 ) -> RuntimeConfig:
     """Change the given settings (see :class:`RuntimeConfig`) and return the new config.
 
@@ -156,6 +184,9 @@ def configure(
             ("table", table),
             ("force", force),
             ("flashinfer_api", flashinfer_api),
+            ("collective_timeout_s", collective_timeout_s),
+            ("teardown_timeout_s", teardown_timeout_s),
+            ("check_calls", check_calls),
         )
         if value is not _UNSET
     }
@@ -214,7 +245,11 @@ def _validate_config(config: RuntimeConfig) -> None:
             f"flashinfer_api must be 'auto', 'unified' or 'legacy', got {config.flashinfer_api!r}"
         )
     if config.table is not None and not isinstance(config.table, Table):
-        raise TypeError(f"table must be a passkit_fusion.tuning.Table, got {type(config.table)}")
+        raise TypeError(f"table must be a passkit_fusion.Table, got {type(config.table)}")
+    for field in ("collective_timeout_s", "teardown_timeout_s"):
+        value = getattr(config, field)
+        if value is not None and not value > 0:
+            raise ValueError(f"{field} must be a positive number of seconds, got {value!r}")
     if config.force is not None and not isinstance(config.force, Decision):
         raise TypeError(f"force must be a Decision or None, got {type(config.force)}")
 
@@ -252,10 +287,13 @@ def fused_allreduce_rmsnorm_cuda(
     hidden = x.shape[-1]
     x2d, res2d = _as_2d(x), None if residual is None else _as_2d(residual)
     site = _site(group_name, hidden, x.dtype)
-    if not site.checked and not _capturing():
+    capturing = _capturing()
+    if not site.checked and not capturing:
         _check_ranks(site)
     tokens = x2d.shape[0]
     path, reason = _route(site, tokens, x2d, weight_bias)
+    if _config.check_calls and not capturing:
+        _agree(site, "allreduce_rmsnorm:call", {"tokens": tokens, "path": path, "reason": reason})
     _record(site, tokens, path, reason)
     if path == FALLBACK:
         norm_out, residual_out = unfused_allreduce_rmsnorm(x2d, res2d, weight, eps, weight_bias, site.group)
@@ -311,9 +349,21 @@ def unfused_allreduce_rmsnorm(
     weight_bias: float,
     group: dist.ProcessGroup,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fallback: ``torch.distributed.all_reduce`` on a copy of ``x``, add, RMSNorm."""
+    """The fallback: ``torch.distributed.all_reduce`` on a copy of ``x``, add, RMSNorm.
+
+    A failing all-reduce (a peer died, or called another collective) raises
+    :class:`CollectiveError` naming the group and the call."""
     reduced = x.clone()
-    dist.all_reduce(reduced, group=group)
+    try:
+        dist.all_reduce(reduced, group=group)
+    except Exception as exc:
+        raise CollectiveError(
+            f"passkit_fusion: the all-reduce of the unfused all-reduce + RMSNorm path failed on "
+            f"process group {group.group_name!r} (rank {dist.get_rank(group)} of "
+            f"{dist.get_world_size(group)}, {tuple(x.shape)} {dtype_name(x.dtype)}): "
+            f"{type(exc).__name__}: {exc}. A peer rank died, or called with another shape or "
+            f"another collective (set PASSKIT_FUSION_CHECK_CALLS=1 to find which)."
+        ) from exc
     residual_out = reduced if residual is None else reduced.add_(residual)
     return rms_norm(residual_out, weight, eps, weight_bias), residual_out
 
@@ -747,22 +797,10 @@ def _site(group_name: str, hidden: int, dtype: torch.dtype) -> _Site:
     key = (group_name, hidden, dtype)
     site = _sites.get(key)
     if site is None:
-        group = _resolve_group(group_name)
+        group = resolve_group(group_name)
         site = _Site(group, group_name, dist.get_rank(group), dist.get_world_size(group), hidden, dtype)
         _sites[key] = site
     return site
-
-
-def _resolve_group(group_name: str) -> dist.ProcessGroup:
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    try:
-        return _resolve_process_group(group_name)  # type: ignore[arg-type]  # GroupName is a str
-    except Exception as exc:
-        raise RuntimeError(
-            f"passkit_fusion: no process group named {group_name!r} "
-            f"(is torch.distributed initialised?): {exc}"
-        ) from exc
 
 
 def _site_rules(site: _Site) -> tuple[Rule, ...]:
@@ -818,6 +856,8 @@ def _create_workspace(site: _Site) -> _Workspace:
     if not site.checked:
         _check_ranks(site)
     api, max_tokens = _api(), _planned_max_tokens(site)
+    # every rank is here, for the same workspace, before flashinfer's collective set-up
+    _agree(site, "allreduce_rmsnorm:workspace", {"api": api.name, "max_tokens": max_tokens})
     handle = api.create(
         group=site.group,
         rank=site.rank,
@@ -842,48 +882,43 @@ def _create_workspace(site: _Site) -> _Workspace:
 
 
 def _destroy_site_workspace(site: _Site) -> None:
+    """Free ``site``'s workspace once the GPU is done with it, within the teardown timeout.
+
+    Freeing memory a running kernel (or a peer's, through IPC) still uses is undefined, and
+    a fused kernel whose peer died never finishes: when the device does not go idle within
+    ``teardown_timeout_s`` the workspace is left allocated (the process's exit frees it)."""
     workspace, site.workspace = site.workspace, None
-    if workspace is not None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # no kernel of ours may still use the memory
-        workspace.api.destroy(workspace.handle)
+    if workspace is None:
+        return
+    limit, what = _config.teardown_timeout_s, f"workspace of group {site.group_name!r}, hidden {site.hidden}"
+    gpu_busy = (
+        torch.cuda.is_available()
+        and torch.cuda.is_initialized()
+        and not bounded(torch.cuda.synchronize, limit, f"waiting for the GPU before freeing the {what}")
+    )
+    if gpu_busy:
+        _leaked.append(workspace)  # keep it referenced: no destructor frees it under a kernel
+        return
+    if not bounded(lambda: workspace.api.destroy(workspace.handle), limit, f"destroying the {what}"):
+        _leaked.append(workspace)
+
+
+_leaked: list[_Workspace] = []
+"""Workspaces teardown could not free safely; referenced so that nothing frees them late."""
 
 
 def _destroy_at_exit() -> None:
+    """At interpreter exit: free what is left, each step bounded, never raising (the
+    process is ending; its exit status must stay its own)."""
     try:
         destroy_workspaces()
-    except Exception as exc:  # the process is ending; never mask its real exit status
-        logger.debug("passkit_fusion: destroying workspaces at exit failed: %s", exc)
+    except Exception as exc:
+        logger.warning("passkit_fusion: destroying workspaces at exit failed: %s", exc)
 
 
 # ----------------------------------------------------------------------------------------
 # Rank consistency
 # ----------------------------------------------------------------------------------------
-
-
-def plan_fingerprint(plan: Mapping[str, Any]) -> int:
-    """A stable non-negative 63-bit hash of a plan (a JSON-serialisable mapping)."""
-    payload = json.dumps(plan, sort_keys=True, default=str).encode()
-    return int.from_bytes(hashlib.sha256(payload).digest()[:8], "little") & (2**63 - 1)
-
-
-def compare_plans(plans: Sequence[Mapping[str, Any]]) -> str | None:
-    """Describe the first field on which the plans (one per rank) differ, or return None."""
-    if not plans:
-        return None
-    fields = list(plans[0]) + sorted({f for p in plans[1:] for f in p} - set(plans[0]))
-    for field in fields:
-        values = [plan.get(field, "<missing>") for plan in plans]
-        if any(value != values[0] for value in values[1:]):
-            ranks_by_value: dict[str, list[int]] = {}
-            for rank, value in enumerate(values):
-                ranks_by_value.setdefault(repr(value), []).append(rank)
-            parts = "; ".join(
-                f"{value} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-                for value, ranks in ranks_by_value.items()
-            )
-            return f"field {field!r} differs: {parts}"
-    return None
 
 
 def _site_plan(site: _Site) -> dict[str, Any]:
@@ -904,44 +939,17 @@ def _site_plan(site: _Site) -> dict[str, Any]:
 
 
 def _check_ranks(site: _Site) -> None:
-    """All-gather the plan fingerprint; on mismatch gather the plans and raise, naming the field."""
-    if _config.check_rank_consistency and site.world_size > 1:
-        plan = _site_plan(site)
-        device = _collective_device(site.group)
-        mine = torch.tensor([plan_fingerprint(plan)], dtype=torch.int64, device=device)
-        gathered = [torch.empty_like(mine) for _ in range(site.world_size)]
-        dist.all_gather(gathered, mine, group=site.group)
-        if len({int(t.item()) for t in gathered}) > 1:
-            plans = _all_gather_json(plan, site.group, site.world_size, device)
-            raise RuntimeError(
-                f"passkit_fusion: the ranks of process group {site.group_name!r} disagree on "
-                f"the fused all-reduce + RMSNorm plan for hidden={site.hidden}, "
-                f"dtype={dtype_name(site.dtype)}: {compare_plans(plans) or 'fingerprints differ'}."
-                f" Every rank must use the same passkit-fusion and flashinfer versions, tables "
-                f"and passkit_fusion.configure()/prepare() settings; otherwise the collective "
-                f"would hang."
-            )
+    """Compare this site's plan across the group's ranks (bounded; raises on every rank)."""
+    if _config.check_rank_consistency:
+        _agree(site, "allreduce_rmsnorm:plan", _site_plan(site))
     site.checked = True
 
 
-def _all_gather_json(
-    obj: Mapping[str, Any], group: dist.ProcessGroup, world_size: int, device: torch.device
-) -> list[Any]:
-    """Every rank's ``obj`` (JSON-able). Unlike ``all_gather_object`` it needs no numpy."""
-    data = json.dumps(obj, sort_keys=True, default=str).encode()
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    sizes = [torch.empty_like(size) for _ in range(world_size)]
-    dist.all_gather(sizes, size, group=group)
-    longest = max(int(s.item()) for s in sizes)
-    mine = torch.zeros(longest, dtype=torch.uint8)
-    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    mine = mine.to(device)
-    gathered = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(gathered, mine, group=group)
-    return [json.loads(bytes(t[: int(n.item())].tolist())) for t, n in zip(gathered, sizes)]
-
-
-def _collective_device(group: dist.ProcessGroup) -> torch.device:
-    if "nccl" in str(dist.get_backend(group)).lower():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+def _agree(site: _Site, step: str, plan: dict[str, Any]) -> None:
+    agree(
+        site.group,
+        step,
+        plan,
+        timeout_s=_config.collective_timeout_s,
+        describe=f"fused all-reduce + RMSNorm, hidden={site.hidden}, dtype={dtype_name(site.dtype)}",
+    )

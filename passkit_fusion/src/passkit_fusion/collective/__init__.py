@@ -1,0 +1,37 @@
+"""What every collective fusion of passkit-fusion needs, written once.
+
+* :mod:`.groups`: process groups by name, the device their collectives use, their store.
+* :mod:`.agreement`: :func:`agree`, the bounded-wait exchange through which ranks check
+  that they took the same decision before a collective step; a missing, late or diverging
+  rank becomes a :class:`RankAgreementError` on every rank instead of a hang.
+* :mod:`.teardown`: steps that may block on a GPU or a peer (waiting for the device before
+  freeing memory shared with other ranks) run with a time limit and are skipped, with a
+  log line, when they cannot finish.
+
+Nothing here imports flashinfer or needs CUDA.
+"""
+
+from .agreement import (
+    DEFAULT_TIMEOUT_S,
+    RankAgreementError,
+    agree,
+    compare_plans,
+    plan_fingerprint,
+    report_failure,
+)
+from .groups import collective_device, group_store, is_fake_group, resolve_group
+from .teardown import bounded
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "RankAgreementError",
+    "agree",
+    "bounded",
+    "collective_device",
+    "compare_plans",
+    "group_store",
+    "is_fake_group",
+    "plan_fingerprint",
+    "report_failure",
+    "resolve_group",
+]
