@@ -513,3 +513,45 @@ def install(variant: str = "0.7.2") -> types.ModuleType:
     sys.modules["flashinfer"] = flashinfer
     sys.modules["flashinfer.comm"] = comm
     return comm
+
+
+# ----------------------------------------------------------------------------------------
+# A pretend GPU, for processes that run passkit_fusion.runtime's fused paths on the CPU
+
+
+class LooksCuda(torch.Tensor):
+    """A CPU tensor whose ``is_cuda`` is True: passes runtime's per-call CUDA check."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+def clear_runtime_caches() -> None:
+    """Forget what runtime learnt about flashinfer and CUDA (both are faked here)."""
+    from passkit_fusion import runtime
+
+    runtime._flashinfer_comm.cache_clear()
+    runtime._select_api.cache_clear()
+    runtime._unavailable.cache_clear()
+
+
+def pretend_gpu(name: str = "Fake GPU") -> None:
+    """In this process (a rank): torch.cuda reports one sm90 GPU called ``name`` that is
+    never capturing a graph and whose ``synchronize`` returns at once, and runtime's
+    per-call check sees CPU inputs as CUDA ones."""
+    from passkit_fusion import runtime
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.is_initialized = lambda: True
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    torch.cuda.get_device_name = lambda device=None: name
+    torch.cuda.is_current_stream_capturing = lambda: False
+    torch.cuda.synchronize = lambda device=None: None
+    call_unavailable = runtime._call_unavailable
+
+    def with_cpu_tensors(x: torch.Tensor, weight_bias: float) -> str | None:
+        return call_unavailable(x.as_subclass(LooksCuda), weight_bias)
+
+    runtime._call_unavailable = with_cpu_tensors
+    clear_runtime_caches()

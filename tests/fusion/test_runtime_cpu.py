@@ -93,19 +93,8 @@ def _assert_matches_reference(
         torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=atol, msg=name)
 
 
-class LooksCuda(torch.Tensor):
-    """A CPU tensor whose ``is_cuda`` is True: passes runtime's per-call CUDA check."""
-
-    @property
-    def is_cuda(self) -> bool:
-        return True
-
-
-def _clear_runtime_caches() -> None:
-    """Forget what runtime learnt about flashinfer and CUDA (both are faked below)."""
-    runtime._flashinfer_comm.cache_clear()
-    runtime._select_api.cache_clear()
-    runtime._unavailable.cache_clear()
+LooksCuda = fake_flashinfer.LooksCuda
+_clear_runtime_caches = fake_flashinfer.clear_runtime_caches
 
 
 @pytest.fixture
@@ -743,18 +732,7 @@ def test_tune_refuses_without_the_fused_kernel(cpu_world):
 
 
 def _pretend_cuda() -> None:
-    """In a rank: torch.cuda reports one sm90 GPU that is never capturing a graph."""
-    torch.cuda.is_available = lambda: True
-    torch.cuda.get_device_capability = lambda device=None: (9, 0)
-    torch.cuda.get_device_name = lambda device=None: FAKE_GPU
-    torch.cuda.is_current_stream_capturing = lambda: False
-    torch.cuda.synchronize = lambda device=None: None
-    call_unavailable = runtime._call_unavailable
-
-    def with_cpu_tensors(x: torch.Tensor, weight_bias: float) -> str | None:
-        return call_unavailable(x.as_subclass(LooksCuda), weight_bias)
-
-    runtime._call_unavailable = with_cpu_tensors
+    fake_flashinfer.pretend_gpu(FAKE_GPU)
 
 
 def _summary(value: Any) -> Any:

@@ -29,7 +29,7 @@ def bounded(fn: Callable[[], object], timeout_s: float, what: str) -> bool:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        logger.warning("passkit_fusion: %s did not finish within %.0f s; skipped", what, timeout_s)
+        logger.warning("passkit_fusion: %s did not finish within %g s; skipped", what, timeout_s)
         return False
     if error:
         logger.warning("passkit_fusion: %s failed: %s: %s", what, type(error[0]).__name__, error[0])
