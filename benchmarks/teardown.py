@@ -15,6 +15,11 @@ end in one of these orders:
                    forever), then tear down as in ``explicit``
     nccl_only      no passkit at all: a CUDA graph over a plain NCCL all_reduce, then
                    destroy_process_group() (tells passkit's part from NCCL's own)
+    nccl_graph_alive  (not run by default: it hangs by design) nccl_only with the graph
+                   still alive at destroy_process_group(): NCCL >= 2.26 waits for every
+                   CUDA graph holding one of its kernels to be destroyed before it frees a
+                   communicator, so this never returns. passkit-fusion's unfused path
+                   captures NCCL's all-reduce: destroy such graphs first.
 
 The parent times each rank from its last line to its exit and kills what is still alive
 after ``--limit`` seconds (reported as HUNG, with the stacks faulthandler printed).
@@ -72,7 +77,7 @@ def worker(scenario: str, rank: int, world: int, port: int, limit: float, cpu: b
     res = torch.randn_like(x)
     weight = torch.ones(hidden, device=device, dtype=torch.bfloat16)
     graph = _Graph(cpu)
-    if scenario == "nccl_only":
+    if scenario in ("nccl_only", "nccl_graph_alive"):
         y = x.clone()
         dist.all_reduce(y)
         graph.capture(lambda: dist.all_reduce(y))
@@ -108,6 +113,8 @@ def worker(scenario: str, rank: int, world: int, port: int, limit: float, cpu: b
     elif scenario in ("pg_first", "nccl_only"):
         del graph
         dist.destroy_process_group()
+    elif scenario == "nccl_graph_alive":
+        dist.destroy_process_group()  # the graph (holding an NCCL kernel) is still alive
     elif scenario == "graph_alive":
         dist.destroy_process_group()
         globals()["_keep_graph"] = graph

@@ -231,20 +231,44 @@ def scenario_dynamic_tokens() -> None:
 
 
 def scenario_capture_without_workspace() -> None:
-    """A fused call first seen during capture raises a clear error; eager then works."""
+    """A fused call first seen during capture raises a clear error; eager then works.
+
+    ``max_tokens`` makes the call fused at every world size: without it, where no table
+    fuses hidden 1024 (world size 4), the call took the unfused path, whose NCCL all-reduce
+    capture succeeds, and the scenario tested nothing (this is how it once hung at 4 ranks:
+    the assertion failure kept the graph alive, and NCCL waits for graphs holding its
+    kernels before it destroys a communicator)."""
     runtime.destroy_workspaces()
+    runtime.configure(max_tokens=64)
     hidden = 1024
     x, residual, weight, xs = _inputs(16, hidden)
     graph = torch.cuda.CUDAGraph()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "The CUDA Graph is empty")  # the call raised first
-        with (
-            pytest.raises(RuntimeError, match=r"passkit_fusion\.prepare\("),
-            torch.cuda.graph(graph, capture_error_mode="thread_local"),
-        ):
-            _op(x, residual, weight, decision=ONESHOT)
-    del graph
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The CUDA Graph is empty")  # the call raised first
+            with (
+                pytest.raises(RuntimeError, match=r"passkit_fusion\.prepare\("),
+                torch.cuda.graph(graph, capture_error_mode="thread_local"),
+            ):
+                _op(x, residual, weight, decision=ONESHOT)
+    finally:
+        del graph
     torch.cuda.synchronize()
+    _check(x, residual, weight, xs, decision=ONESHOT, expect_path="fused_oneshot")
+
+
+def scenario_discarded_fallback_graph() -> None:
+    """A graph that captured the unfused path (an NCCL all-reduce) and is dropped unreplayed
+    leaves the communicator usable: eager fused and unfused calls work after it."""
+    hidden, tokens = 2048, 32
+    runtime.prepare(_group_name(), hidden, BF16, max_tokens=64)
+    x, residual, weight, xs = _inputs(tokens, hidden, seed=5)
+    _op(x, residual, weight, decision=tuning.UNFUSED)  # eager first, as before any capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        _op(x, residual, weight, decision=tuning.UNFUSED)
+    del graph
     _check(x, residual, weight, xs, decision=ONESHOT, expect_path="fused_oneshot")
 
 
@@ -319,8 +343,12 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
             try:
                 scenario()
                 verdicts[name] = "ok"
-            except Exception:
+            except (Exception, pytest.fail.Exception) as exc:  # pytest's Failed is a BaseException
                 verdicts[name] = traceback.format_exc()
+                # the frames may hold CUDA graphs that captured NCCL kernels; NCCL waits for
+                # those graphs to die before it destroys its communicator (at the end)
+                traceback.clear_frames(exc.__traceback__)
+                del exc
             finally:
                 runtime.configure(max_tokens=None, table=None, force=None, flashinfer_api="auto")
             print(
