@@ -4,7 +4,8 @@
 # the GPU machine, with .whl/ (wheels of passkit, passkit-fusion, passkit-testing and the
 # dependencies the image lacks: pip wheel --no-deps -w .whl . ./passkit_fusion ./passkit_testing)
 # and .gpu-carry/ (bash ../shared/device/stage-flashinfer.sh) carried along:
-#     E2E_WORLDS="2 4" OP_WORLDS="4" TEST_WORLDS="4" bash benchmarks/gpu_session.sh
+#     E2E_WORLDS="2 4" OP_WORLDS="4" TEST_WORLDS="2 4" TEST_REPEAT=3 TEARDOWN_WORLDS="2" \
+#       bash benchmarks/gpu_session.sh
 # Logs and results go to $OUT. NVLink multicast stays off (activate.sh sets the variables).
 set -u
 export PYTHONUNBUFFERED=1
@@ -21,12 +22,17 @@ step() { local limit=$1; shift; echo "=== $* (limit ${limit}s)" | tee -a "$LOG";
 nvidia-smi -L | tee -a "$LOG"
 python3 -c "import torch, passkit, passkit_fusion, flashinfer; print(torch.__version__, passkit.__version__, flashinfer.__version__, torch.cuda.device_count())" | tee -a "$LOG"
 for W in ${E2E_WORLDS:-2}; do
-  step "${E2E_LIMIT:-150}" python3 benchmarks/fusion_e2e.py --world "$W" --replays "${REPLAYS:-100}"
+  step "${E2E_LIMIT:-150}" python3 benchmarks/fusion_e2e.py --world "$W" --replays "${REPLAYS:-100}" ${E2E_ARGS:-}
 done
 for W in ${OP_WORLDS:-}; do
   mkdir -p "$OUT/op_w$W"
   GPU_WORLD_SIZE=$W step "${OP_LIMIT:-150}" python3 benchmarks/fusion_op.py --out "$OUT/op_w$W" --tokens ${OP_TOKENS:-1 4 16 64 256 1024 2048 4096 8192}
 done
 for W in ${TEST_WORLDS:-}; do
-  GPU_WORLD_SIZE=$W step "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider tests/gpu
+  for i in $(seq "${TEST_REPEAT:-1}"); do
+    GPU_WORLD_SIZE=$W GPU_FAULT_WORLDS=$W step "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider tests/gpu
+  done
+done
+for W in ${TEARDOWN_WORLDS:-}; do
+  step "${TEARDOWN_LIMIT:-150}" python3 benchmarks/teardown.py --world "$W" --limit 30 ${TEARDOWN_ARGS:-}
 done
