@@ -9,13 +9,16 @@ For ``x`` of shape ``[..., hidden]`` on every rank of a process group,
 Each call runs flashinfer's fused kernel (one-shot or two-shot) or the unfused fallback
 (``torch.distributed.all_reduce`` + add + RMSNorm in torch).  The choice depends only on the
 tuning table, the configuration and the call's shape and dtype, so every rank takes the same
-path; a check at the first call on a process group compares a fingerprint of these inputs
-across ranks and raises instead of letting the collective hang.
+path. At the first call on each (process group, hidden size, dtype) the ranks compare these
+inputs through :func:`passkit_fusion.collective.agree` (the group's store, a bounded wait):
+a rank that differs or never arrives raises :class:`RankAgreementError` on every rank instead
+of letting the collective hang. ``check_calls`` does the same for every call's token count.
 
 flashinfer needs an IPC workspace per ``(process group, hidden, dtype)``.  It is created
 lazily at the first fused call (a collective step) or eagerly by :func:`prepare`, never
 during CUDA graph capture, always with flashinfer's ``trtllm`` backend (``"auto"`` may pick
-the NVLink-multicast backend), and destroyed by :func:`destroy_workspaces` or at exit.
+the NVLink-multicast backend), and destroyed by :func:`destroy_workspaces` or at exit, each
+step of that teardown bounded by ``teardown_timeout_s``.
 
 flashinfer is imported lazily: this module imports without it, and without CUDA.
 This module keeps process-wide state and is not thread-safe.
