@@ -230,7 +230,27 @@ def render(res: dict, args: argparse.Namespace) -> str:
         f"Compile (first call, dynamic tokens): Inductor {res['compile_s']['inductor']:.1f} s, with passkit {res['compile_s']['passkit']:.1f} s; "
         f"the pass itself: {p.get('ms', 0):.1f} ms, {p.get('matches', 0)} sites fused ({p.get('status')}; {'; '.join(p.get('notes', []))}).",
     ]
+    if "exit_s" in res:
+        hung = [r for r, t in enumerate(res["exit_s"]) if t is None]
+        lines += [
+            "",
+            f"Process exit after the last result, per rank (s): {res['exit_s']}"
+            + (f"; ranks {hung} did not exit within 120 s (killed)" if hung else ""),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _exit_times(procs: list, results_at: float, limit: float = 120.0) -> list[float | None]:
+    """Seconds from rank 0 handing over its results (its last line) to each rank's exit;
+    None for a rank still alive after ``limit`` seconds (then killed)."""
+    exits: list[float | None] = []
+    for p in procs:
+        p.join(timeout=max(0.0, results_at + limit - time.monotonic()))
+        exits.append(round(time.monotonic() - results_at, 2) if not p.is_alive() else None)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return exits
 
 
 def main() -> None:
@@ -261,8 +281,7 @@ def main() -> None:
     for p in procs:
         p.start()
     res = q.get(timeout=1500)
-    for p in procs:
-        p.join(timeout=120)
+    res["exit_s"] = _exit_times(procs, time.monotonic())
     md = render(res, args)
     print(md)
     if not args.cpu:
