@@ -4,7 +4,9 @@ For each hidden size and token count (bf16), CUDA-graph timed (median over graph
 10 back-to-back calls), microseconds per call:
 
 * ``nccl_torch``: NCCL ``all_reduce`` (in place, as a compiled graph runs it) + add + RMSNorm
-  in torch (fp32 math): the unfused baseline.
+  in eager torch (fp32 math): what the op's own unfused fallback runs.
+* ``nccl_inductor``: the same all-reduce, then add + RMSNorm compiled by Inductor: what the
+  graph runs where the pass leaves a site alone, the baseline the tuned table compares with.
 * ``raw_1shot`` / ``raw_2shot``: flashinfer's ``allreduce_fusion`` called directly on its own
   ``trtllm`` workspace with preallocated outputs (two-shot only where tokens > world size).
 * ``pk_auto``: ``passkit_fusion.runtime.fused_allreduce_rmsnorm_cuda`` with its table decision
@@ -16,7 +18,8 @@ Once per shape it checks numerics against a float64 reference (relative L2 error
 at the end times eager calls (host overhead included) for a few shapes: the op's unfused
 fallback, raw one-shot and the op's forced one-shot.  From the
 measurements it derives the decision table for this GPU at world size 2 (fuse where the
-faster passkit fused variant beats ``nccl_torch`` by the margin).
+faster passkit fused variant beats ``nccl_inductor`` by the margin); the largest token count
+it fuses is also where ``allreduce_rmsnorm``'s token range ends.
 
 Writes ``fusion_op.json``, ``fusion_op.md`` and ``table_<gpu>_w2.json`` into ``--out``
 (default: ``$OUT`` when set, else ``benchmarks/results``).
@@ -53,7 +56,7 @@ DTYPE = torch.bfloat16
 ERROR_RATIO_LIMIT = 1.25
 EAGER_SHAPES = ((4096, 1), (4096, 128), (8192, 1))
 EAGER_ITERS = 300
-VARIANTS = ("nccl_torch", "raw_1shot", "raw_2shot", "pk_auto", "pk_1shot", "pk_2shot")
+VARIANTS = ("nccl_torch", "nccl_inductor", "raw_1shot", "raw_2shot", "pk_auto", "pk_1shot", "pk_2shot")
 
 
 @dataclasses.dataclass
@@ -152,7 +155,8 @@ def _measure_shape(comm: Any, raw_ws: Any, group: dist.ProcessGroup, hidden: int
     name = group.group_name
     twoshot = tokens > WORLD
     timers: dict[str, Callable[[], float]] = {
-        "nccl_torch": lambda: tuning.time_unfused_us(group, x, residual, weight, EPS, replays),
+        "nccl_torch": lambda: tuning.time_unfused_us(group, x, residual, weight, EPS, replays, norm="eager"),
+        "nccl_inductor": lambda: tuning.time_unfused_us(group, x, residual, weight, EPS, replays),
         "raw_1shot": lambda: _time_raw(comm, raw_ws, x, residual, weight, True, replays),
         "raw_2shot": lambda: _time_raw(comm, raw_ws, x, residual, weight, False, replays),
         "pk_auto": lambda: tuning.graph_median_us(
@@ -301,12 +305,12 @@ def _eager_us(fn: Callable[[], object], group: dist.ProcessGroup) -> float:
 
 
 def _tuned_table(rows: list[Row], margin: float) -> tuning.Table:
-    """The decision table these measurements imply (unfused = nccl_torch, fused = pk_*)."""
+    """The decision table these measurements imply (unfused = nccl_inductor, fused = pk_*)."""
     gpu = torch.cuda.get_device_name()
     entries = {}
     for hidden in sorted({r.hidden for r in rows}):
         measurements = [
-            tuning.Measurement(r.tokens, r.us["nccl_torch"] or 0.0, r.us["pk_1shot"], r.us["pk_2shot"])
+            tuning.Measurement(r.tokens, r.us["nccl_inductor"] or 0.0, r.us["pk_1shot"], r.us["pk_2shot"])
             for r in rows
             if r.hidden == hidden
         ]
@@ -370,16 +374,16 @@ def _markdown(rows: list[Row], eager: list[dict[str, Any]], table: tuning.Table)
         f"{env['date']}; torch {env['torch']} (CUDA {env['cuda']}, NCCL {env['nccl']}), "
         f"flashinfer {env['flashinfer']}, {env['dtype']}, eps {env['eps']}. {env['timing']}.",
         "",
-        "Microseconds per call. speedup = nccl_torch / fastest passkit fused variant; "
+        "Microseconds per call. speedup = nccl_inductor / fastest passkit fused variant; "
         "pk_auto path = what the op chose with the tables shipped when this ran.",
         "",
-        "| hidden | tokens | nccl_torch | raw_1shot | raw_2shot | pk_auto | pk_auto path "
+        "| hidden | tokens | nccl_torch | nccl_inductor | raw_1shot | raw_2shot | pk_auto | pk_auto path "
         "| pk_1shot | pk_2shot | speedup | tuned choice | numerics |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         fused = [t for t in (r.us["pk_1shot"], r.us["pk_2shot"]) if t]
-        speedup = (r.us["nccl_torch"] or 0.0) / min(fused) if fused else 0.0
+        speedup = (r.us["nccl_inductor"] or 0.0) / min(fused) if fused else 0.0
         choice = table.lookup(env["gpu"], WORLD, r.hidden, DTYPE, r.tokens).label()
         err = r.errors
         numerics = (
@@ -389,7 +393,7 @@ def _markdown(rows: list[Row], eager: list[dict[str, Any]], table: tuning.Table)
         )
         lines.append(
             f"| {r.hidden} | {r.tokens} | "
-            + " | ".join(_fmt(r.us[v]) for v in VARIANTS[:4])
+            + " | ".join(_fmt(r.us[v]) for v in VARIANTS[:5])
             + f" | {r.pk_auto_path} | {_fmt(r.us['pk_1shot'])} | {_fmt(r.us['pk_2shot'])} "
             f"| {speedup:.2f}x | {choice} | {numerics} |"
         )

@@ -599,6 +599,16 @@ def test_rules_from_measurements():
     Table({TableKey("g", 2, 8, "bfloat16"): Entry(tuning.rules_from_measurements(gap))})
 
 
+def test_tuning_baselines_compute_the_same_add_rmsnorm():
+    """The Inductor-compiled baseline the tables compare with is the op's computation."""
+    reduced, residual = torch.randn(2, 5, 64).unbind(0)
+    weight = 1 + 0.1 * torch.randn(64)
+    compiled = tuning._compiled_add_rmsnorm()(reduced, residual, weight, 1e-6)
+    eager = tuning._eager_add_rmsnorm(reduced, residual, weight, 1e-6)
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want)
+
+
 def test_tune_rejects_bad_token_counts():
     for counts in ([], [0, 8], [-1]):
         with pytest.raises(ValueError, match="token_counts"):
@@ -877,6 +887,7 @@ def _tune_scenario(rank: int, world_size: int) -> dict[str, Any]:
 
     tuning.make_inputs = make_inputs
     tuning.graph_median_us = graph_median_us
+    tuning._compiled_add_rmsnorm = lambda: tuning._eager_add_rmsnorm  # no Inductor on a pretend GPU
     fake_flashinfer.reset()
     table = tuning.tune(dist.group.WORLD, HIDDEN, BF16, sorted(TUNE_MEDIANS, reverse=True))
     create_calls = [c for c in _calls() if "create" in c[0]]

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import socket
 import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -196,20 +197,51 @@ def make_inputs(
 
 
 def time_unfused_us(
-    group: Any, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, replays: int = 100
+    group: Any,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    replays: int = 100,
+    norm: Literal["inductor", "eager"] = "inductor",
 ) -> float:
-    """NCCL all-reduce (in place, as a compiled graph would run it) + add + RMSNorm in torch."""
+    """NCCL all-reduce (in place, as a compiled graph runs it), then add + RMSNorm as
+    Inductor generates them (``norm="inductor"``, what the unfused graph runs when the pass
+    leaves a site alone) or in eager torch (``"eager"``, the op's own fallback)."""
     import torch.distributed as dist
 
-    from .reference import rms_norm
-
     buf = x.clone()
+    add_norm = _compiled_add_rmsnorm() if norm == "inductor" else _eager_add_rmsnorm
 
     def step() -> None:
         dist.all_reduce(buf, group=group)
-        rms_norm(buf + residual, weight, eps, 0.0)
+        add_norm(buf, residual, weight, eps)
 
     return graph_median_us(step, reset=lambda: buf.copy_(x), replays=replays)
+
+
+def _eager_add_rmsnorm(
+    reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from .reference import rms_norm
+
+    total = reduced + residual
+    return rms_norm(total, weight, eps, 0.0), total
+
+
+@functools.cache
+def _compiled_add_rmsnorm() -> Callable[..., Any]:
+    """Residual add + Llama's RMSNorm, compiled by Inductor for any token count."""
+
+    def add_rmsnorm(
+        reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        total = reduced + residual
+        h = total.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(total.dtype), total
+
+    return torch.compile(add_rmsnorm, dynamic=True, fullgraph=True)
 
 
 def time_fused_us(
