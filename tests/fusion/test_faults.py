@@ -71,6 +71,9 @@ def _scenarios(rank: int, world: int, backend_faults: bool = True) -> dict[str, 
     comes from the backend's own failure detection (gloo's; NCCL's watchdog differs)."""
     faulty = rank == world - 1
     runtime.configure(collective_timeout_s=TIMEOUT_S)
+    # what a rank's first plan computes once (importing flashinfer takes seconds on a GPU
+    # machine): done here, so that it cannot delay a rank past the scenarios' timeout
+    runtime.unavailable_reason(), runtime.flashinfer_version()
     out: dict[str, Any] = {}
 
     group = dist.new_group()

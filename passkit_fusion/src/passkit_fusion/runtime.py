@@ -901,6 +901,11 @@ def _destroy_site_workspace(site: _Site) -> None:
     )
     if gpu_busy:
         _leaked.append(workspace)  # keep it referenced: no destructor frees it under a kernel
+        logger.warning(
+            "passkit_fusion: the GPU did not go idle: a fused kernel is most likely waiting "
+            "for a peer rank that died. Anything that synchronizes the device will block too "
+            "(dist.destroy_process_group(), torch.cuda.synchronize(), freeing CUDA memory)."
+        )
         return
     if not bounded(lambda: workspace.api.destroy(workspace.handle), limit, f"destroying the {what}"):
         _leaked.append(workspace)
