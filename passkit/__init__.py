@@ -19,9 +19,10 @@ from .hookspecs import hookimpl, hookspec
 from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
 from .pattern_pass import Pattern, PatternPass
-from .pipeline import Pipeline, PipelinePlan, build_pipeline, last_report
+from .pipeline import Pipeline, PipelinePlan, build_pipeline, compile_range, last_report
 from .plugins import get_plugins, register, unregister
 from .report import PassRecord, Report
+from .tokens import TokenConstraint, TokenRange
 
 __all__ = [
     "Backend",
@@ -45,10 +46,13 @@ __all__ = [
     "Report",
     "Requirements",
     "Stage",
+    "TokenConstraint",
+    "TokenRange",
     "VerificationError",
     "__version__",
     "backend",
     "build_pipeline",
+    "compile_range",
     "get_plugins",
     "hookimpl",
     "hookspec",

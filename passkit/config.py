@@ -7,7 +7,7 @@ Sources, highest precedence first:
 2. Environment: ``PASSKIT_PASSES=a,b`` (options inline: ``a,b:max_tokens=4096``), ``PASSKIT_DISABLE=c``, ``PASSKIT_ON_ERROR=raise``,
    ``PASSKIT_DUMP_DIR=dir``, ``PASSKIT_VERIFY=1``, ``PASSKIT_STRICT_PLUGINS=1``,
    ``PASSKIT_PLUGINS=a,b`` (allow list), ``PASSKIT_BLOCK_PLUGINS=a,b``,
-   ``PASSKIT_DISABLE_PLUGIN_AUTOLOAD=1``, and ``PASSKIT_CONFIG=path`` naming the TOML file
+   ``PASSKIT_DISABLE_PLUGIN_AUTOLOAD=1``, ``PASSKIT_COMPILE_RANGES=16,256,2048``, and ``PASSKIT_CONFIG=path`` naming the TOML file
    to use instead of ``passkit.toml``.
 3. ``passkit.toml`` (keys at top level) in the working directory or the nearest parent.
 4. ``[tool.passkit]`` in the nearest ``pyproject.toml``.
@@ -30,6 +30,7 @@ import tomllib
 
 from .errors import ConfigError
 from .pass_base import format_validation_error
+from .tokens import check_boundaries
 
 ENV_PREFIX = "PASSKIT_"
 
@@ -59,6 +60,16 @@ class PassEntry(pydantic.BaseModel):
         return value
 
 
+class TokenDim(pydantic.BaseModel):
+    """Where the token count is: dimension ``dim`` of the ``input``-th tensor input of the
+    compiled graph (both counted from 0)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    input: int = pydantic.Field(ge=0)
+    dim: int = pydantic.Field(ge=0)
+
+
 class Config(pydantic.BaseModel):
     """What passes run and how the pipeline behaves."""
 
@@ -82,6 +93,18 @@ class Config(pydantic.BaseModel):
     """Plugins (entry-point or distribution names) never to load."""
     autoload: bool = True
     """Load plugins from the ``passkit.passes`` entry points at all."""
+    compile_ranges: list[int] | None = None
+    """Token counts after which a new compile range starts (``[16, 256, 2048]``: 1..16,
+    17..256, 257..2048, >= 2049). Each range compiles on its own; passes' token constraints
+    add more boundaries where they change which passes apply."""
+    token_dim: TokenDim | None = None
+    """Where the token count is, when the default (the first dynamic dimension of the graph's
+    inputs) is wrong."""
+
+    @pydantic.field_validator("compile_ranges")
+    @classmethod
+    def _check_ranges(cls, value: list[int] | None) -> list[int] | None:
+        return None if value is None else check_boundaries(value)
 
     @pydantic.model_validator(mode="after")
     def _check_names(self) -> Config:
@@ -197,6 +220,15 @@ def _pass_entries(name: str, value: str) -> list[Any]:
     return entries
 
 
+def _ints(name: str, value: str) -> list[int]:
+    try:
+        return [int(v) for v in _split(value)]
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {name}={value!r}: expected integers separated by commas"
+        ) from None
+
+
 def _not(name: str, value: str) -> bool:
     return not _bool(name, value)
 
@@ -212,6 +244,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PLUGINS": ("plugins", _names),
     "BLOCK_PLUGINS": ("block_plugins", _names),
     "DISABLE_PLUGIN_AUTOLOAD": ("autoload", _not),
+    "COMPILE_RANGES": ("compile_ranges", _ints),
 }
 
 

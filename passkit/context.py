@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.fx
+
+if TYPE_CHECKING:
+    from .tokens import TokenRange
 
 Mode = Literal["inductor", "eager"]
 
@@ -28,10 +31,15 @@ class CompileContext:
     """Size of the default process group, 1 when torch.distributed is not initialised."""
     mode: Mode = "inductor"
     """``"inductor"`` (post-grad custom pass) or ``"eager"`` (no code generation)."""
+    token_range: TokenRange | None = None
+    """The token counts this compile serves (see :mod:`passkit.tokens`); ``None`` when the
+    graph is not specialized by token count (it then serves every size)."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def detect(cls, example_inputs: Any = (), mode: Mode = "inductor") -> CompileContext:
+    def detect(
+        cls, example_inputs: Any = (), mode: Mode = "inductor", token_range: TokenRange | None = None
+    ) -> CompileContext:
         """Build a context from a compile's example inputs and the process group."""
         tensors = [t for t in _flatten(example_inputs) if isinstance(t, torch.Tensor)]
         device = "cpu"
@@ -41,13 +49,15 @@ class CompileContext:
                 device = t.device.type
             if dtype is None and t.is_floating_point():
                 dtype = t.dtype
-        return cls(device=device, dtype=dtype, world_size=_world_size(), mode=mode)
+        return cls(device=device, dtype=dtype, world_size=_world_size(), mode=mode, token_range=token_range)
 
     @classmethod
-    def from_graph(cls, gm: torch.fx.GraphModule, mode: Mode = "inductor") -> CompileContext:
+    def from_graph(
+        cls, gm: torch.fx.GraphModule, mode: Mode = "inductor", token_range: TokenRange | None = None
+    ) -> CompileContext:
         """Build a context from the recorded fake values of a graph's placeholders."""
         vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-        return cls.detect(vals, mode=mode)
+        return cls.detect(vals, mode=mode, token_range=token_range)
 
 
 def _flatten(obj: Any) -> list[Any]:

@@ -22,12 +22,16 @@ from typing import Any, cast
 import torch
 import torch.fx
 
-from . import logs
+from . import logs, report_cache, specialize
 from .config import Config
 from .context import Mode
 from .pass_base import Stage
 from .pipeline import Pipeline, _register_custom_pass_type, build_pipeline
 from .report import Report
+from .tokens import TokenRange
+
+ANY_SIZE = TokenRange(0, None)
+"""The range of the fallback compile: only passes that apply to every size run in it."""
 
 CompiledFn = Callable[..., Any]
 
@@ -64,6 +68,8 @@ class Backend:
         self.mode: Mode = mode
         self.pipeline: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
         self.inductor_config = dict(inductor_config or {})
+        self.last_dispatcher: specialize.Dispatcher | None = None
+        """The dispatcher of the last graph compiled with token-range specializations."""
 
     @property
     def reports(self) -> list[Report]:
@@ -75,29 +81,73 @@ class Backend:
         return self.pipeline.reports[-1] if self.pipeline.reports else None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+        if not self.pipeline.enabled:
+            return self._compile(self.pipeline, gm, example_inputs)
+        planned = specialize.plan(self.pipeline, gm, example_inputs, self.mode)
+        if isinstance(planned, str):
+            return self._compile(self.pipeline, gm, example_inputs, note=planned)
+        compiled = [
+            self._compile(
+                self.pipeline.for_range(spec.context_range, label=spec.label),
+                specialize.copy_graph_module(gm),
+                example_inputs,
+                note=f"specialization {i + 1} of {len(planned.specializations)}; token count from "
+                f"{planned.token_dim.how}",
+            )
+            for i, spec in enumerate(planned.specializations)
+        ]
+        spare = specialize.copy_graph_module(gm)
+        self.last_dispatcher = specialize.Dispatcher(
+            planned,
+            compiled,
+            fallback=lambda: self._compile(self.pipeline.for_range(ANY_SIZE), spare, example_inputs),
+        )
+        return self.last_dispatcher
+
+    def _compile(
+        self,
+        pipeline: Pipeline,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        note: str | None = None,
+    ) -> CompiledFn:
+        """One normal compile of ``gm`` with ``pipeline``; its reports get ``note``, and a
+        cache hit's report is filled from passkit's report cache."""
+        reports_before, hits_before = len(pipeline.reports), _cache_hits()
         if self.mode == "eager":
-            return self._compile_eager(gm, example_inputs)
-        from torch._inductor.compile_fx import compile_fx
+            compiled = self._compile_eager(pipeline, gm, example_inputs)
+        else:
+            from torch._inductor.compile_fx import compile_fx
 
-        patches = {**self.inductor_config, **self.pipeline.inductor_patches()}
-        reports_before, hits_before = len(self.pipeline.reports), _cache_hits()
-        compiled = compile_fx(gm, list(example_inputs), config_patches=patches or None)
-        if (
-            self.pipeline.enabled
-            and len(self.pipeline.reports) == reports_before
-            and _cache_hits() > hits_before
-        ):
-            self.pipeline.record_cache_hit()
-        return cast(CompiledFn, compiled)
+            patches = {**self.inductor_config, **pipeline.inductor_patches()}
+            compiled = cast(CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None))
+        if not pipeline.enabled:
+            return compiled
+        cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs)
+        new = pipeline.reports[reports_before:]
+        if new:
+            for report in new:
+                report.notes.extend([note] if note else [])
+            report_cache.save(cache_key, new)
+        elif _cache_hits() > hits_before:
+            report = pipeline.record_cache_hit(self.mode)
+            restored = report_cache.load(cache_key)
+            if restored:
+                report.records = [r for old in restored for r in old.records]
+                report.restored = True
+            report.notes.extend([note] if note else [])
+        return compiled
 
-    def _compile_eager(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+    def _compile_eager(
+        self, pipeline: Pipeline, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+    ) -> CompiledFn:
         from torch._dynamo.backends.common import aot_autograd
         from torch._dynamo.backends.debugging import boxed_nop
         from torch._inductor.compile_fx import select_decomp_table
 
         def fw_compiler(fx_g: torch.fx.GraphModule, inputs: Sequence[Any]) -> CompiledFn:
-            if self.pipeline.enabled:
-                self.pipeline.run(fx_g, mode="eager")
+            if pipeline.enabled:
+                pipeline.run(fx_g, mode="eager")
             return boxed_nop(fx_g, list(inputs))
 
         return aot_autograd(
@@ -161,16 +211,28 @@ class ComposedPass:
 def install(
     inductor_config: MutableMapping[str, Any],
     config: Config | dict[str, Any] | None = None,
+    *,
+    token_range: TokenRange | tuple[int, int | None] | None = None,
     **overrides: Any,
 ) -> Pipeline:
     """Add passkit's pipeline to an Inductor config dict (e.g. a framework's
     ``compilation_config.inductor_compile_config``) and return the pipeline.
 
     A custom pass already in a slot is kept and runs before passkit's. With no enabled
-    pass, nothing is installed.
+    pass, nothing is installed. A framework that compiles per size or range tells passkit
+    which token counts a compile serves, with ``token_range=(lo, hi)`` (fixed for this
+    config) or per compile with ``with passkit.compile_range(lo, hi):``; passes whose token
+    constraint does not hold there skip, and the cache identity includes the range.
     """
     logs.register_with_torch()
     pipeline = build_pipeline(config, **overrides)
+    if token_range is not None:
+        if not isinstance(token_range, TokenRange):
+            from .pipeline import compile_range
+
+            with compile_range(*token_range) as checked:
+                token_range = checked
+        pipeline = pipeline.for_range(token_range)
     for key, stage_pass in pipeline.inductor_patches().items():
         existing = inductor_config.get(key)
         inductor_config[key] = stage_pass if existing is None else ComposedPass(existing, stage_pass)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pydantic
 
 from .errors import ConfigError
+from .tokens import TokenConstraint
 
 if TYPE_CHECKING:
     import torch.fx
@@ -100,6 +101,10 @@ class Pass:
         idempotent: running the pass twice changes nothing the second time.
         source_files: extra files whose content is part of the pass's cache identity
             (the module defining the class is always included).
+        tokens: a :class:`~passkit.TokenConstraint`: the token counts the pass applies to
+            (``None``: all). Override :meth:`token_constraint` to derive it from options or
+            the compile context. The backend compiles one specialization per token range
+            with a distinct set of applicable passes and picks one per call.
     """
 
     name: ClassVar[str] = ""
@@ -110,6 +115,7 @@ class Pass:
     requires: ClassVar[Requirements] = Requirements()
     idempotent: ClassVar[bool] = True
     source_files: ClassVar[Sequence[str]] = ()
+    tokens: ClassVar[TokenConstraint | None] = None
 
     def __init__(self, options: pydantic.BaseModel | dict[str, Any] | None = None, **kwargs: Any):
         if options is not None and kwargs:
@@ -137,6 +143,24 @@ class Pass:
         """Why this pass should not run in ``ctx`` (``None`` to run). Default: ``requires``."""
         return self.requires.unmet(ctx)
 
+    def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
+        """The token counts this pass applies to in ``ctx`` (``ctx.token_range`` is not set
+        yet: this decides the ranges). Default: the class attribute :attr:`tokens`. Must be
+        the same on every rank."""
+        return self.tokens
+
+    def checked_token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
+        """:meth:`token_constraint`, validated; errors name the pass."""
+        constraint = self.token_constraint(ctx)
+        if constraint is None or constraint.unconstrained:
+            return None
+        if not isinstance(constraint, TokenConstraint):
+            raise ConfigError(
+                f"pass {self.name!r}: token_constraint() must return a passkit.TokenConstraint or "
+                f"None, got {type(constraint).__name__}"
+            )
+        return constraint.check(f"pass {self.name!r}")
+
     # -- identity --------------------------------------------------------------------
     def options_json(self) -> str:
         return json.dumps(self.options.model_dump(mode="json"), sort_keys=True)
@@ -149,6 +173,7 @@ class Pass:
             "stage": self.stage.value,
             "options": self.options_json(),
             "source": source_hash(type(self)),
+            "tokens": str(self.tokens) if self.tokens else None,
         }
 
     def __repr__(self) -> str:

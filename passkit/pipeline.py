@@ -8,6 +8,9 @@ from every pass's identity, so Inductor's FX graph cache stays correct and cheap
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import hashlib
 import inspect
 import itertools
@@ -15,6 +18,7 @@ import json
 import time
 import weakref
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import torch.fx
@@ -28,6 +32,7 @@ from .graph_utils import count_nodes, graph_code, restore, snapshot
 from .pass_base import Pass, PassResult, Stage, validate_options
 from .plugins import PluginSet, get_plugins
 from .report import PassRecord, Report
+from .tokens import TokenRange
 from .verify import verify_graph
 
 _graph_ids = itertools.count(1)
@@ -174,14 +179,58 @@ class PipelinePlan:
 # the pipeline
 
 
-class Pipeline:
-    """Enabled passes plus the instrumentation that runs them on graphs."""
+_framework_range: contextvars.ContextVar[TokenRange | None] = contextvars.ContextVar(
+    "passkit_compile_range", default=None
+)
 
-    def __init__(self, config: Config, plugins: PluginSet, passes: list[Pass]):
+
+@contextlib.contextmanager
+def compile_range(lo: int, hi: int | None = None, multiple_of: int = 1) -> Iterator[TokenRange]:
+    """Within the block, compiles through passkit serve token counts ``lo..hi`` only
+    (``hi=None``: no upper bound): passes whose token constraint does not hold there skip.
+
+    For frameworks with their own backend that compile per size or range (piecewise CUDA
+    graphs): wrap each range's compile in it; the pipeline's cache identity includes it.
+    """
+    token_range = TokenRange(lo, hi, multiple_of)
+    for field, value in (("lo", lo), ("multiple_of", multiple_of)) + (
+        (("hi", hi),) if hi is not None else ()
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"compile_range: {field} must be a positive integer, got {value!r}")
+    if hi is not None and hi < lo:
+        raise ConfigError(f"compile_range: empty range {lo}..{hi}")
+    reset = _framework_range.set(token_range)
+    try:
+        yield token_range
+    finally:
+        _framework_range.reset(reset)
+
+
+class Pipeline:
+    """Enabled passes plus the instrumentation that runs them on graphs.
+
+    ``token_range``: the token counts the graphs it compiles serve (a specialization, or what
+    a framework told :func:`passkit.install`); ``None``: every size, unless a
+    :func:`compile_range` block says otherwise.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        plugins: PluginSet,
+        passes: list[Pass],
+        *,
+        token_range: TokenRange | None = None,
+        range_label: str | None = None,
+        reports: list[Report] | None = None,
+    ):
         self.config = config
         self.plugins = plugins
         self.passes = order_passes(passes)
-        self.reports: list[Report] = []
+        self.token_range = token_range
+        self.range_label = range_label or (str(token_range) if token_range else None)
+        self.reports: list[Report] = reports if reports is not None else []
         self._uuid = self._compute_uuid()
         self._open: tuple[weakref.ref[torch.fx.Graph], Report] | None = None
         stages = [p.stage for p in self.passes]
@@ -199,11 +248,38 @@ class Pipeline:
         for hook in (self.plugins.hook.passkit_configure_pipeline, self.plugins.hook.passkit_before_pass):
             for impl in hook.get_hookimpls():
                 parts.append(_function_identity(impl.function))
+        parts.append({"token_range": str(self.token_range) if self.token_range else None})
         blob = json.dumps(parts, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()
 
     def uuid(self) -> str:
-        return self._uuid
+        """The cache identity: passes, their versions and options, the token range."""
+        framework = _framework_range.get() if self.token_range is None else None
+        if framework is None:
+            return self._uuid
+        return hashlib.sha256(f"{self._uuid}:{framework}".encode()).hexdigest()
+
+    def current_range(self) -> TokenRange | None:
+        """The token range of the compile under way (own, or a framework's)."""
+        return self.token_range if self.token_range is not None else _framework_range.get()
+
+    def for_range(self, token_range: TokenRange, label: str | None = None) -> Pipeline:
+        """The same passes, compiling for ``token_range`` (``label`` names it in reports;
+        reports go to this pipeline's list)."""
+        return Pipeline(
+            self.config,
+            self.plugins,
+            self.passes,
+            token_range=token_range,
+            range_label=label,
+            reports=self.reports,
+        )
+
+    def _range_label(self) -> str | None:
+        if self.token_range is not None:
+            return self.range_label
+        framework = _framework_range.get()
+        return str(framework) if framework else None
 
     @property
     def enabled(self) -> bool:
@@ -231,7 +307,7 @@ class Pipeline:
 
     def run_stage(self, gm: torch.fx.GraphModule, stage: Stage, mode: Mode = "inductor") -> Report:
         report = self._report_for(gm.graph, stage, mode)
-        ctx = CompileContext.from_graph(gm, mode=mode)
+        ctx = CompileContext.from_graph(gm, mode=mode, token_range=self.current_range())
         plan = PipelinePlan([p for p in self.passes if p.stage == stage])
         self.plugins.hook.passkit_configure_pipeline(plan=plan, context=ctx)
         dumper = Dumper(self.config.dump_dir, report.graph_id) if self.config.dump_dir else None
@@ -245,7 +321,12 @@ class Pipeline:
     def _report_for(self, graph: torch.fx.Graph, stage: Stage, mode: Mode) -> Report:
         if stage != self.stages[0] and self._open is not None and self._open[0]() is graph:
             return self._open[1]
-        report = Report(graph_id=next(_graph_ids), pipeline_uuid=self._uuid[:12], mode=mode)
+        report = Report(
+            graph_id=next(_graph_ids),
+            pipeline_uuid=self.uuid()[:12],
+            mode=mode,
+            token_range=self._range_label(),
+        )
         self._open = (weakref.ref(graph), report)
         return report
 
@@ -259,7 +340,7 @@ class Pipeline:
         dumper: Dumper | None,
     ) -> PassRecord:
         record = PassRecord(name=p.name, stage=p.stage.value)
-        reason = plan.skipped.get(p.name) or p.skip_reason(ctx)
+        reason = plan.skipped.get(p.name) or _outside_range(p, ctx) or p.skip_reason(ctx)
         if reason:
             record.reason = reason
             logs.log.info("passkit: %s skipped: %s", p.name, reason)
@@ -330,7 +411,13 @@ class Pipeline:
 
     def record_cache_hit(self, mode: Mode = "inductor") -> Report:
         """Report a graph Inductor served from its cache (no pass ran for it)."""
-        report = Report(graph_id=next(_graph_ids), pipeline_uuid=self._uuid[:12], mode=mode, cache_hit=True)
+        report = Report(
+            graph_id=next(_graph_ids),
+            pipeline_uuid=self.uuid()[:12],
+            mode=mode,
+            cache_hit=True,
+            token_range=self._range_label(),
+        )
         self._finish(report, None)
         return report
 
@@ -343,6 +430,16 @@ class Pipeline:
         logs.log.info("%s", report.format())
         logs.artifact("passkit_report", report.to_json)
         self.plugins.hook.passkit_report(report=report)
+
+
+def _outside_range(p: Pass, ctx: CompileContext) -> str | None:
+    """Why ``p`` must not run in a compile serving ``ctx.token_range``, or None."""
+    if ctx.token_range is None:
+        return None
+    constraint = p.checked_token_constraint(dataclasses.replace(ctx, token_range=None))
+    if constraint is None or constraint.holds_for(ctx.token_range):
+        return None
+    return f"applies to {constraint}; this compile serves {ctx.token_range}"
 
 
 def _as_result(value: Any, p: Pass) -> PassResult:

@@ -42,7 +42,14 @@ class Report:
     records: list[PassRecord] = dataclasses.field(default_factory=list)
     cache_hit: bool = False
     """Inductor served this graph from its cache: the passes did not run again (their
-    effect is in the cached code) and ``records`` is empty."""
+    effect is in the cached code). ``records`` then holds what they did when the cached code
+    was built, when passkit's own report cache still has it (``restored``), else nothing."""
+    token_range: str | None = None
+    """The token counts this compile serves (a specialization), or None: every size."""
+    restored: bool = False
+    """``records`` come from passkit's report cache (a cache hit), not from this process."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """Remarks on the compile as a whole (e.g. why it was not specialized by token count)."""
 
     def __getitem__(self, name: str) -> PassRecord:
         for rec in self.records:
@@ -70,6 +77,9 @@ class Report:
             "pipeline_uuid": self.pipeline_uuid,
             "mode": self.mode,
             "cache_hit": self.cache_hit,
+            "token_range": self.token_range,
+            "restored": self.restored,
+            "notes": list(self.notes),
             "total_ms": round(self.total_ms, 3),
             "passes": [r.to_dict() for r in self.records],
         }
@@ -77,13 +87,32 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        """The inverse of :meth:`to_dict`."""
+        fields = {f.name for f in dataclasses.fields(PassRecord)}
+        records = [PassRecord(**{k: v for k, v in r.items() if k in fields}) for r in data.get("passes", [])]
+        return cls(
+            graph_id=int(data.get("graph_id", 0)),
+            pipeline_uuid=str(data.get("pipeline_uuid", "")),
+            mode=str(data.get("mode", "inductor")),
+            records=records,
+            cache_hit=bool(data.get("cache_hit", False)),
+            token_range=data.get("token_range"),
+            restored=bool(data.get("restored", False)),
+            notes=list(data.get("notes", [])),
+        )
+
     def format(self) -> str:
         """A fixed-width table, one row per pass."""
         head = f"{'pass':<24} {'stage':<15} {'status':<8} {'matches':>7} {'ms':>9} {'nodes':>13}  note"
-        title = f"passkit report (graph {self.graph_id}, {self.mode})"
-        if self.cache_hit:
+        where = f", {self.token_range}" if self.token_range else ""
+        title = f"passkit report (graph {self.graph_id}, {self.mode}{where})"
+        if self.cache_hit and not self.records:
             return f"{title}: served from Inductor's cache; the passes' rewrite is in the cached code"
-        lines = [title, head, "-" * len(head)]
+        if self.cache_hit:
+            title += ": served from Inductor's cache; what the passes did when they built it:"
+        lines = [title, *(f"note: {n}" for n in self.notes), head, "-" * len(head)]
         for r in self.records:
             nodes = f"{r.nodes_before}->{r.nodes_after}" if r.status == "ran" else "-"
             note = r.reason or "; ".join(r.notes)

@@ -1,0 +1,171 @@
+"""Compile one graph per token range and pick the right one per call.
+
+The backend receives a Dynamo graph whose token dimension is dynamic. :func:`plan`
+asks every enabled pass where it applies (:meth:`Pass.token_constraint`), cuts the token
+axis at every bound (:func:`passkit.tokens.plan_specializations`) and returns a
+:class:`Plan`; the backend compiles each specialization (a normal Inductor or eager compile
+of a copy of the graph, with the pipeline restricted to the range) and wraps them in a
+:class:`Dispatcher`, which reads the token count of each call and calls the right one: a
+few integer comparisons, no re-tracing.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+
+from .context import CompileContext, Mode
+from .errors import ConfigError
+from .tokens import RangeRule, Specialization, TokenConstraint, plan_specializations
+
+if TYPE_CHECKING:
+    from .config import TokenDim
+    from .pipeline import Pipeline
+
+CompiledFn = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenDimension:
+    """Where a call's token count is: ``args[arg]`` itself (a size Dynamo passes as an
+    argument) when ``dim`` is None, else ``args[arg].shape[dim]``. ``how`` says how it was
+    found, for reports."""
+
+    arg: int
+    dim: int | None
+    how: str
+
+    def read(self, args: Sequence[Any]) -> int:
+        value = args[self.arg]
+        return int(value if self.dim is None else value.shape[self.dim])
+
+
+@dataclasses.dataclass
+class Plan:
+    """What to compile: the specializations, how calls choose, where the token count is."""
+
+    specializations: list[Specialization]
+    rules: list[RangeRule]
+    token_dim: TokenDimension
+
+
+def graph_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[Any]:
+    """The graph's inputs as Dynamo traced them (fake tensors with symbolic sizes, SymInts),
+    falling back to ``example_inputs`` where a placeholder records none."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+    if len(values) != len(example_inputs):
+        return list(example_inputs)
+    return [v if v is not None else e for v, e in zip(values, example_inputs)]
+
+
+def find_token_dim(example_inputs: Sequence[Any], override: TokenDim | None = None) -> TokenDimension | None:
+    """The token dimension of a Dynamo graph's inputs (see :func:`graph_inputs`).
+
+    With ``override`` (config ``token_dim``): that dimension of that tensor input (counting
+    tensor inputs only), which must be dynamic. Otherwise the first dynamic dimension of
+    the tensor inputs, in order; read at run time from the size argument Dynamo passes for
+    it when there is one. None when no input has a dynamic dimension.
+    """
+    tensors = [(i, t) for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)]
+    symbol = None
+    where: tuple[int, int] | None = None
+    if override is not None:
+        if override.input >= len(tensors):
+            raise ConfigError(
+                f"token_dim.input={override.input}: the graph has {len(tensors)} tensor input(s)"
+            )
+        index, tensor = tensors[override.input]
+        if override.dim >= tensor.dim():
+            raise ConfigError(
+                f"token_dim.dim={override.dim}: tensor input {override.input} has {tensor.dim()} dims"
+            )
+        size = tensor.shape[override.dim]
+        if not isinstance(size, torch.SymInt):
+            return None
+        symbol, where = size.node.expr, (index, override.dim)
+    else:
+        for index, tensor in tensors:
+            for dim, size in enumerate(tensor.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    symbol, where = size.node.expr, (index, dim)
+                    break
+            if where is not None:
+                break
+    if where is None:
+        return None
+    for i, value in enumerate(example_inputs):
+        if isinstance(value, torch.SymInt) and value.node.expr == symbol:
+            return TokenDimension(i, None, f"size argument {i} ({symbol})")
+    return TokenDimension(where[0], where[1], f"input {where[0]}, dim {where[1]} ({symbol})")
+
+
+def plan(
+    pipeline: Pipeline, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Mode
+) -> Plan | str:
+    """The specializations to compile, or why the graph compiles once (a report note)."""
+    ctx = CompileContext.detect(example_inputs, mode=mode)
+    constraints: dict[str, TokenConstraint | None] = {
+        p.name: p.checked_token_constraint(ctx) for p in pipeline.passes
+    }
+    user_ends = pipeline.config.compile_ranges or []
+    if not user_ends and all(c is None for c in constraints.values()):
+        return "no pass declares a token range and no compile_ranges are set: compiled once for every size"
+    token_dim = find_token_dim(graph_inputs(gm, example_inputs), pipeline.config.token_dim)
+    if token_dim is None:
+        return (
+            "no dynamic token dimension in the graph's inputs: compiled once; token ranges "
+            "(compile_ranges, passes' token constraints) are not applied"
+        )
+    specializations, rules = plan_specializations(constraints, user_ends)
+    return Plan(specializations, rules, token_dim)
+
+
+class Dispatcher:
+    """Calls the compiled specialization whose range holds the call's token count.
+
+    ``fallback`` serves counts in no range (e.g. 0): it is compiled with only the passes
+    that apply to every size.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        compiled: Sequence[CompiledFn],
+        fallback: Callable[[], CompiledFn],
+    ):
+        self._read = plan.token_dim.read
+        self._rules = [
+            (rule.lo, rule.hi if rule.hi is not None else float("inf"), rule.divisors, rule.choice)
+            for rule in plan.rules
+        ]
+        self._compiled = list(compiled)
+        self._make_fallback = fallback
+        self._fallback: CompiledFn | None = None
+        self.calls = [0] * len(self._compiled)
+        """How many calls each specialization served (tests, reports)."""
+
+    def __call__(self, *args: Any) -> Any:
+        tokens = self._read(args)
+        for lo, hi, divisors, choice in self._rules:
+            if lo <= tokens <= hi:
+                index = choice[tuple(tokens % d == 0 for d in divisors)] if divisors else choice[()]
+                self.calls[index] += 1
+                return self._compiled[index](*args)
+        if self._fallback is None:
+            self._fallback = self._make_fallback()
+        return self._fallback(*args)
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule with its own copy of ``gm``'s graph (nodes copied, their metadata
+    shallow-copied; submodules and attributes shared): each specialization's compile may
+    rewrite its graph."""
+    copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    copied.meta = dict(getattr(gm, "meta", {}))
+    return copied
