@@ -7,8 +7,9 @@ Sources, highest precedence first:
 2. Environment: ``PASSKIT_PASSES=a,b`` (options inline: ``a,b:max_tokens=4096``), ``PASSKIT_DISABLE=c``, ``PASSKIT_ON_ERROR=raise``,
    ``PASSKIT_DUMP_DIR=dir``, ``PASSKIT_VERIFY=1``, ``PASSKIT_STRICT_PLUGINS=1``,
    ``PASSKIT_PLUGINS=a,b`` (allow list), ``PASSKIT_BLOCK_PLUGINS=a,b``,
-   ``PASSKIT_DISABLE_PLUGIN_AUTOLOAD=1``, ``PASSKIT_COMPILE_RANGES=16,256,2048``, and ``PASSKIT_CONFIG=path`` naming the TOML file
-   to use instead of ``passkit.toml``.
+   ``PASSKIT_DISABLE_PLUGIN_AUTOLOAD=1``, ``PASSKIT_COMPILE_RANGES=16,256,2048``, ``PASSKIT_CONFIG=path`` naming the TOML file
+   to use instead of ``passkit.toml``. (``PASSKIT_CACHE_DIR`` is no config field: where
+   passkit keeps its report cache.)
 3. ``passkit.toml`` (keys at top level) in the working directory or the nearest parent.
 4. ``[tool.passkit]`` in the nearest ``pyproject.toml``.
 
@@ -254,7 +255,7 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
         name = ENV_PREFIX + suffix
         if name in environ:
             out[field] = parse(name, environ[name])
-    known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG"}
+    known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
     for name in environ:
         if name.startswith(ENV_PREFIX) and name not in known and name.isupper():
             close = difflib.get_close_matches(name, sorted(known), n=1)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.fx
 
 from . import logs
@@ -34,7 +35,7 @@ def cache_dir() -> Path:
 def key(pipeline_uuid: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     """Identity of one compile: the pipeline and the graph with its inputs' metadata."""
     inputs = [
-        f"{tuple(x.shape)}:{x.dtype}:{x.device.type}" if hasattr(x, "shape") else repr(x)
+        f"{tuple(x.shape)}:{x.dtype}:{x.device.type}" if isinstance(x, torch.Tensor) else type(x).__name__
         for x in example_inputs
     ]
     blob = json.dumps([pipeline_uuid, gm.code, inputs], default=str).encode()

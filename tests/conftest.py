@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+# passkit's report cache of the suite's compiles goes to a throw-away folder, not ~/.cache
+os.environ.setdefault("PASSKIT_CACHE_DIR", tempfile.mkdtemp(prefix="passkit-test-reports-"))
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,7 @@ print(
             "out": out.tolist(),
             "reports": len(backend.reports),
             "cache_hit_reports": sum(r.cache_hit for r in backend.reports),
+            "restored": sum(r.restored for r in backend.reports),
             "ran": [rec.name for r in backend.reports for rec in r.records if rec.status == "ran"],
         }
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,7 +112,11 @@ def test_install_with_nothing_enabled_leaves_config_alone():
 def _env(**extra):
     """A child environment: no PASSKIT_* settings, no compile caches (a cache hit would skip
     the passes), the repository importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PASSKIT_", "TORCH_LOGS"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PASSKIT_", "TORCH_LOGS")) or k == "PASSKIT_CACHE_DIR"
+    }
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     env.update(extra)
@@ -155,6 +160,7 @@ def test_fx_graph_cache_hits_in_fresh_process_and_options_change_the_key(tmp_pat
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
         TORCHINDUCTOR_FX_GRAPH_CACHE="1",
         TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+        PASSKIT_CACHE_DIR=str(tmp_path / "reports"),
     )
 
     def run(factor):
@@ -175,8 +181,13 @@ def test_fx_graph_cache_hits_in_fresh_process_and_options_change_the_key(tmp_pat
     assert (second["miss"], second["hit"], second["bypass"]) == (0, 1, 0)
     assert second["out"] == first["out"]
     assert first["ran"] == ["mul_to_scale", "cleanup"] and first["cache_hit_reports"] == 0
-    # a cache hit skips the passes entirely, and the report says so
-    assert second["ran"] == [] and second["reports"] == second["cache_hit_reports"] == 1
+    # a cache hit skips the passes entirely; the report says so, and passkit's own report
+    # cache still tells what the passes did when they built the cached code
+    assert second["reports"] == second["cache_hit_reports"] == second["restored"] == 1
+    assert second["ran"] == ["mul_to_scale", "cleanup"]
+    shutil.rmtree(tmp_path / "reports")
+    without = run(2.0)
+    assert (without["hit"], without["cache_hit_reports"], without["restored"], without["ran"]) == (1, 1, 0, [])
     third = run(5.0)
     assert (third["miss"], third["hit"], third["bypass"]) == (1, 0, 0)
     assert third["out"] != first["out"]

@@ -26,7 +26,7 @@ import pydantic
 import torch
 import torch.fx as fx
 
-from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage
+from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
 from . import matcher, ops
 from .matcher import Rejection, Site, candidates
@@ -42,7 +42,9 @@ class AllReduceRMSNormOptions(pydantic.BaseModel):
     implementation: Literal["auto", "flashinfer", "reference"] = "auto"
     """auto: flashinfer on CUDA if installed, else skip; flashinfer: the same, pinned; reference: the torch op, any device"""
     max_tokens: int | None = pydantic.Field(None, ge=1)
-    """flashinfer workspace capacity in tokens (more run unfused inside the op); None: as many as the tuned table fuses (capped at 64 MiB of input); set at the op's first call"""
+    """the largest token count the pass fuses (and the flashinfer workspace's capacity); None: the largest the tuned table fuses for this GPU, world size and dtype (the workspace capped at 64 MiB of input)"""
+    restrict_tokens: bool = True
+    """compile apart the token counts above max_tokens and leave them to Inductor (token-range specialization); False: one compile for every size, the op falls back to the unfused path above its workspace"""
     check_rank_consistency: bool = True
     """the runtime compares its plan across ranks before the first fused call"""
 
@@ -60,6 +62,23 @@ class AllReduceRMSNorm(GraphPass):
     source_files = (matcher.__file__, ops.__file__)
 
     options: AllReduceRMSNormOptions
+
+    def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
+        """Token counts up to ``max_tokens``, else up to the largest the tuned table fuses
+        on this GPU at this world size and dtype: there the fused kernel beats NCCL +
+        Inductor's add+RMSNorm; above, the sizes compile without the pass. The hidden size
+        is not known before the graph is seen, so the bound is the largest over the
+        table's hidden sizes (per hidden size, the op's table still decides per call)."""
+        if not self.options.restrict_tokens:
+            return None
+        if self.options.max_tokens is not None:
+            return TokenConstraint(max_tokens=self.options.max_tokens)
+        if self.impl != "flashinfer" or ctx.device != "cuda" or ctx.dtype is None:
+            return None
+        from . import tuning
+
+        bound = tuning.default_table().largest_fused(torch.cuda.get_device_name(), ctx.world_size, ctx.dtype)
+        return TokenConstraint(max_tokens=bound) if bound else None
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
         unmet = super().skip_reason(ctx)

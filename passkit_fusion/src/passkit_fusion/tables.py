@@ -166,6 +166,16 @@ class Table:
         rules = self.rules_for(gpu, world_size, hidden, dtype)
         return rules if rules is not None else conservative_rules(world_size, hidden, dtype)
 
+    def largest_fused(self, gpu: str, world_size: int, dtype: torch.dtype | str) -> int | None:
+        """The largest token count any entry for this GPU, world size and dtype fuses (any
+        hidden size), 0 when none fuses, None when there is no such entry."""
+        found = [
+            max_fused_tokens(entry.rules)
+            for key, entry in self._entries.items()
+            if (key.gpu, key.world_size, key.dtype) == (gpu, world_size, dtype_name(dtype))
+        ]
+        return max(found) if found else None
+
     def lookup(
         self, gpu: str, world_size: int, hidden: int, dtype: torch.dtype | str, tokens: int
     ) -> Decision:
