@@ -207,6 +207,9 @@ class ComposedPass:
             return None  # the existing pass is uncacheable, so is the composition
         return (first, self.second.uuid())
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ComposedPass:
+        return self  # see StagePass.__deepcopy__
+
 
 def install(
     inductor_config: MutableMapping[str, Any],

@@ -152,14 +152,15 @@ class Pass:
     def checked_token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
         """:meth:`token_constraint`, validated; errors name the pass."""
         constraint = self.token_constraint(ctx)
-        if constraint is None or constraint.unconstrained:
+        if constraint is None:
             return None
         if not isinstance(constraint, TokenConstraint):
             raise ConfigError(
                 f"pass {self.name!r}: token_constraint() must return a passkit.TokenConstraint or "
                 f"None, got {type(constraint).__name__}"
             )
-        return constraint.check(f"pass {self.name!r}")
+        constraint.check(f"pass {self.name!r}")
+        return None if constraint.unconstrained else constraint
 
     # -- identity --------------------------------------------------------------------
     def options_json(self) -> str:

@@ -480,6 +480,11 @@ class StagePass:
     def uuid(self) -> str:
         return f"passkit:{self.stage.value}:{self.pipeline.uuid()}"
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> StagePass:
+        """Inductor deep-copies its config (which holds this pass) per compile: share it,
+        as the pipeline holds plugins and reports that must stay one."""
+        return self
+
 
 def _register_custom_pass_type(cls: type) -> None:
     """Make ``cls`` an Inductor ``CustomGraphPass`` (isinstance checks) without importing

@@ -11,7 +11,6 @@ few integer comparisons, no re-tracing.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -166,6 +165,13 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A GraphModule with its own copy of ``gm``'s graph (nodes copied, their metadata
     shallow-copied; submodules and attributes shared): each specialization's compile may
     rewrite its graph."""
-    copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    graph = torch.fx.Graph()
+    graph._codegen = gm.graph._codegen
+    output = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    value, old_output = output if isinstance(output, tuple) else (output, None)
+    new_output = graph.output(value, type_expr=getattr(old_output, "type", None))
+    if old_output is not None:
+        new_output.meta = dict(old_output.meta)
+    copied = torch.fx.GraphModule(gm, graph)
     copied.meta = dict(getattr(gm, "meta", {}))
     return copied

@@ -132,7 +132,8 @@ class Specialization:
 
     @property
     def label(self) -> str:
-        return "; ".join(str(r) for r in self.ranges)
+        multiple = math.lcm(*self.divisible_by) if self.divisible_by else 1
+        return "; ".join(str(dataclasses.replace(r, multiple_of=multiple)) for r in self.ranges)
 
     @property
     def context_range(self) -> TokenRange:

@@ -187,7 +187,12 @@ def test_fx_graph_cache_hits_in_fresh_process_and_options_change_the_key(tmp_pat
     assert second["ran"] == ["mul_to_scale", "cleanup"]
     shutil.rmtree(tmp_path / "reports")
     without = run(2.0)
-    assert (without["hit"], without["cache_hit_reports"], without["restored"], without["ran"]) == (1, 1, 0, [])
+    assert (without["hit"], without["cache_hit_reports"], without["restored"], without["ran"]) == (
+        1,
+        1,
+        0,
+        [],
+    )
     third = run(5.0)
     assert (third["miss"], third["hit"], third["bypass"]) == (1, 0, 0)
     assert third["out"] != first["out"]

@@ -1,0 +1,353 @@
+"""Token-range specialization: passes declare where they apply, the backend compiles one
+specialization per distinct set of passes and dispatches each call by its token count."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import passkit
+from passkit import TokenConstraint, TokenRange
+from passkit.config import load_config
+from passkit.errors import ConfigError
+from passkit.pipeline import Pipeline
+from passkit.plugins import get_plugins
+from passkit.tokens import plan_specializations, split
+
+from .test_integration import ROOT, _env
+
+aten = torch.ops.aten
+
+
+class _OpSwap(passkit.GraphPass):
+    """Swap one ATen op for another (a visible rewrite: the numerics say where it ran)."""
+
+    source: object = None
+    target: object = None
+
+    def run(self, gm, ctx):
+        n = 0
+        for node in list(gm.graph.find_nodes(op="call_function", target=self.source)):
+            node.target = self.target
+            n += 1
+        return passkit.PassResult(modified=n > 0, matches=n)
+
+
+class SmallRelu(_OpSwap):
+    """relu -> sigmoid, only up to 16 tokens."""
+
+    name = "small_relu"
+    tokens = TokenConstraint(max_tokens=16)
+    source, target = aten.relu.default, aten.sigmoid.default
+
+
+class EvenTanh(_OpSwap):
+    """tanh -> neg, only for even token counts from 8 on (a divisibility rule)."""
+
+    name = "even_tanh"
+    tokens = TokenConstraint(min_tokens=8, multiple_of=2)
+    source, target = aten.tanh.default, aten.neg.default
+
+
+class Everywhere(_OpSwap):
+    name = "everywhere"
+    source, target = aten.cos.default, aten.sin.default
+
+
+def model(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x) + torch.tanh(x) * 2 + torch.cos(x)
+
+
+def expected(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[0]
+    first = torch.sigmoid(x) if n <= 16 else torch.relu(x)
+    second = -x if n >= 8 and n % 2 == 0 else torch.tanh(x)
+    return first + second * 2 + torch.sin(x)
+
+
+def backend(*passes: passkit.Pass, mode: str = "inductor", **config) -> passkit.Backend:
+    pipeline = Pipeline(load_config(config), get_plugins(), list(passes))
+    return passkit.Backend(pipeline=pipeline, mode=mode)
+
+
+def compiled(b: passkit.Backend):
+    return torch.compile(model, backend=b, dynamic=True)
+
+
+# ------------------------------------------------------------------------ arithmetic
+
+
+def test_split_cuts_after_each_end():
+    assert split([16, 256]) == [TokenRange(1, 16), TokenRange(17, 256), TokenRange(257, None)]
+    assert split([]) == [TokenRange(1, None)]
+    assert str(TokenRange(17, 256)) == "tokens 17..256"
+    assert str(TokenRange(2049)) == "tokens >= 2049"
+    assert str(TokenRange(8, None, 2)) == "tokens >= 8, multiples of 2"
+
+
+def test_equal_pass_sets_share_one_specialization():
+    specs, rules = plan_specializations({"a": TokenConstraint(17, 256), "b": None})
+    assert [(s.passes, s.label) for s in specs] == [
+        (("b",), "tokens 1..16; tokens >= 257"),
+        (("a", "b"), "tokens 17..256"),
+    ]
+    assert [(r.lo, r.hi, r.choice) for r in rules] == [
+        (1, 16, {(): 0}),
+        (17, 256, {(): 1}),
+        (257, None, {(): 0}),
+    ]
+
+
+def test_user_ranges_always_compile_apart_and_divisors_pick_variants():
+    specs, rules = plan_specializations(
+        {"small": TokenConstraint(max_tokens=16), "even": TokenConstraint(multiple_of=4)}, [100]
+    )
+    labels = [(s.passes, s.label, s.divisible_by) for s in specs]
+    assert labels == [
+        (("small", "even"), "tokens 1..16, multiples of 4", (4,)),
+        (("small",), "tokens 1..16", ()),
+        (("even",), "tokens 17..100, multiples of 4", (4,)),
+        ((), "tokens 17..100", ()),
+        (("even",), "tokens >= 101, multiples of 4", (4,)),
+        ((), "tokens >= 101", ()),
+    ]
+    assert rules[0].divisors == (4,) and rules[0].choice == {(True,): 0, (False,): 1}
+
+
+def test_impossible_divisibility_outcomes_compile_nothing():
+    specs, _ = plan_specializations(
+        {"by2": TokenConstraint(multiple_of=2), "by4": TokenConstraint(multiple_of=4)}
+    )
+    # a multiple of 4 is always a multiple of 2: three outcomes, not four
+    assert sorted(s.passes for s in specs) == [(), ("by2",), ("by2", "by4")]
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        (TokenConstraint(min_tokens=0), "min_tokens must be a positive integer, got 0"),
+        (TokenConstraint(max_tokens=-3), "max_tokens must be a positive integer, got -3"),
+        (TokenConstraint(multiple_of=0), "multiple_of must be a positive integer, got 0"),
+        (
+            TokenConstraint(min_tokens=32, max_tokens=16),
+            "token constraint is empty: min_tokens=32 > max_tokens=16",
+        ),
+        (
+            TokenConstraint(min_tokens=5, max_tokens=7, multiple_of=8),
+            "no token count in 5..7 is a multiple of it",
+        ),
+        (TokenConstraint(max_tokens=2.5), "max_tokens must be a positive integer, got 2.5"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_constraints_name_the_pass_and_the_field(constraint, message):
+    class Bad(SmallRelu):
+        name = "bad_range"
+        tokens = constraint
+
+    with pytest.raises(ConfigError, match=r"pass 'bad_range': token constraint") as info:
+        Bad().checked_token_constraint(passkit.CompileContext())
+    assert message in str(info.value)
+
+
+def test_a_constraint_method_must_return_a_constraint():
+    class Wrong(SmallRelu):
+        name = "wrong_range"
+
+        def token_constraint(self, ctx):
+            return (1, 16)
+
+    with pytest.raises(ConfigError, match=r"pass 'wrong_range': token_constraint\(\) must return"):
+        Wrong().checked_token_constraint(passkit.CompileContext())
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([16, 8], "boundaries must be strictly increasing"),
+        ([16, 16], "boundaries must be strictly increasing"),
+        ([0, 16], "every boundary must be a positive integer (not 0)"),
+        (["a"], "compile_ranges"),
+    ],
+)
+def test_bad_compile_ranges_are_config_errors(value, message):
+    with pytest.raises(ConfigError, match="compile_ranges") as info:
+        load_config({"compile_ranges": value})
+    assert message in str(info.value)
+
+
+def test_compile_ranges_from_the_environment(clean_env, monkeypatch):
+    monkeypatch.setenv("PASSKIT_COMPILE_RANGES", "16, 256")
+    assert load_config().compile_ranges == [16, 256]
+    monkeypatch.setenv("PASSKIT_COMPILE_RANGES", "16,x")
+    with pytest.raises(ConfigError, match="PASSKIT_COMPILE_RANGES='16,x': expected integers"):
+        load_config()
+
+
+def test_compile_range_rejects_bad_bounds():
+    with pytest.raises(ConfigError, match="compile_range: empty range 9..3"), passkit.compile_range(9, 3):
+        pass
+    with (
+        pytest.raises(ConfigError, match="compile_range: lo must be a positive integer"),
+        passkit.compile_range(0),
+    ):
+        pass
+
+
+# ------------------------------------------------------------------------ compiled modules
+
+
+@pytest.mark.parametrize("mode", ["inductor", "eager"])
+def test_each_pass_runs_only_in_its_range_and_numerics_match(mode):
+    b = backend(SmallRelu(), EvenTanh(), Everywhere(), mode=mode)
+    f = compiled(b)
+    sizes = [2, 3, 7, 8, 9, 15, 16, 17, 18, 31, 64, 65]  # every range and both sides of each bound
+    for n in sizes:
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(f(x), expected(x), msg=f"{n} tokens")
+    by_range = {r.token_range: {rec.name: rec.status for rec in r.records} for r in b.reports}
+    assert by_range == {
+        # 1..7 and the odd counts of 8..16: one pass set, one compile
+        "tokens 1..16": {"small_relu": "ran", "even_tanh": "skipped", "everywhere": "ran"},
+        "tokens 8..16, multiples of 2": {"small_relu": "ran", "even_tanh": "ran", "everywhere": "ran"},
+        "tokens >= 17, multiples of 2": {"small_relu": "skipped", "even_tanh": "ran", "everywhere": "ran"},
+        "tokens >= 17": {"small_relu": "skipped", "even_tanh": "skipped", "everywhere": "ran"},
+    }
+    # each specialization compiled once: four reports for four pass sets
+    assert len(b.reports) == 4
+    skipped = next(r for r in b.reports if r.token_range == "tokens >= 17")["small_relu"]
+    assert skipped.reason == "applies to tokens 1..16; this compile serves tokens >= 17"
+    assert b.last_dispatcher is not None and sum(b.last_dispatcher.calls) == len(sizes)
+
+
+def test_equal_pass_sets_compile_once_and_mixed_sizes_never_recompile():
+    b = backend(SmallRelu(), Everywhere(), compile_ranges=[64, 1024])  # user ranges: 3 compiles
+    f = compiled(b)
+    f(torch.randn(5, 4))
+    assert sorted(r.token_range for r in b.reports) == [
+        "tokens 1..16",
+        "tokens 17..64",
+        "tokens 65..1024",
+        "tokens >= 1025",
+    ]
+    counters.clear()
+    sizes = [(7 * i) % 1500 + 2 for i in range(50)]
+    for n in sizes:
+        x = torch.randn(n, 4)
+        first = torch.sigmoid(x) if n <= 16 else torch.relu(x)
+        torch.testing.assert_close(f(x), first + torch.tanh(x) * 2 + torch.sin(x))
+    assert counters["stats"]["unique_graphs"] == 0, "a call re-traced"
+    assert len(b.reports) == 4, "a call compiled again"
+    assert sum(b.last_dispatcher.calls) == 51
+
+
+def test_no_declared_range_compiles_once_as_before():
+    b = backend(Everywhere())
+    f = compiled(b)
+    for n in (3, 40):
+        f(torch.randn(n, 4))
+    (report,) = b.reports
+    assert report.token_range is None and b.last_dispatcher is None
+
+
+def test_static_shapes_compile_once_and_say_why():
+    b = backend(SmallRelu(), Everywhere())
+    f = torch.compile(model, backend=b, dynamic=False)
+    x = torch.randn(40, 4)
+    f(x)
+    (report,) = b.reports
+    assert report.token_range is None
+    assert report["small_relu"].status == "ran"  # as today: the pass decides on its own
+    assert any("no dynamic token dimension" in note for note in report.notes)
+    assert "note: no dynamic token dimension" in report.format()
+
+
+def test_an_explicit_token_dim_is_used_and_checked():
+    def two_inputs(a, b):
+        return torch.relu(a) + b.sum()
+
+    b = backend(SmallRelu(), token_dim={"input": 1, "dim": 0})
+    f = torch.compile(two_inputs, backend=b, dynamic=True)
+    a = torch.randn(40, 4)
+    torch.testing.assert_close(
+        f(a, torch.randn(8, 4)).sum(), (torch.sigmoid(a) + 0).sum() + 0, atol=1e9, rtol=0
+    )
+    assert b.last_dispatcher.calls[0] == 1  # 8 tokens in input 1: the small range
+    bad = backend(SmallRelu(), token_dim={"input": 5, "dim": 0})
+    with pytest.raises(Exception, match=r"token_dim.input=5: the graph has 2 tensor input"):
+        torch.compile(two_inputs, backend=bad, dynamic=True)(a, torch.randn(8, 4))
+
+
+def test_install_with_a_framework_given_range():
+    import torch._inductor.config as inductor_config
+
+    passkit.register(_plugin(SmallRelu, Everywhere))
+    patches: dict = {}
+    pipeline = passkit.install(patches, passes=["small_relu", "everywhere"])
+    x = torch.randn(40, 4)
+    with inductor_config.patch(patches):
+        for lo, hi in ((1, 16), (17, None)):
+            torch._dynamo.reset()
+            with passkit.compile_range(lo, hi):
+                uuid = patches["post_grad_custom_post_pass"].uuid()
+                torch.compile(model, dynamic=True)(x)
+            assert uuid != pipeline.uuid()
+    small, large = pipeline.reports[-2:]
+    assert (small.token_range, small["small_relu"].status) == ("tokens 1..16", "ran")
+    assert (large.token_range, large["small_relu"].status) == ("tokens >= 17", "skipped")
+    fixed: dict = {}
+    fixed_pipeline = passkit.install(fixed, passes=["small_relu"], token_range=(17, 256))
+    assert fixed_pipeline.token_range == TokenRange(17, 256)
+
+
+def _plugin(*classes):
+    class Plugin:
+        @passkit.hookimpl
+        def passkit_register_passes(self):
+            return list(classes)
+
+    return Plugin()
+
+
+def test_the_range_is_part_of_the_cache_identity():
+    base = Pipeline(load_config({}), get_plugins(), [SmallRelu()])
+    assert base.for_range(TokenRange(1, 16)).uuid() != base.for_range(TokenRange(17, None)).uuid()
+    assert base.for_range(TokenRange(1, 16)).uuid() == base.for_range(TokenRange(1, 16)).uuid()
+
+    class Wider(SmallRelu):
+        tokens = TokenConstraint(max_tokens=32)
+
+    assert Pipeline(load_config({}), get_plugins(), [Wider()]).uuid() != base.uuid()
+
+
+def test_fx_graph_cache_hits_per_range_in_a_fresh_process(tmp_path):
+    env = _env(
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
+        TORCHINDUCTOR_FX_GRAPH_CACHE="1",
+        TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+        PASSKIT_CACHE_DIR=str(tmp_path / "reports"),
+    )
+
+    def run():
+        out = subprocess.run(
+            [sys.executable, "-m", "tests.core.range_probe"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cold, warm = run(), run()
+    assert (cold["miss"], cold["hit"]) == (2, 0)
+    assert (warm["miss"], warm["hit"]) == (0, 2)
+    assert warm["out"] == cold["out"]
+    # warm reports are as readable as cold ones: each names its range and what ran there
+    assert warm["reports"] == cold["reports"]
+    assert warm["restored"] == 2 and cold["restored"] == 0
