@@ -1,0 +1,116 @@
+"""``allreduce_rmsnorm`` with token ranges: it fuses only up to its bound, and sizes above
+compile without it (2-rank gloo world, reference op); where its bound comes from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from passkit_fusion.allreduce_rmsnorm import AllReduceRMSNorm
+from passkit_fusion.model import LlamaConfig, TinyLlama, shard_functional
+
+import passkit
+from passkit import TokenConstraint
+from passkit_fusion import tuning
+from passkit_testing import assert_close, gloo_world
+
+SITES = LlamaConfig().sites()
+BOUND = 8
+
+
+def _run(rank: int, world_size: int) -> dict[str, Any]:
+    from test_fusion_compile import _count_op_calls
+
+    calls = _count_op_calls()
+    model = shard_functional(TinyLlama(LlamaConfig()).eval(), dist.group.WORLD, rank, world_size)
+    backend = passkit.backend(
+        passes=[{"name": "allreduce_rmsnorm", "implementation": "reference", "max_tokens": BOUND}, "cleanup"]
+    )
+    # the token dim dynamic (dynamic=True would also lift the norms' float eps to inputs)
+    compiled = torch.compile(model, backend=backend)
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for seq in (4, BOUND, BOUND + 1, 24):
+            ids = torch.randint(
+                0, LlamaConfig().vocab, (1, seq), generator=torch.Generator().manual_seed(seq)
+            )
+            calls[0] = 0
+            out[seq] = {"compiled": compiled(ids), "eager": model(ids), "op_calls": calls[0]}
+    # Dynamo compiles the first call statically (one compile, every pass: the report says
+    # so); the next size recompiles with a dynamic token dimension: the ranges
+    out["static_notes"] = [r.notes for r in backend.reports if r.token_range is None]
+    out["reports"] = {
+        r.token_range: (
+            r["allreduce_rmsnorm"].status,
+            r["allreduce_rmsnorm"].matches,
+            r["allreduce_rmsnorm"].reason,
+        )
+        for r in backend.reports
+        if r.token_range is not None
+    }
+    return out
+
+
+@pytest.fixture(scope="module")
+def world() -> list[dict[str, Any]]:
+    no_caches = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+    return gloo_world(_run, 2, timeout=300, env=no_caches)
+
+
+def test_the_pass_fuses_up_to_its_bound_and_larger_sizes_compile_without_it(world):
+    for rank in world:
+        assert rank["reports"] == {
+            f"tokens 1..{BOUND}": ("ran", SITES, None),
+            f"tokens >= {BOUND + 1}": (
+                "skipped",
+                0,
+                f"applies to tokens 1..{BOUND}; this compile serves tokens >= {BOUND + 1}",
+            ),
+        }
+        (notes,) = rank["static_notes"]
+        assert "no dynamic token dimension" in notes[0]
+        for seq in (4, BOUND, BOUND + 1, 24):
+            result = rank[seq]
+            assert result["op_calls"] == (SITES if seq <= BOUND else 0), seq
+            assert_close(result["compiled"], result["eager"], rtol=0.05, atol=0.05)
+
+
+def _flashinfer_pass(**options: Any) -> AllReduceRMSNorm:
+    return AllReduceRMSNorm(implementation="flashinfer", **options)
+
+
+CUDA_CTX = passkit.CompileContext(device="cuda", dtype=torch.bfloat16, world_size=2)
+
+
+def test_the_bound_comes_from_the_tuned_table(monkeypatch):
+    key = tuning.TableKey("Fancy GPU", 2, 4096, "bfloat16")
+    other = tuning.TableKey("Fancy GPU", 2, 8192, "bfloat16")
+    shipped = tuning.Table(
+        {
+            key: tuning.Entry((tuning.Rule(512, tuning.Decision(True, True)),)),
+            other: tuning.Entry(
+                (
+                    tuning.Rule(64, tuning.Decision(True, True)),
+                    tuning.Rule(2048, tuning.Decision(True, False)),
+                )
+            ),
+        }
+    )
+    monkeypatch.setattr(tuning, "default_table", lambda: shipped)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fancy GPU")
+    assert _flashinfer_pass().token_constraint(CUDA_CTX) == TokenConstraint(max_tokens=2048)
+    assert _flashinfer_pass(max_tokens=300).token_constraint(CUDA_CTX) == TokenConstraint(max_tokens=300)
+    assert _flashinfer_pass(restrict_tokens=False).token_constraint(CUDA_CTX) is None
+    # no entry for this world size: no range (the pass leaves such sites alone anyway)
+    ctx4 = passkit.CompileContext(device="cuda", dtype=torch.bfloat16, world_size=4)
+    assert _flashinfer_pass().token_constraint(ctx4) is None
+    # the reference op on the CPU: only an explicit max_tokens bounds it
+    assert AllReduceRMSNorm(implementation="reference").token_constraint(passkit.CompileContext()) is None
+
+
+def test_the_shipped_tables_bound_h200():
+    table = tuning.default_table()
+    assert table.largest_fused("NVIDIA H200", 2, "bfloat16") == 8192
+    assert table.largest_fused("NVIDIA H200", 3, "bfloat16") is None
