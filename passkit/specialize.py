@@ -128,37 +128,58 @@ def plan(
 class Dispatcher:
     """Calls the compiled specialization whose range holds the call's token count.
 
-    ``fallback`` serves counts in no range (e.g. 0): it is compiled with only the passes
-    that apply to every size.
+    The ranges cover every count from 1 up, in order: a call costs reading the count, one
+    comparison per range until the right one, and ``count % k`` for each divisibility rule
+    of that range. ``fallback`` (compiled at first use) serves counts below 1; it runs only
+    the passes that apply to every size.
     """
 
-    def __init__(
-        self,
-        plan: Plan,
-        compiled: Sequence[CompiledFn],
-        fallback: Callable[[], CompiledFn],
-    ):
-        self._read = plan.token_dim.read
-        self._rules = [
-            (rule.lo, rule.hi if rule.hi is not None else float("inf"), rule.divisors, rule.choice)
-            for rule in plan.rules
-        ]
-        self._compiled = list(compiled)
+    def __init__(self, plan: Plan, compiled: Sequence[CompiledFn], fallback: Callable[[], CompiledFn]):
+        self._arg, self._dim = plan.token_dim.arg, plan.token_dim.dim
+        self.plan = plan
+        self.compiled = list(compiled)
+        # per range: (last count, the function when no divisibility rule applies, else None,
+        # the divisor when exactly one applies, the functions by outcome)
+        self._table: list[tuple[float, CompiledFn | None, int, dict[Any, CompiledFn]]] = []
+        for rule in plan.rules:
+            hi = float("inf") if rule.hi is None else rule.hi
+            by_outcome = {outcome: self.compiled[index] for outcome, index in rule.choice.items()}
+            if not rule.divisors:
+                self._table.append((hi, by_outcome[()], 0, {}))
+            elif len(rule.divisors) == 1:
+                single = {outcome[0]: fn for outcome, fn in by_outcome.items()}
+                self._table.append((hi, None, rule.divisors[0], single))
+            else:
+                self._table.append((hi, None, 0, by_outcome))
+        self._divisors = {i: plan.rules[i].divisors for i in range(len(plan.rules))}
         self._make_fallback = fallback
         self._fallback: CompiledFn | None = None
-        self.calls = [0] * len(self._compiled)
-        """How many calls each specialization served (tests, reports)."""
 
     def __call__(self, *args: Any) -> Any:
-        tokens = self._read(args)
-        for lo, hi, divisors, choice in self._rules:
-            if lo <= tokens <= hi:
-                index = choice[tuple(tokens % d == 0 for d in divisors)] if divisors else choice[()]
-                self.calls[index] += 1
-                return self._compiled[index](*args)
+        return self._pick(args)(*args)
+
+    def _pick(self, args: Sequence[Any]) -> CompiledFn:
+        tokens = args[self._arg] if self._dim is None else args[self._arg].shape[self._dim]
+        if tokens >= 1:
+            for i, (hi, fn, divisor, by_outcome) in enumerate(self._table):
+                if tokens <= hi:
+                    if fn is None:
+                        fn = (
+                            by_outcome[tokens % divisor == 0]
+                            if divisor
+                            else by_outcome[tuple(tokens % d == 0 for d in self._divisors[i])]
+                        )
+                    return fn
         if self._fallback is None:
             self._fallback = self._make_fallback()
-        return self._fallback(*args)
+        return self._fallback
+
+    def index_for(self, tokens: int) -> int | None:
+        """Which specialization serves ``tokens`` (None: the fallback)."""
+        for rule in self.plan.rules:
+            if rule.lo <= tokens and (rule.hi is None or tokens <= rule.hi):
+                return rule.choice[tuple(tokens % d == 0 for d in rule.divisors)]
+        return None
 
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
