@@ -13,6 +13,9 @@ end in one of these orders:
     peer_died      rank 1 exits before the last call; the others make it, so their fused
                    kernel waits for a peer that is gone (on the CPU: synchronize() blocks
                    forever), then tear down as in ``explicit``
+    peer_died_exit like peer_died, but the survivors end without destroy_process_group()
+                   (which synchronizes the device, so it blocks behind that kernel): their
+                   interpreter exits after passkit's bounded teardown
     nccl_only      no passkit at all: a CUDA graph over a plain NCCL all_reduce, then
                    destroy_process_group() (tells passkit's part from NCCL's own)
     nccl_graph_alive  (not run by default: it hangs by design) nccl_only with the graph
@@ -44,7 +47,16 @@ import sys
 import time
 from pathlib import Path
 
-SCENARIOS = ("explicit", "atexit", "pg_first", "graph_alive", "rank_failed", "peer_died", "nccl_only")
+SCENARIOS = (
+    "explicit",
+    "atexit",
+    "pg_first",
+    "graph_alive",
+    "rank_failed",
+    "peer_died",
+    "peer_died_exit",
+    "nccl_only",
+)
 HERE = Path(__file__).resolve().parent
 TEARDOWN_TIMEOUT_S = 3.0
 LAST = "LAST-LINE"
@@ -59,7 +71,7 @@ def worker(scenario: str, rank: int, world: int, port: int, limit: float, cpu: b
 
     faulthandler.dump_traceback_later(limit - 5, exit=False)  # a hang prints its stacks
     if cpu:
-        _pretend_gpu(block_synchronize=scenario == "peer_died" and rank != 1)
+        _pretend_gpu(block_synchronize=scenario.startswith("peer_died") and rank != 1)
     else:
         torch.cuda.set_device(rank)
     dist.init_process_group(
@@ -92,7 +104,7 @@ def worker(scenario: str, rank: int, world: int, port: int, limit: float, cpu: b
     for _ in range(3):
         graph.replay()
     graph.synchronize()
-    if scenario == "peer_died":
+    if scenario.startswith("peer_died"):
         if rank == 1:
             os._exit(3)
         time.sleep(1.0)  # rank 1 is gone
@@ -102,14 +114,15 @@ def worker(scenario: str, rank: int, world: int, port: int, limit: float, cpu: b
 
     if scenario == "rank_failed" and rank == 1:
         os._exit(3)
-    if scenario in ("explicit", "rank_failed", "peer_died"):
+    if scenario in ("explicit", "rank_failed", "peer_died", "peer_died_exit"):
         from passkit_fusion import runtime
 
         del graph
         runtime.destroy_workspaces()
-        if scenario == "peer_died":
+        if scenario.startswith("peer_died"):
             print(f"rank {rank}: workspaces destroyed (or skipped) in bounded time", flush=True)
-        dist.destroy_process_group()
+        if scenario != "peer_died_exit":
+            dist.destroy_process_group()
     elif scenario in ("pg_first", "nccl_only"):
         del graph
         dist.destroy_process_group()

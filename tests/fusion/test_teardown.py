@@ -37,13 +37,13 @@ EXIT_WITHIN_S = teardown.TEARDOWN_TIMEOUT_S + 4.0
 def test_every_teardown_order_exits_promptly(world, scenario):
     result = teardown.run_scenario(scenario, world, limit=60, cpu=True)
     for rank in result["ranks"]:
-        killed_on_purpose = scenario in ("rank_failed", "peer_died") and rank["rank"] == 1
+        killed_on_purpose = scenario in ("rank_failed", "peer_died", "peer_died_exit") and rank["rank"] == 1
         assert not rank["hung"], rank["output_tail"]
         assert rank["exit_code"] == (3 if killed_on_purpose else 0), rank["output_tail"]
         if not killed_on_purpose:
             assert rank["reached_last_line"], rank["output_tail"]
             assert rank["last_line_to_exit_s"] < EXIT_WITHIN_S, rank
-    if scenario == "peer_died":
+    if scenario.startswith("peer_died"):
         assert "did not finish within 3 s; skipped" in result["ranks"][0]["output_tail"]
 
 
