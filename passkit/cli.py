@@ -196,14 +196,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
         overrides["passes"] = [p.strip() for p in args.passes.split(",") if p.strip()]
     if args.dump:
         overrides["dump_dir"] = args.dump
+    if args.compile_ranges:
+        overrides["compile_ranges"] = [int(v) for v in args.compile_ranges.split(",") if v.strip()]
     b = backend(mode=args.mode, **overrides)
     if not b.pipeline.enabled:
         print("no pass is enabled (set `passes` in passkit.toml, PASSKIT_PASSES or --passes)")
         return 0
     torch._dynamo.reset()
     with torch.no_grad():
-        torch.compile(fn, backend=b)(*example)
-    for report in b.reports:
+        torch.compile(fn, backend=b, dynamic=True if args.dynamic else None)(*example)
+    for report in b.reports:  # one per specialization when the compile is split by token range
         print(report.format())
     if args.dump:
         print(f"graphs, diffs and report.json written under {args.dump}")
@@ -247,6 +249,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--passes", help="comma-separated pass names (overrides the config)")
     p.add_argument("--dump", metavar="DIR", help="write graphs, diffs and the report here")
     p.add_argument("--mode", choices=["inductor", "eager"], default="inductor")
+    p.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="compile with dynamic shapes: token ranges apply, one report per specialization",
+    )
+    p.add_argument("--compile-ranges", metavar="N,N,...", help="range boundaries (overrides the config)")
     handlers["explain"] = cmd_explain
 
     p = sub.add_parser("demo", help="run the demo")

@@ -12,3 +12,12 @@ def make():
 
 def not_a_pair():
     return 42
+
+
+def make_tokens():
+    """A model whose first dimension (tokens) may vary: ``--dynamic`` keeps it symbolic."""
+
+    def f(x):
+        return torch.relu(x) * 3.0
+
+    return f, (torch.randn(16, 8),)

@@ -107,6 +107,22 @@ def test_explain_prints_report_and_dumps(cli, tmp_path):
     assert list(dump.glob("graph_*/report.json"))
 
 
+def test_explain_shows_a_report_per_token_range(cli):
+    out = cli(
+        "explain",
+        "tests.core.explain_target:make_tokens",
+        "--passes",
+        "cleanup",
+        "--dynamic",
+        "--compile-ranges",
+        "2",
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "passkit report (graph" in out.stdout
+    assert ", tokens 1..2)" in out.stdout and ", tokens >= 3)" in out.stdout
+
+
 def test_explain_uses_config_file(cli, tmp_path):
     (tmp_path / "passkit.toml").write_text('passes = ["cleanup"]\n')
     out = cli("explain", "tests.core.explain_target:make", "--mode", "eager", cwd=tmp_path)
