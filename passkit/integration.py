@@ -84,7 +84,7 @@ class Backend:
         if not self.pipeline.enabled:
             return self._compile(self.pipeline, gm, example_inputs)
         planned = specialize.plan(self.pipeline, gm, example_inputs, self.mode)
-        if isinstance(planned, str):
+        if planned is None or isinstance(planned, str):
             return self._compile(self.pipeline, gm, example_inputs, note=planned)
         compiled = [
             self._compile(

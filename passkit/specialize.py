@@ -106,15 +106,16 @@ def find_token_dim(example_inputs: Sequence[Any], override: TokenDim | None = No
 
 def plan(
     pipeline: Pipeline, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Mode
-) -> Plan | str:
-    """The specializations to compile, or why the graph compiles once (a report note)."""
+) -> Plan | str | None:
+    """The specializations to compile; else why ranges were asked for but the graph compiles
+    once (a report note), or None when nothing asks for ranges."""
     ctx = CompileContext.detect(example_inputs, mode=mode)
     constraints: dict[str, TokenConstraint | None] = {
         p.name: p.checked_token_constraint(ctx) for p in pipeline.passes
     }
     user_ends = pipeline.config.compile_ranges or []
     if not user_ends and all(c is None for c in constraints.values()):
-        return "no pass declares a token range and no compile_ranges are set: compiled once for every size"
+        return None
     token_dim = find_token_dim(graph_inputs(gm, example_inputs), pipeline.config.token_dim)
     if token_dim is None:
         return (
