@@ -85,14 +85,21 @@ class Backend:
             return self._compile(self.pipeline, gm, example_inputs)
         planned = specialize.plan(self.pipeline, gm, example_inputs, self.mode)
         if planned is None or isinstance(planned, str):
-            return self._compile(self.pipeline, gm, example_inputs, note=planned)
+            self.pipeline.note = planned
+            try:
+                return self._compile(self.pipeline, gm, example_inputs)
+            finally:
+                self.pipeline.note = None
+        count = len(planned.specializations)
         compiled = [
             self._compile(
-                self.pipeline.for_range(spec.context_range, label=spec.label),
+                self.pipeline.for_range(
+                    spec.context_range,
+                    label=spec.label,
+                    note=f"specialization {i + 1} of {count}; token count from {planned.token_dim.how}",
+                ),
                 specialize.copy_graph_module(gm),
                 example_inputs,
-                note=f"specialization {i + 1} of {len(planned.specializations)}; token count from "
-                f"{planned.token_dim.how}",
             )
             for i, spec in enumerate(planned.specializations)
         ]
@@ -105,14 +112,10 @@ class Backend:
         return self.last_dispatcher
 
     def _compile(
-        self,
-        pipeline: Pipeline,
-        gm: torch.fx.GraphModule,
-        example_inputs: Sequence[Any],
-        note: str | None = None,
+        self, pipeline: Pipeline, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     ) -> CompiledFn:
-        """One normal compile of ``gm`` with ``pipeline``; its reports get ``note``, and a
-        cache hit's report is filled from passkit's report cache."""
+        """One normal compile of ``gm`` with ``pipeline``; a cache hit's report is filled
+        from passkit's report cache."""
         reports_before, hits_before = len(pipeline.reports), _cache_hits()
         if self.mode == "eager":
             compiled = self._compile_eager(pipeline, gm, example_inputs)
@@ -126,16 +129,11 @@ class Backend:
         cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs)
         new = pipeline.reports[reports_before:]
         if new:
-            for report in new:
-                report.notes.extend([note] if note else [])
             report_cache.save(cache_key, new)
         elif _cache_hits() > hits_before:
-            report = pipeline.record_cache_hit(self.mode)
             restored = report_cache.load(cache_key)
-            if restored:
-                report.records = [r for old in restored for r in old.records]
-                report.restored = True
-            report.notes.extend([note] if note else [])
+            records = [r for old in restored for r in old.records] if restored else []
+            pipeline.record_cache_hit(self.mode, records)
         return compiled
 
     def _compile_eager(

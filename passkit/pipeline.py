@@ -230,6 +230,8 @@ class Pipeline:
         self.passes = order_passes(passes)
         self.token_range = token_range
         self.range_label = range_label or (str(token_range) if token_range else None)
+        self.note: str | None = None
+        """Added to the reports of the graphs compiled next (set by the backend)."""
         self.reports: list[Report] = reports if reports is not None else []
         self._uuid = self._compute_uuid()
         self._open: tuple[weakref.ref[torch.fx.Graph], Report] | None = None
@@ -263,10 +265,12 @@ class Pipeline:
         """The token range of the compile under way (own, or a framework's)."""
         return self.token_range if self.token_range is not None else _framework_range.get()
 
-    def for_range(self, token_range: TokenRange, label: str | None = None) -> Pipeline:
-        """The same passes, compiling for ``token_range`` (``label`` names it in reports;
-        reports go to this pipeline's list)."""
-        return Pipeline(
+    def for_range(
+        self, token_range: TokenRange, label: str | None = None, note: str | None = None
+    ) -> Pipeline:
+        """The same passes, compiling for ``token_range`` (``label`` names it in reports,
+        ``note`` is added to them; reports go to this pipeline's list)."""
+        specialized = Pipeline(
             self.config,
             self.plugins,
             self.passes,
@@ -274,6 +278,8 @@ class Pipeline:
             range_label=label,
             reports=self.reports,
         )
+        specialized.note = note
+        return specialized
 
     def _range_label(self) -> str | None:
         if self.token_range is not None:
@@ -326,6 +332,7 @@ class Pipeline:
             pipeline_uuid=self.uuid()[:12],
             mode=mode,
             token_range=self._range_label(),
+            notes=[self.note] if self.note else [],
         )
         self._open = (weakref.ref(graph), report)
         return report
@@ -409,14 +416,18 @@ class Pipeline:
             ) from exc
         return record
 
-    def record_cache_hit(self, mode: Mode = "inductor") -> Report:
-        """Report a graph Inductor served from its cache (no pass ran for it)."""
+    def record_cache_hit(self, mode: Mode = "inductor", restored: list[PassRecord] | None = None) -> Report:
+        """Report a graph Inductor served from its cache (no pass ran for it); ``restored``:
+        what the passes did when they built the cached code, from passkit's report cache."""
         report = Report(
             graph_id=next(_graph_ids),
             pipeline_uuid=self.uuid()[:12],
             mode=mode,
             cache_hit=True,
             token_range=self._range_label(),
+            notes=[self.note] if self.note else [],
+            records=list(restored or []),
+            restored=bool(restored),
         )
         self._finish(report, None)
         return report
