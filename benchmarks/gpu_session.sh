@@ -30,7 +30,7 @@ for W in ${OP_WORLDS:-}; do
 done
 for W in ${TEST_WORLDS:-}; do
   for i in $(seq "${TEST_REPEAT:-1}"); do
-    GPU_WORLD_SIZE=$W GPU_FAULT_WORLDS=$W step "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider tests/gpu
+    GPU_WORLD_SIZE=$W GPU_FAULT_WORLDS=$W step "${TEST_LIMIT:-360}" python3 -m pytest -q -p no:cacheprovider tests/gpu
   done
 done
 for W in ${TEARDOWN_WORLDS:-}; do
