@@ -115,7 +115,7 @@ def _measure(args: argparse.Namespace, tokens: int) -> dict[str, object]:
         row[variant] = _max_over_ranks(us)
         row[f"{variant}_timing"] = how
     # numerics: async TP's outputs vs the unfused SP ops
-    full, (up,) = torch.ops.symm_mem.fused_all_gather_matmul(x_shard, [w_up], 0, name)
+    _, (up,) = torch.ops.symm_mem.fused_all_gather_matmul(x_shard, [w_up], 0, name)
     ref_up = funcol.wait_tensor(funcol.all_gather_tensor(x_shard, 0, name)) @ w_up
     rs = torch.ops.symm_mem.fused_matmul_reduce_scatter(h, w_down, "sum", 0, name)
     ref_rs = funcol.wait_tensor(funcol.reduce_scatter_tensor(h @ w_down, "sum", 0, name))
