@@ -104,6 +104,7 @@ class AsyncTP(GraphPass):
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         graph = gm.graph
         test = self.options.implementation == "test_mode"
+        _views_around_matmuls_to_reshapes(graph)
         found = _candidates(graph)
         groups = sorted({c.group for c in found} | _collective_groups(graph))
         if not test:
@@ -119,6 +120,8 @@ class AsyncTP(GraphPass):
         for c in left:
             c.why_not = _why_left(c)
         wrapped = self._retarget(graph, ag_op, rs_op)
+        if ctx.mode == "eager":
+            _drop_layout_hints(graph)
         _fill_meta(graph)
         notes = _summarize(fused, left, preexisting, wrapped, groups, self.options)
         return PassResult(modified=wrapped > 0, matches=len(fused), notes=notes)
@@ -148,6 +151,31 @@ class AsyncTP(GraphPass):
 
 
 # ------------------------------------------------------------------- candidates, notes --
+
+
+def _drop_layout_hints(graph: fx.Graph) -> None:
+    """Remove the ``inductor_force_stride_order`` nodes torch's rewrite puts before the fused
+    ops: layout hints for Inductor's code generation (torch's ops copy a badly strided input
+    themselves). Without Inductor they would run as code, and with dynamic shapes their
+    symbolic strides are not even defined there."""
+    hint = torch.ops.prims.inductor_force_stride_order.default
+    for node in list(graph.find_nodes(op="call_function", target=hint)):
+        node.replace_all_uses_with(node.args[0])
+        graph.erase_node(node)
+
+
+def _views_around_matmuls_to_reshapes(graph: fx.Graph) -> None:
+    """torch's matcher reads N-D matmuls as ``reshape -> mm -> reshape``: the form Inductor's
+    post-grad graph has (``view_to_reshape``, ``_unsafe_view`` decomposed). Graphs compiled
+    without Inductor (passkit's eager mode, make_fx) still say ``view`` / ``_unsafe_view``
+    there; retarget those (the same result on the contiguous tensors these are)."""
+    aten = torch.ops.aten
+    views = (aten.view.default, aten._unsafe_view.default)
+    for mm in graph.find_nodes(op="call_function", target=aten.mm.default):
+        around = [mm.args[0], *mm.users]
+        for node in around:
+            if isinstance(node, fx.Node) and node.op == "call_function" and node.target in views:
+                node.target = aten.reshape.default
 
 
 def _candidates(graph: fx.Graph) -> list[_Candidate]:
