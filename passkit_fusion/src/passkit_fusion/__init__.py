@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "AllReduceRMSNorm": "allreduce_rmsnorm",
     "AllReduceRMSNormOptions": "allreduce_rmsnorm",
+    "AsyncTP": "async_tp",
+    "AsyncTPOptions": "async_tp",
     "prepare": "runtime",
     "configure": "runtime",
     "destroy_workspaces": "runtime",
