@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "AllReduceRMSNorm": "allreduce_rmsnorm",
     "AllReduceRMSNormOptions": "allreduce_rmsnorm",
+    "SequenceParallel": "sequence_parallel",
+    "SequenceParallelOptions": "sequence_parallel",
     "prepare": "runtime",
     "configure": "runtime",
     "destroy_workspaces": "runtime",

@@ -12,11 +12,12 @@ from typing import Any
 from passkit import Pass, hookimpl
 
 from .allreduce_rmsnorm import AllReduceRMSNorm
+from .sequence_parallel import SequenceParallel
 
 
 @hookimpl
 def passkit_register_passes() -> list[type[Pass]]:
-    return [AllReduceRMSNorm]
+    return [AllReduceRMSNorm, SequenceParallel]
 
 
 @hookimpl
