@@ -138,6 +138,8 @@ class Rewriter:
             position = {n: i for i, n in enumerate(self.graph.nodes)}
             for node in sorted(norm_nodes, key=position.__getitem__):
                 copy = self.graph.node_copy(node, lambda a: env.get(a, a))
+                if copy.target is aten.mean.dim:  # over the hidden dim, counted from the end
+                    copy.args = (copy.args[0], [-1], *copy.args[2:])
                 copy.meta = {k: v for k, v in node.meta.items() if k != "val"}
                 self._propagate(copy, node)
                 env[node] = copy
