@@ -36,8 +36,7 @@ from test_matcher import (
 )
 
 import passkit
-from passkit import CompileContext, TokenConstraint, TokenRange
-from passkit import verify
+from passkit import CompileContext, TokenConstraint, TokenRange, verify
 from passkit_testing import check_pass, copy_graph_module, count_ops, fake_world, run_passes
 
 SP = {"name": "sequence_parallel", "min_tokens": 1}
@@ -246,7 +245,10 @@ def test_token_constraint():
     assert SequenceParallel(min_tokens=8, max_tokens=64).token_constraint(ctx) == TokenConstraint(8, 64, 4)
     assert SequenceParallel(restrict_tokens=False).token_constraint(ctx) == TokenConstraint(multiple_of=4)
     assert SequenceParallel().token_constraint(CompileContext(world_size=1)) is None
-    assert SequenceParallel(min_tokens=5, max_tokens=7).skip_reason(ctx) == "no multiple of the world size 4 in 5..7"
+    assert (
+        SequenceParallel(min_tokens=5, max_tokens=7).skip_reason(ctx)
+        == "no multiple of the world size 4 in 5..7"
+    )
     assert TokenConstraint(8, 64, 4).holds_for(TokenRange(8, 64, 4))
 
 

@@ -175,7 +175,10 @@ def summarize(sites: list[Site], rejected: list[Rejection], outcome: rewrite.Out
 
 
 def plan_fingerprint(sites: list[Site]) -> str:
-    plan = [[s.group_name, s.world_size, str(s.dtype), s.residual is not None, s.eps, s.weight_bias] for s in sites]
+    plan = [
+        [s.group_name, s.world_size, str(s.dtype), s.residual is not None, s.eps, s.weight_bias]
+        for s in sites
+    ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]
 
 

@@ -128,7 +128,7 @@ class Rewriter:
                 self.outcome.no_residual += 1
             else:
                 res = self._residual_shard(site.residual, g, w)
-                a, b = site.total.args[:2]  # keep the add's operand order
+                a = site.total.args[0]  # keep the add's operand order
                 total = self._call(
                     aten.add.Tensor, (part, res) if a is not site.residual else (res, part), like=site.total
                 )
@@ -162,7 +162,9 @@ class Rewriter:
         insertion point."""
         like = shard.like.meta["val"]
         gathered = self._call(
-            c10d.all_gather_into_tensor.default, (shard.node, shard.world_size, shard.group_name), like=shard.like
+            c10d.all_gather_into_tensor.default,
+            (shard.node, shard.world_size, shard.group_name),
+            like=shard.like,
         )
         gathered = self._call(c10d.wait_tensor.default, (gathered,), like=shard.like)
         rows = gathered.meta["val"].shape[0]
@@ -170,7 +172,9 @@ class Rewriter:
         if not _statically_equal(rows, tokens):
             hidden = like.shape[-1]
             t = self._call(aten.sym_size.int, (shard.rows, 0))
-            gathered = self._call(aten.as_strided.default, (gathered, [t, hidden], [hidden, 1]), like=shard.like)
+            gathered = self._call(
+                aten.as_strided.default, (gathered, [t, hidden], [hidden, 1]), like=shard.like
+            )
         if like.dim() != 2:
             sizes = self._sizes(_producer_with_shape(shard), like.shape)
             gathered = self._call(aten.reshape.default, (gathered, sizes), like=shard.like)
