@@ -16,6 +16,8 @@ _LAZY = {
     "AllReduceRMSNormOptions": "allreduce_rmsnorm",
     "AsyncTP": "async_tp",
     "AsyncTPOptions": "async_tp",
+    "SequenceParallel": "sequence_parallel",
+    "SequenceParallelOptions": "sequence_parallel",
     "prepare": "runtime",
     "configure": "runtime",
     "destroy_workspaces": "runtime",

@@ -112,9 +112,12 @@ class AllReduceRMSNorm(GraphPass):
             from torch._inductor.pattern_matcher import stable_topological_sort
 
             stable_topological_sort(gm.graph)
-        return PassResult(
-            modified=bool(sites), matches=len(sites), notes=summarize(sites, rejected, self.impl)
-        )
+        notes = summarize(sites, rejected, self.impl)
+        if not sites and not rejected:  # another pass (sequence_parallel) may have taken them
+            from .sequence_parallel.marks import taken_note
+
+            notes = [taken_note(gm.graph) or notes[0]]
+        return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
 
     def _never_pays(self, site: Site) -> str | None:
         """Why fusing ``site`` can never pay on this GPU, or None.

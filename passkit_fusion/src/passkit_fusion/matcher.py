@@ -95,25 +95,29 @@ class Rejection:
     reason: str
 
 
-def candidates(graph: fx.Graph) -> Iterator[Site | Rejection]:
+def candidates(graph: fx.Graph, *, kernel_limits: bool = True) -> Iterator[Site | Rejection]:
     """Match each functional all-reduce of ``graph``, in graph order, lazily: the caller may
     replace a site before taking the next item (sites are disjoint, and a later site sees
-    the earlier one's outputs where it used its nodes, e.g. as its residual)."""
+    the earlier one's outputs where it used its nodes, e.g. as its residual).
+    ``kernel_limits``: see :func:`match_site`."""
     for node in list(graph.find_nodes(op="call_function", target=c10d.all_reduce.default)):
         try:
-            yield match_site(node)
+            yield match_site(node, kernel_limits=kernel_limits)
         except Mismatch as exc:
             yield Rejection(node, str(exc))
 
 
-def find_sites(graph: fx.Graph) -> tuple[list[Site], list[Rejection]]:
+def find_sites(graph: fx.Graph, *, kernel_limits: bool = True) -> tuple[list[Site], list[Rejection]]:
     """Every site of ``graph`` and every rejected all-reduce, without changing the graph."""
-    found = list(candidates(graph))
+    found = list(candidates(graph, kernel_limits=kernel_limits))
     return [c for c in found if isinstance(c, Site)], [c for c in found if isinstance(c, Rejection)]
 
 
-def match_site(all_reduce: fx.Node) -> Site:
-    """The site starting at ``all_reduce``; raises :class:`Mismatch` with the reason if none."""
+def match_site(all_reduce: fx.Node, *, kernel_limits: bool = True) -> Site:
+    """The site starting at ``all_reduce``; raises :class:`Mismatch` with the reason if none.
+
+    ``kernel_limits=False`` drops the fused kernel's own limits (hidden size, world sizes
+    2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``)."""
     x, reduce_op, group_name = all_reduce.args[:3]
     if str(reduce_op).lower() != "sum":
         raise Mismatch(f"reduce op {reduce_op!r}")
@@ -127,8 +131,8 @@ def match_site(all_reduce: fx.Node) -> Site:
     norm = _match_norm(total, after_all_reduce=residual is None)
     dtype, shape = _val(total).dtype, _val(total).shape
     _check_residual(result, residual, shape)
-    hidden = _check_supported(dtype, shape)
-    world_size = _world_size(group_name)
+    hidden = _check_supported(dtype, shape, kernel_limits)
+    world_size = _world_size(group_name, kernel_limits)
     head = tuple(dict.fromkeys((all_reduce, wait, result, total)))
     return Site(
         all_reduce=all_reduce,
@@ -320,10 +324,12 @@ def _weight(factor: fx.Node, dtype: torch.dtype, hidden: int) -> tuple[fx.Node, 
 # what the kernel supports
 
 
-def _check_supported(dtype: torch.dtype, shape: torch.Size) -> int:
+def _check_supported(dtype: torch.dtype, shape: torch.Size, kernel_limits: bool = True) -> int:
     if dtype not in SUPPORTED_DTYPES:
         raise Mismatch(f"dtype {_dtype(dtype)} not supported by the fused kernel")
     hidden = shape[-1]
+    if not kernel_limits:
+        return hidden  # type: ignore[return-value]
     if not isinstance(hidden, int):
         raise Mismatch(f"hidden size {hidden} is symbolic")
     if hidden % HIDDEN_MULTIPLE:
@@ -333,14 +339,14 @@ def _check_supported(dtype: torch.dtype, shape: torch.Size) -> int:
     return hidden
 
 
-def _world_size(group_name: str) -> int:
+def _world_size(group_name: str, kernel_limits: bool = True) -> int:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     try:
         size = _resolve_process_group(group_name).size()  # type: ignore[arg-type]
     except Exception as exc:
         raise Mismatch(f"process group {group_name!r} cannot be resolved ({type(exc).__name__})") from None
-    if size not in SUPPORTED_WORLD_SIZES:
+    if kernel_limits and size not in SUPPORTED_WORLD_SIZES:
         sizes = ", ".join(map(str, SUPPORTED_WORLD_SIZES))
         raise Mismatch(f"world size {size} not supported by the fused kernel ({sizes})")
     return size

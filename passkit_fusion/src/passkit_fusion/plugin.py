@@ -1,8 +1,7 @@
 """The ``fusion`` entry point of the ``passkit.passes`` group: what passkit-fusion adds.
 
-Loading it registers the fused ops (through :mod:`passkit_fusion.allreduce_rmsnorm` and
-:mod:`passkit_fusion.async_tp`), so the
-op exists in every process that builds a passkit pipeline, cache hits included.
+Loading it registers the passes' custom ops (importing each pass's package registers its ops),
+so they exist in every process that builds a passkit pipeline, cache hits included.
 """
 
 from __future__ import annotations
@@ -14,11 +13,12 @@ from passkit import Pass, hookimpl
 
 from .allreduce_rmsnorm import AllReduceRMSNorm
 from .async_tp import AsyncTP
+from .sequence_parallel import SequenceParallel
 
 
 @hookimpl
 def passkit_register_passes() -> list[type[Pass]]:
-    return [AllReduceRMSNorm, AsyncTP]
+    return [AllReduceRMSNorm, SequenceParallel, AsyncTP]
 
 
 @hookimpl

@@ -1,0 +1,187 @@
+"""The ``sequence_parallel`` pass: the residual stream between tensor-parallel layers is
+sharded along tokens.
+
+``all_reduce -> (add residual) -> RMSNorm -> column-parallel matmul`` becomes
+``reduce_scatter -> add -> RMSNorm on this rank's 1/W of the tokens -> all_gather -> matmul``
+(see :mod:`.rewrite`): the add and the norm do 1/W of the work, and the collectives are the
+functional ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` along dim 0 of a 2-D
+``[tokens, hidden]`` view, which torch's micro-pipeline TP matcher (the ``async_tp`` pass,
+ordered after this one) can overlap with the neighbouring matmuls. Enable it by name::
+
+    torch.compile(model, backend=passkit.backend(passes=["sequence_parallel", "cleanup"]))
+
+Valid only when the token count is a multiple of the group size: the pass declares it as a
+token constraint, so a compile with a dynamic token dimension gets a specialization with
+the pass (multiples of W, from ``min_tokens``) and one without it (the other sizes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+
+import pydantic
+import torch
+import torch.fx as fx
+
+from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
+
+from .. import matcher
+from ..matcher import Rejection, Site, find_sites
+from . import marks, ops, rewrite
+
+NAME = "sequence_parallel"
+
+
+class SequenceParallelOptions(pydantic.BaseModel):
+    """Options of the ``sequence_parallel`` pass."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    min_tokens: int = pydantic.Field(1024, ge=1)
+    """the smallest token count the pass rewrites. Sequence parallelism pays only with many tokens (the collectives are latency-bound below); 1024 is a guess, unmeasured until the GPU benchmark"""
+    max_tokens: int | None = pydantic.Field(None, ge=1)
+    """the largest token count the pass rewrites (None: no bound)"""
+    restrict_tokens: bool = True
+    """apply min_tokens/max_tokens (compile the sizes outside apart, without the pass; static shapes outside are left alone); False: every token count that is a multiple of the group size"""
+
+    @pydantic.model_validator(mode="after")
+    def _bounds(self) -> SequenceParallelOptions:
+        if self.max_tokens is not None and self.max_tokens < self.min_tokens:
+            raise ValueError(f"max_tokens={self.max_tokens} is below min_tokens={self.min_tokens}")
+        return self
+
+
+class SequenceParallel(GraphPass):
+    """Shard the residual stream along tokens: all-reduce + residual add + RMSNorm becomes
+    reduce-scatter + add + RMSNorm on 1/W of the tokens + all-gather."""
+
+    name = NAME
+    stage = Stage.POST
+    before = ("async_tp",)
+    Options = SequenceParallelOptions
+    requires = Requirements(min_world_size=2)
+    source_files = (matcher.__file__, rewrite.__file__, ops.__file__, marks.__file__)
+
+    options: SequenceParallelOptions
+
+    def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
+        """Multiples of the world size (a validity condition: every rank gets the same
+        number of tokens), from ``min_tokens`` up to ``max_tokens`` unless
+        ``restrict_tokens`` is off. Sites on a smaller tensor-parallel subgroup need
+        multiples of its size, which a multiple of the world size is when the subgroup
+        size divides the world size (checked per site)."""
+        if ctx.world_size < 2:
+            return None
+        if not self.options.restrict_tokens:
+            return TokenConstraint(multiple_of=ctx.world_size)
+        first = -(-self.options.min_tokens // ctx.world_size) * ctx.world_size
+        if self.options.max_tokens is not None and first > self.options.max_tokens:
+            return None  # no multiple in range: skip_reason says so
+        return TokenConstraint(
+            min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens, multiple_of=ctx.world_size
+        )
+
+    def skip_reason(self, ctx: CompileContext) -> str | None:
+        unmet = super().skip_reason(ctx)
+        if unmet:
+            return unmet
+        if self.options.restrict_tokens and self.token_constraint(ctx) is None:
+            return (
+                f"no multiple of the world size {ctx.world_size} in "
+                f"{self.options.min_tokens}..{self.options.max_tokens}"
+            )
+        return None
+
+    def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        sites, rejected = find_sites(gm.graph, kernel_limits=False)
+        symbol = rewrite.token_symbol(gm.graph)
+        taken: list[Site] = []
+        for site in sites:
+            problem = self._problem(site, ctx, symbol)
+            if problem:
+                rejected.append(Rejection(site.all_reduce, problem))
+            else:
+                taken.append(site)
+        outcome = rewrite.Outcome()
+        if taken:
+            rewriter = rewrite.Rewriter(gm.graph, self.name)
+            for site in taken:
+                rewriter.site(site)
+            rewriter.finish()
+            outcome = rewriter.outcome
+        notes = summarize(taken, rejected, outcome)
+        if not taken and not rejected:
+            fused = len(gm.graph.find_nodes(op="call_function", target=_fused_op()))
+            notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
+        return PassResult(modified=bool(taken), matches=len(taken), notes=notes)
+
+    def _problem(self, site: Site, ctx: CompileContext, symbol: object) -> str | None:
+        """Why ``site`` cannot be rewritten in this compile, or None. Decided from the
+        graph, the group's size and the compile's token range: the same on every rank."""
+        w = site.world_size
+        if w < 2:
+            return f"process group {site.group_name!r} has size {w}"
+        count = rewrite.token_count(site)
+        static = isinstance(count, int) or (isinstance(count, torch.SymInt) and count.node.expr.is_number)
+        if static:
+            count = int(count)
+            if count % w:
+                return f"{count} tokens: not a multiple of the group size {w}"
+            lo, hi = self.options.min_tokens, self.options.max_tokens
+            if self.options.restrict_tokens and (count < lo or (hi is not None and count > hi)):
+                return f"{count} tokens: outside min_tokens..max_tokens ({lo}..{hi or ''})"
+            return None
+        span = ctx.token_range
+        if span is None or span.multiple_of % w:
+            served = f"this compile serves {span}" if span else "no token range"
+            return (
+                f"symbolic token count {count}: nothing guarantees multiples of {w} ({served}; "
+                "compile with the passkit backend and a dynamic token dimension)"
+            )
+        if not rewrite.divisible_by_token_symbol(count, symbol):  # type: ignore[arg-type]
+            return f"symbolic token count {count}: not a multiple of the token dimension {symbol}"
+        return None
+
+
+def _fused_op() -> object:
+    from .. import ops as fused_ops  # noqa: F401  (registers the allreduce_rmsnorm op)
+
+    return torch.ops.passkit_fusion.allreduce_rmsnorm.default
+
+
+def summarize(sites: list[Site], rejected: list[Rejection], outcome: rewrite.Outcome) -> list[str]:
+    """Report notes: the sites taken and how their residuals were handled, the plan's
+    fingerprint (compare it across ranks' logs), and why the others were rejected."""
+    notes: list[str] = []
+    if sites:
+        notes.append(
+            f"{len(sites)} site(s) -> reduce-scatter + RMSNorm on 1/{sites[0].world_size} of the tokens "
+            f"+ all-gather: {outcome.sliced} residual(s) sliced (first), {outcome.sharded} already "
+            f"sharded (middle), {outcome.no_residual} without residual; {outcome.gathered} sum(s) "
+            f"gathered for other users (last); plan {plan_fingerprint(sites)}"
+        )
+        per_layer = Counter(_layer(s.module) for s in sites if s.module)
+        if per_layer:
+            notes.append("per layer: " + ", ".join(f"{k}={v}" for k, v in per_layer.items()))
+    if rejected:
+        reasons = Counter(r.reason for r in rejected)
+        listed = "; ".join(f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in reasons.items())
+        notes.append(f"{len(rejected)} candidate(s) rejected: {listed}")
+    if not sites and not rejected:
+        notes.append("no all-reduce in the graph")
+    return notes
+
+
+def plan_fingerprint(sites: list[Site]) -> str:
+    plan = [
+        [s.group_name, s.world_size, str(s.dtype), s.residual is not None, s.eps, s.weight_bias]
+        for s in sites
+    ]
+    return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]
+
+
+def _layer(module: str) -> str:
+    parent, _, _ = module.rpartition(".")
+    return parent or module

@@ -1,0 +1,290 @@
+"""``sequence_parallel`` on traced graphs in a fake world: the forms it rewrites (first,
+middle and last sites, every RMSNorm form, 2-D/3-D, dtypes), the ones it leaves alone
+with a reason, its options, token constraint and skips.
+
+Graphs come from ``torch.compile`` in passkit's eager mode with the fake process group (no
+communication; numerics: ``test_sequence_parallel_numerics.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
+from passkit_fusion.sequence_parallel import SequenceParallel
+from test_matcher import (
+    Form,
+    bias_in_activation_dtype,
+    f_rms_norm,
+    gemma,
+    in_place_all_reduce,
+    llama_norm,
+    llama_residual,
+    llama_weight_right,
+    no_residual,
+    no_residual_result_used_later,
+    norm_over_dim0,
+    reduce_max,
+    residual_first,
+    residual_sum_used_later,
+    square_as_mul,
+    two_chained_sites,
+)
+
+import passkit
+from passkit import CompileContext, TokenConstraint, TokenRange, verify
+from passkit_testing import check_pass, copy_graph_module, count_ops, fake_world, run_passes
+
+SP = {"name": "sequence_parallel", "min_tokens": 1}
+ALL_REDUCE = "_c10d_functional.all_reduce.default"
+REDUCE_SCATTER = "_c10d_functional.reduce_scatter_tensor.default"
+ALL_GATHER = "_c10d_functional.all_gather_into_tensor.default"
+TOKEN_SHARD = "passkit_fusion.token_shard.default"
+bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def rewrite(fn: Any, *inputs: Any, world_size: int = 2, passes: list[Any] | None = None, **kwargs: Any):
+    with fake_world(world_size):
+        return run_passes(fn, *inputs, passes=passes or [SP], **kwargs)
+
+
+def norm_args(graph: torch.fx.GraphModule) -> list[tuple[tuple[Any, ...], Any]]:
+    """(shape, dtype) of every rsqrt: the norms run on the shards."""
+    return [
+        (tuple(n.meta["val"].shape), n.meta["val"].dtype)
+        for n in graph.graph.nodes
+        if n.target is torch.ops.aten.rsqrt.default
+    ]
+
+
+# (form, sites, residual shards sliced, gathers of the sum for other users)
+FORMS = [
+    (Form(llama_residual, shape=(8, 64)), 1, 1, 0),
+    (Form(llama_residual, dtype=fp16, shape=(2, 4, 64)), 1, 1, 0),
+    (Form(llama_residual, dtype=fp32, shape=(2, 4, 64)), 1, 1, 0),
+    (Form(llama_weight_right, shape=(2, 4, 128)), 1, 1, 0),
+    (Form(residual_first, dtype=fp16, shape=(8, 64)), 1, 1, 0),
+    (Form(square_as_mul, shape=(8, 64)), 1, 1, 0),
+    (Form(f_rms_norm, shape=(2, 4, 64)), 1, 1, 0),
+    (Form(gemma, shape=(2, 4, 64)), 1, 1, 0),
+    (Form(gemma, dtype=fp16, shape=(8, 64)), 1, 1, 0),
+    (Form(bias_in_activation_dtype, shape=(8, 64)), 1, 1, 0),
+    (Form(in_place_all_reduce, shape=(2, 4, 64)), 1, 1, 0),
+    (Form(no_residual, shape=(8, 64)), 1, 0, 0),
+    (Form(no_residual_result_used_later, dtype=fp16, shape=(2, 4, 64)), 1, 0, 1),
+    (Form(residual_sum_used_later, shape=(8, 64)), 1, 1, 1),
+    (Form(two_chained_sites, shape=(2, 4, 64)), 2, 1, 0),
+    (Form(llama_residual, shape=(8, 36)), 1, 1, 0),  # hidden sizes the fused kernel refuses
+]
+
+
+def _id(case: tuple[Form, int, int, int]) -> str:
+    form = case[0]
+    return f"{form.fn.__name__}-{str(form.dtype).removeprefix('torch.')}-{len(form.shape)}d-h{form.shape[-1]}"
+
+
+@pytest.mark.parametrize(("form", "sites", "sliced", "gathered"), FORMS, ids=[_id(c) for c in FORMS])
+def test_rewrites_form(form: Form, sites: int, sliced: int, gathered: int):
+    result = rewrite(form.fn, *form.inputs())
+    after = result.graph_after
+    result.assert_matches("sequence_parallel", sites)
+    assert count_ops(after, ALL_REDUCE) == 0
+    assert count_ops(after, REDUCE_SCATTER) == sites
+    assert count_ops(after, ALL_GATHER) == sites + gathered
+    assert count_ops(after, TOKEN_SHARD) == sliced
+    tokens = form.shape[0] * (form.shape[1] if len(form.shape) == 3 else 1)
+    assert norm_args(after) == [((tokens // 2, 1), fp32)] * sites  # the norm on this rank's half
+    note = result.report["sequence_parallel"].notes[0]
+    assert note.startswith(f"{sites} site(s) -> reduce-scatter + RMSNorm on 1/2 of the tokens")
+    assert f"{sliced} residual(s) sliced (first)" in note and f"{gathered} sum(s) gathered" in note
+
+
+def test_middle_sites_keep_the_residual_sharded():
+    result = rewrite(two_chained_sites, *Form(two_chained_sites, shape=(8, 64)).inputs())
+    note = result.report["sequence_parallel"].notes[0]
+    assert "1 residual(s) sliced (first), 1 already sharded (middle)" in note
+    # the second add reads the first site's sharded sum: both adds are on [4, 64]
+    adds = [n for n in result.graph_after.graph.nodes if n.target is torch.ops.aten.add.Tensor]
+    assert [tuple(n.meta["val"].shape) for n in adds if n.meta["val"].shape[-1] == 64] == [(4, 64)] * 2
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("sharding", ["functional", "dtensor"])
+def test_tensor_parallel_llama_first_middle_last(sharding: str, world_size: int):
+    cfg = LlamaConfig(kv_heads=4)
+    ids = torch.randint(0, cfg.vocab, (2, 8))
+    with fake_world(world_size) as world:
+        model = TinyLlama(cfg).to(bf16)
+        if sharding == "functional":
+            shard_functional(model, world.group, 0, world_size)
+        else:
+            shard_dtensor(model, world.mesh)
+        result = run_passes(model, ids, passes=[SP])
+    after = result.graph_after
+    assert count_ops(after, ALL_REDUCE) == 0
+    assert count_ops(after, REDUCE_SCATTER) == count_ops(after, ALL_GATHER) == cfg.sites() == 5
+    assert count_ops(after, TOKEN_SHARD) == 0  # the embedding's sum is the first residual
+    notes = result.report["sequence_parallel"].notes
+    assert notes[0].startswith(
+        f"5 site(s) -> reduce-scatter + RMSNorm on 1/{world_size} of the tokens + all-gather: "
+        "0 residual(s) sliced (first), 4 already sharded (middle), 1 without residual; "
+        "0 sum(s) gathered for other users (last)"
+    )
+    assert notes[1] == "per layer: layers.0=2, layers.1=2, norm=1"
+    assert norm_args(after) == [((16 // world_size, 1), fp32)] * 5
+
+
+def test_last_site_gathers_the_residual_for_other_users():
+    def fn(x, r, w):
+        h = funcol.all_reduce(x, "sum", dist.group.WORLD) + r
+        y = llama_norm(h, w)
+        h2 = h + funcol.all_reduce(y * 2, "sum", dist.group.WORLD)
+        return llama_norm(h2, w), h2 * 3  # the final sum is also an output
+
+    result = rewrite(fn, *Form(fn, shape=(8, 64)).inputs())
+    result.assert_matches("sequence_parallel", 2)
+    assert count_ops(result.graph_after, ALL_GATHER) == 3
+    assert "1 already sharded (middle)" in result.report["sequence_parallel"].notes[0]
+    assert "1 sum(s) gathered for other users (last)" in result.report["sequence_parallel"].notes[0]
+
+
+NEGATIVES = [
+    (Form(reduce_max, shape=(8, 64)), "reduce op 'max'", 2),
+    (Form(norm_over_dim0, shape=(8, 64)), "RMSNorm over dims [0], not the last (hidden) dim", 2),
+    (Form(llama_residual, shape=(7, 64)), "7 tokens: not a multiple of the group size 2", 2),
+    (Form(llama_residual, shape=(2, 3, 64)), "6 tokens: not a multiple of the group size 4", 4),
+    (Form(llama_residual, shape=(2, 5, 64)), "10 tokens: not a multiple of the group size 4", 4),
+]
+
+
+@pytest.mark.parametrize(("form", "reason", "world_size"), NEGATIVES, ids=[c[1][:24] for c in NEGATIVES])
+def test_rejects_with_reason(form: Form, reason: str, world_size: int):
+    result = rewrite(form.fn, *form.inputs(), world_size=world_size)
+    result.assert_matches("sequence_parallel", 0)
+    assert count_ops(result.graph_after, REDUCE_SCATTER) == 0
+    assert count_ops(result.graph_after, ALL_REDUCE) == 1
+    (note,) = result.report["sequence_parallel"].notes
+    assert note == f"1 candidate(s) rejected: {reason}"
+
+
+def test_static_token_counts_below_min_tokens_are_left_alone():
+    form = Form(llama_residual, shape=(8, 64))
+    result = rewrite(form.fn, *form.inputs(), passes=[{"name": "sequence_parallel"}])  # min 1024
+    result.assert_matches("sequence_parallel", 0)
+    assert result.report["sequence_parallel"].notes == [
+        "1 candidate(s) rejected: 8 tokens: outside min_tokens..max_tokens (1024..)"
+    ]
+    unrestricted = {"name": "sequence_parallel", "restrict_tokens": False}
+    rewrite(form.fn, *form.inputs(), passes=[unrestricted]).assert_matches("sequence_parallel", 1)
+
+
+class _Capture(passkit.GraphPass):
+    """Keeps a copy of the post-grad graph it sees."""
+
+    name = "capture"
+    graphs: list[torch.fx.GraphModule] = []
+
+    def run(self, gm, ctx):
+        self.graphs.append(copy_graph_module(gm))
+        return passkit.PassResult()
+
+
+def _symbolic_graph(shape: tuple[int, ...]) -> torch.fx.GraphModule:
+    """The post-grad graph of ``llama_residual`` with a dynamic token dim (dim 0)."""
+    _Capture.graphs = []
+    pipeline = passkit.Pipeline(passkit.Config(), passkit.get_plugins(), [_Capture()])
+    backend = passkit.Backend(mode="eager", pipeline=pipeline)
+    x, r, w = Form(llama_residual, shape=shape).inputs()
+    torch._dynamo.reset()
+    for t in (x, r):
+        torch._dynamo.mark_dynamic(t, 0)
+    torch.compile(llama_residual, backend=backend, fullgraph=True)(x, r, w)
+    (gm,) = _Capture.graphs
+    return gm
+
+
+@pytest.mark.parametrize(
+    ("shape", "relabels"),
+    [((8, 64), 1), ((8, 3, 64), 1), ((8, 2, 64), 0)],  # T = s, 3*s: relabel; 2*s: 2*(2*s//2) == 2*s
+    ids=["2d", "3d", "3d-even"],
+)
+def test_symbolic_token_count_needs_a_range_of_multiples(shape: tuple[int, ...], relabels: int):
+    sp = SequenceParallel(min_tokens=1)
+    with fake_world(2):
+        for token_range, matches, reason in [
+            (None, 0, "no token range"),
+            (TokenRange(1, None, 1), 0, "this compile serves tokens >= 1"),
+            (TokenRange(4, None, 2), 1, None),
+        ]:
+            gm = _symbolic_graph(shape)
+            result = sp.run(gm, CompileContext(world_size=2, token_range=token_range))
+            assert result.matches == matches, result.notes
+            if reason:
+                assert reason in result.notes[0] and "symbolic token count" in result.notes[0]
+                continue
+            # the gathered rows are re-labelled [T, H] without a guard, and the graph re-propagates
+            assert count_ops(gm, "aten.as_strided") == relabels
+            assert verify.repropagate(gm) == []
+            gm.graph.lint()
+
+
+def test_skips_at_world_size_one(clean_env):
+    backend = passkit.backend(passes=[SP], mode="eager")
+    torch.compile(lambda x, r, w: llama_norm(x + r, w), backend=backend)(*Form(llama_residual).inputs())
+    record = backend.last_report["sequence_parallel"]
+    assert (record.status, record.reason) == ("skipped", "needs world size >= 2 (got 1)")
+
+
+def test_token_constraint():
+    ctx = CompileContext(world_size=4)
+    assert SequenceParallel().token_constraint(ctx) == TokenConstraint(min_tokens=1024, multiple_of=4)
+    assert SequenceParallel(min_tokens=8, max_tokens=64).token_constraint(ctx) == TokenConstraint(8, 64, 4)
+    assert SequenceParallel(restrict_tokens=False).token_constraint(ctx) == TokenConstraint(multiple_of=4)
+    assert SequenceParallel().token_constraint(CompileContext(world_size=1)) is None
+    assert (
+        SequenceParallel(min_tokens=5, max_tokens=7).skip_reason(ctx)
+        == "no multiple of the world size 4 in 5..7"
+    )
+    assert TokenConstraint(8, 64, 4).holds_for(TokenRange(8, 64, 4))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"min_tokens": 0}, "passes.sequence_parallel.min_tokens"),
+        ({"min_tokens": 64, "max_tokens": 32}, "max_tokens=32 is below min_tokens=64"),
+        ({"min_token": 4}, "unknown option (known options: min_tokens, max_tokens, restrict_tokens)"),
+    ],
+)
+def test_rejects_bad_options(clean_env, options: dict[str, Any], message: str):
+    with pytest.raises(passkit.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        passkit.backend(passes=[{"name": "sequence_parallel", **options}])
+
+
+def test_registered_through_the_entry_point():
+    info = passkit.get_plugins().passes["sequence_parallel"]
+    assert (info.plugin.name, info.plugin.distribution) == ("fusion", "passkit-fusion")
+    assert info.cls.before == ("async_tp",) and info.cls.stage is passkit.Stage.POST
+
+
+def test_the_graph_is_the_same_on_every_rank():
+    """No rank in the graph: ranks 0 and 1 trace the same code (the FX cache can share it)."""
+    codes = []
+    for rank in (0, 1):
+        with fake_world(2, rank=rank):
+            form = Form(llama_residual, shape=(8, 64))
+            codes.append(run_passes(form.fn, *form.inputs(), passes=[SP]).graph_after.code)
+    assert codes[0] == codes[1]
+
+
+def test_conformance():
+    with fake_world(2):
+        check_pass(
+            "sequence_parallel",
+            options_variants=[{"min_tokens": 1}, {"min_tokens": 2, "max_tokens": 4096}],
+            sample=(llama_residual, Form(llama_residual, shape=(8, 64)).inputs()),
+        )

@@ -1,0 +1,160 @@
+"""``sequence_parallel`` in real 2- and 4-rank gloo worlds: a tensor-parallel TinyLlama
+compiled with the pass matches eager at token counts that are multiples of the world size
+(the pass's specialization) and at others (compiled without it, through the token range);
+composition with ``allreduce_rmsnorm`` in both configured orders.
+
+Passkit's eager mode runs the passes without code generation (fast on two CPU cores); one
+world goes through Inductor once, so the rewritten graph is also lowered and run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from passkit_fusion.model import LlamaConfig, TinyLlama, shard_functional
+
+import passkit
+from passkit_testing import assert_close, fake_world, gloo_world
+
+SITES = LlamaConfig().sites()
+MIN = 8
+SP = {"name": "sequence_parallel", "min_tokens": MIN}
+ARR = {"name": "allreduce_rmsnorm", "implementation": "reference", "max_tokens": MIN}
+NO_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+
+
+def _model(rank: int, world_size: int, dtype: torch.dtype) -> TinyLlama:
+    model = TinyLlama(LlamaConfig(kv_heads=4)).to(dtype).eval()
+    return shard_functional(model, dist.group.WORLD, rank, world_size)
+
+
+def _ids(seq: int) -> torch.Tensor:
+    return torch.randint(0, LlamaConfig().vocab, (1, seq), generator=torch.Generator().manual_seed(seq))
+
+
+def _records(backend: passkit.Backend) -> dict[str | None, dict[str, tuple[str, int, list[str]]]]:
+    return {
+        r.token_range: {rec.name: (rec.status, rec.matches, rec.notes) for rec in r.records}
+        for r in backend.reports
+    }
+
+
+def _run(
+    rank: int, world_size: int, passes: list[Any], seqs: tuple[int, ...], mode: str, dtype: torch.dtype
+) -> dict[str, Any]:
+    torch._dynamo.reset()
+    model = _model(rank, world_size, dtype)
+    backend = passkit.backend(passes=passes, mode=mode, verify=True, on_error="raise")
+    compiled = torch.compile(model, backend=backend)
+    out: dict[str, Any] = {"calls": {}}
+    with torch.no_grad():
+        for seq in seqs:
+            got = compiled(_ids(seq))
+            dispatcher = backend.last_dispatcher
+            spec = dispatcher.index_for(seq) if dispatcher is not None else None
+            label = dispatcher.plan.specializations[spec].label if spec is not None else None
+            out["calls"][seq] = {"compiled": got, "eager": model(_ids(seq)), "range": label}
+    out["records"] = _records(backend)
+    return out
+
+
+def _rank(rank: int, world_size: int) -> dict[str, Any]:
+    out = {"sp": _run(rank, world_size, [SP, "cleanup"], (MIN, 12, 10, 7), "eager", torch.float32)}
+    if world_size == 2:
+        out["sp_bf16"] = _run(rank, world_size, [SP], (MIN,), "eager", torch.bfloat16)
+    return out
+
+
+def _inductor_rank(rank: int, world_size: int) -> dict[str, Any]:
+    return _run(rank, world_size, [SP, "cleanup"], (MIN, 12, 9), "inductor", torch.float32)
+
+
+@pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=["tp2", "tp4"])
+def world(request: pytest.FixtureRequest) -> tuple[int, list[dict[str, Any]]]:
+    return request.param, gloo_world(_rank, request.param, timeout=400, env=NO_CACHES)
+
+
+@pytest.fixture(scope="module")
+def inductor_world() -> list[dict[str, Any]]:
+    return gloo_world(_inductor_rank, 2, timeout=400, env=NO_CACHES)
+
+
+def _check_calls(result: dict[str, Any], world_size: int, dtype_tol: float = 1e-5) -> None:
+    for seq, call in result["calls"].items():
+        assert_close(call["compiled"], call["eager"], rtol=dtype_tol, atol=dtype_tol)
+        if call["range"] is not None:  # dynamic compiles: the range says whether the pass ran
+            assert ("multiples of" in call["range"]) == (seq % world_size == 0 and seq >= MIN), (seq, call)
+
+
+def test_matches_eager_at_every_token_count(world):
+    world_size, ranks = world
+    for rank in ranks:
+        _check_calls(rank["sp"], world_size)
+        if "sp_bf16" in rank:
+            _check_calls(rank["sp_bf16"], world_size, dtype_tol=0.05)
+
+
+def test_the_pass_runs_only_on_multiples_of_the_world_size(world):
+    world_size, ranks = world
+    for rank in ranks:
+        records = rank["sp"]["records"]
+        # the first call compiles statically (8 tokens: rewritten); then one dynamic compile
+        assert records[None]["sequence_parallel"][:2] == ("ran", SITES)
+        with_pass = f"tokens >= {MIN}, multiples of {world_size}"
+        assert records[with_pass]["sequence_parallel"][:2] == ("ran", SITES)
+        assert (
+            "0 residual(s) sliced (first), 4 already sharded (middle), 1 without residual"
+            in (records[with_pass]["sequence_parallel"][2][0])
+        )
+        without = [k for k in records if k is not None and k != with_pass]
+        assert without and all(records[k]["sequence_parallel"][0] == "skipped" for k in without)
+    # every rank took the same decisions
+    assert len({str(rank["sp"]["records"]) for rank in ranks}) == 1
+
+
+@pytest.mark.slow
+def test_through_inductor(inductor_world):
+    """The rewritten graphs lowered by Inductor (static, and the symbolic specialization
+    with its re-labelled gathers), run, match eager."""
+    for rank in inductor_world:
+        _check_calls(rank, 2)
+        assert rank["records"][None]["sequence_parallel"][:2] == ("ran", SITES)
+        assert rank["records"]["tokens >= 8, multiples of 2"]["sequence_parallel"][:2] == ("ran", SITES)
+
+
+@pytest.mark.parametrize("order", ["sp_then_arr", "arr_then_sp"])
+def test_composes_with_allreduce_rmsnorm(order: str):
+    """Both passes enabled with ranges that overlap at 8 tokens: there the configured order
+    decides, and the second pass says the sites were taken (fake world: reports only)."""
+    first, second = ("sequence_parallel", "allreduce_rmsnorm")
+    if order == "arr_then_sp":
+        first, second = second, first
+    passes = [SP, ARR] if order == "sp_then_arr" else [ARR, SP]
+    with fake_world(2) as world:
+        torch._dynamo.reset()
+        model = shard_functional(TinyLlama(LlamaConfig()).eval(), world.group, 0, 2)
+        backend = passkit.backend(passes=passes, mode="eager", verify=True, on_error="raise")
+        compiled = torch.compile(model, backend=backend)
+        with torch.no_grad():
+            for seq in (4, MIN):
+                compiled(_ids(seq))
+        records = _records(backend)
+    both = "tokens 8, multiples of 2"
+    assert records[both][first][:2] == ("ran", SITES)
+    assert records[both][second][:2] == ("ran", 0)
+    assert records[both][second][2] == [f"no all-reduce left: {SITES} site(s) taken by {first}"]
+    # elsewhere each applies alone, or neither
+    assert records["tokens 1..8"]["allreduce_rmsnorm"][:2] == ("ran", SITES)
+    assert records["tokens 1..8"]["sequence_parallel"][0] == "skipped"
+    assert records["tokens >= 9, multiples of 2"]["sequence_parallel"][:2] == ("ran", SITES)
+    assert records["tokens >= 9, multiples of 2"]["allreduce_rmsnorm"][0] == "skipped"
+    assert all(rec[0] == "skipped" for rec in records["tokens >= 9"].values())
+    # the first (static) compile at 4 tokens: below sequence_parallel's min_tokens
+    assert records[None]["sequence_parallel"][2][-1].endswith(
+        "4 tokens: outside min_tokens..max_tokens (8..) (x5)"
+    ) or records[None]["sequence_parallel"][2] == [
+        f"no all-reduce left: {SITES} site(s) taken by allreduce_rmsnorm"
+    ]
