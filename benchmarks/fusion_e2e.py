@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from passkit_fusion.tuning.timing import replay_median_us
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
@@ -111,24 +111,7 @@ def causal_mask(tokens: int, context: int, device: torch.device) -> torch.Tensor
 
 def time_graph(fn, args, replays: int) -> float:
     """Median microseconds of one CUDA-graph replay of ``fn(*args)``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(*args)
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return replay_median_us(lambda: fn(*args), replays=replays)
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) -> None:
@@ -217,7 +200,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) ->
 
 
 def _runtime_paths() -> dict[str, int]:
-    from passkit_fusion import runtime
+    from passkit_fusion.allreduce_rmsnorm import runtime
 
     return dict(runtime.stats())
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from passkit_fusion import runtime
+from passkit_fusion.allreduce_rmsnorm import runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("teardown_bench", ROOT / "benchmarks" / "teardown.py")

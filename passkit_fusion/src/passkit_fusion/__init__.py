@@ -14,16 +14,16 @@ __version__ = "0.1.0"
 _LAZY = {
     "AllReduceRMSNorm": "allreduce_rmsnorm",
     "AllReduceRMSNormOptions": "allreduce_rmsnorm",
-    "prepare": "runtime",
-    "configure": "runtime",
-    "destroy_workspaces": "runtime",
-    "stats": "runtime",
-    "CollectiveError": "runtime",
+    "prepare": "allreduce_rmsnorm.runtime",
+    "configure": "allreduce_rmsnorm.runtime",
+    "destroy_workspaces": "allreduce_rmsnorm.runtime",
+    "stats": "allreduce_rmsnorm.runtime",
+    "CollectiveError": "allreduce_rmsnorm.runtime",
     "RankAgreementError": "collective",
     "report_failure": "collective",
-    "Table": "tables",
-    "load_table": "tables",
-    "save_table": "tables",
+    "Table": "tuning.tables",
+    "load_table": "tuning.tables",
+    "save_table": "tuning.tables",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -42,7 +42,7 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 
-from .collective import (
+from ..collective import (
     RankAgreementError,
     agree,
     bounded,
@@ -50,8 +50,8 @@ from .collective import (
     plan_fingerprint,
     resolve_group,
 )
-from .reference import rms_norm
-from .tables import (
+from ..reference import rms_norm
+from ..tuning.tables import (
     Decision,
     Rule,
     Table,
