@@ -529,11 +529,11 @@ class LooksCuda(torch.Tensor):
 
 def clear_runtime_caches() -> None:
     """Forget what runtime learnt about flashinfer and CUDA (both are faked here)."""
-    from passkit_fusion.allreduce_rmsnorm import runtime
+    from passkit_fusion.allreduce_rmsnorm import flashinfer_api
 
-    runtime._flashinfer_comm.cache_clear()
-    runtime._select_api.cache_clear()
-    runtime._unavailable.cache_clear()
+    flashinfer_api.flashinfer_comm.cache_clear()
+    flashinfer_api.select_api.cache_clear()
+    flashinfer_api.unavailable.cache_clear()
 
 
 def pretend_gpu(name: str = "Fake GPU") -> None:

@@ -31,7 +31,7 @@ import fake_flashinfer
 import pytest
 import torch
 import torch.distributed as dist
-from passkit_fusion.allreduce_rmsnorm import runtime, tune
+from passkit_fusion.allreduce_rmsnorm import flashinfer_api, runtime, tune
 from passkit_fusion.tuning import tables
 from passkit_fusion.tuning.tables import UNFUSED, Decision, Entry, Measurement, Rule, Table, TableKey
 from passkit_testing.worlds import gloo_world
@@ -387,7 +387,7 @@ def test_flashinfer_missing(fake_gpu):
     fake_gpu(None)
     assert runtime.unavailable_reason() == "flashinfer_missing"
     assert runtime.flashinfer_version() is None
-    assert runtime._select_api("auto") is None
+    assert flashinfer_api.select_api("auto") is None
     with pytest.raises(RuntimeError, match="no usable flashinfer API: flashinfer_missing"):
         runtime._api()
     path = runtime.choose_path(
@@ -418,7 +418,7 @@ def test_flashinfer_missing(fake_gpu):
 def test_flashinfer_api_selection(fake_gpu, variant, preference, api, weight_bias, metadata):
     fake_gpu(variant)
     runtime.configure(flashinfer_api=preference)
-    selected = runtime._select_api(preference)
+    selected = flashinfer_api.select_api(preference)
     assert runtime.flashinfer_version() == fake_flashinfer.VERSION
     if api is None:
         assert selected is None
