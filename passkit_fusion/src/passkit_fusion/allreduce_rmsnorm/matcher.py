@@ -3,21 +3,12 @@
 The matcher is structural: from each functional all-reduce
 (``_c10d_functional.wait_tensor(_c10d_functional.all_reduce(x, "sum", group))``, as
 ``torch.compile`` emits it for functional collectives and for DTensor alike, followed by
-``aten.copy`` for an in-place ``dist.all_reduce``) it walks forward and recognises the
-canonical ATen form of an RMSNorm::
-
-    c   = convert_element_type(s, float32)          # absent when s is already fp32
-    var = mean.dim(pow(c, 2) | mul(c, c), [-1], keepdim=True)
-    n   = mul(c, rsqrt(add(var, eps)))
-    out = mul(convert_element_type(n, dtype), W)     # weight after the downcast (Llama)
-        | convert_element_type(mul(n, W), dtype)     # weight in fp32 (F.rms_norm, Gemma)
-
-where ``s`` is the all-reduce result or its sum with a residual, and ``W`` is the weight,
-optionally upcast, optionally plus a constant (Gemma's ``1 + weight``, the kernel's
-``weight_bias``). Operands of commutative ops may come in either order; the epsilon, the
-weight bias, the dims and the dtypes are read from the graph, so one matcher covers every
-value. Everything is decided from the graph and the process group's size, never from
-rank-local state, so every rank finds the same sites.
+``aten.copy`` for an in-place ``dist.all_reduce``) it walks forward over the optional
+residual add to ``s``, the all-reduce result or its sum with a residual, and recognises the
+RMSNorm whose input is ``s`` through :func:`passkit_fusion.patterns.rmsnorm.match_rmsnorm`
+(Llama's fp32 upcast, ``F.rms_norm``, Gemma's ``1 + weight``, ``x * x``, the weight on
+either side of the downcast). Everything is decided from the graph and the process group's
+size, never from rank-local state, so every rank finds the same sites.
 
 A candidate the fused kernel would compute differently is rejected with a reason: a reduce
 op other than sum, a norm over another dim, a weight in another dtype than the activations,
@@ -28,11 +19,22 @@ add that broadcasts or promotes, an unsupported dtype, hidden size or world size
 from __future__ import annotations
 
 import dataclasses
-import numbers
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.fx as fx
+
+from ..patterns.graph import (
+    Mismatch,
+    dtype_str,
+    group_world_size,
+    module_path,
+    same_shape,
+    shape_str,
+    sole_user,
+    val,
+)
+from ..patterns.rmsnorm import NoNorm, RMSNorm, match_rmsnorm
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -44,19 +46,6 @@ HIDDEN_MULTIPLE = 8
 """The kernel moves 16-byte vectors: 8 elements of a 16-bit dtype."""
 MAX_HIDDEN = 16384
 """Largest hidden size the kernel is known to launch with (one token per thread block cluster)."""
-
-_ADDS = (aten.add.Tensor, aten.add.Scalar)
-
-
-class Mismatch(Exception):
-    """Why a candidate all-reduce is not a site (the message is the report's reason)."""
-
-
-class NoNorm(Mismatch):
-    """Nothing shaped like an RMSNorm follows the all-reduce."""
-
-    def __init__(self, detail: str = "") -> None:
-        super().__init__("no RMSNorm after the all-reduce" + (f" ({detail})" if detail else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,13 +108,13 @@ def match_site(all_reduce: fx.Node) -> Site:
         raise Mismatch(f"reduce op {reduce_op!r}")
     if not isinstance(x, fx.Node) or not isinstance(group_name, str):
         raise Mismatch("all-reduce arguments not understood")
-    wait = _sole_user(all_reduce)
+    wait = sole_user(all_reduce)
     if wait is None or wait.target is not c10d.wait_tensor.default:
         raise Mismatch("all-reduce result not awaited by exactly one wait_tensor")
     result = _in_place_copy(wait) or wait
     total, residual = _residual_add(result)
     norm = _match_norm(total, after_all_reduce=residual is None)
-    dtype, shape = _val(total).dtype, _val(total).shape
+    dtype, shape = val(total).dtype, val(total).shape
     _check_residual(result, residual, shape)
     hidden = _check_supported(dtype, shape)
     world_size = _world_size(group_name)
@@ -155,17 +144,17 @@ def match_site(all_reduce: fx.Node) -> Site:
 def _in_place_copy(wait: fx.Node) -> fx.Node | None:
     """``copy(buffer, result)``, the functional form of an in-place ``dist.all_reduce(buffer)``
     when it is the result's only use: the copy then holds the all-reduce result."""
-    copy = _sole_user(wait)
+    copy = sole_user(wait)
     if copy is None or copy.target is not aten.copy.default or copy.args[1] is not wait:
         return None
-    same = _val(copy).dtype == _val(wait).dtype and _same_shape(_val(copy).shape, _val(wait).shape)
+    same = val(copy).dtype == val(wait).dtype and same_shape(val(copy).shape, val(wait).shape)
     return copy if same else None
 
 
 def _residual_add(result: fx.Node) -> tuple[fx.Node, fx.Node | None]:
     """``(add, residual)`` when the all-reduce result's only use is ``add(result, residual)``
     (either order), else ``(result, None)``: the norm must then start at the result itself."""
-    add = _sole_user(result)
+    add = sole_user(result)
     if add is None or add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
         return result, None
     a, b = add.args[:2]
@@ -178,142 +167,27 @@ def _residual_add(result: fx.Node) -> tuple[fx.Node, fx.Node | None]:
 def _check_residual(result: fx.Node, residual: fx.Node | None, shape: torch.Size) -> None:
     if residual is None:
         return
-    rval, wval = _val(residual), _val(result)
+    rval, wval = val(residual), val(result)
     if rval.dtype != wval.dtype:
-        raise Mismatch(f"residual is {_dtype(rval.dtype)} but the all-reduce is {_dtype(wval.dtype)}")
-    if not (_same_shape(rval.shape, shape) and _same_shape(wval.shape, shape)):
-        raise Mismatch(f"residual add broadcasts ({_shape(wval.shape)} + {_shape(rval.shape)})")
+        raise Mismatch(f"residual is {dtype_str(rval.dtype)} but the all-reduce is {dtype_str(wval.dtype)}")
+    if not (same_shape(rval.shape, shape) and same_shape(wval.shape, shape)):
+        raise Mismatch(f"residual add broadcasts ({shape_str(wval.shape)} + {shape_str(rval.shape)})")
 
 
 # ---------------------------------------------------------------------------------------
-# the RMSNorm
+# the RMSNorm (its forms: passkit_fusion.patterns.rmsnorm)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Norm:
-    weight: fx.Node
-    weight_bias: float
-    eps: float
-    out: fx.Node
-    nodes: tuple[fx.Node, ...]
-    """The norm's nodes after its input (weight preparation included), ``out`` last."""
-
-
-def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> _Norm:
+def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> RMSNorm:
     """The RMSNorm whose input is ``total``. ``total``'s other users are fine (they will
     read ``residual_out``); every node inside the norm must be used only by the norm."""
-    if _val(total).dtype == torch.float32:
-        starts = [total]
-    else:
-        starts = [u for u in total.users if _cast_dtype(u) == torch.float32]
-    first: Mismatch = NoNorm()
-    for h in starts:
-        try:
-            return _norm_from_fp32(total, h)
-        except Mismatch as exc:
-            first = exc if isinstance(first, NoNorm) else first
-    shared = after_all_reduce and len(total.users) > 1
-    if isinstance(first, NoNorm) and shared and any(u.target is aten.add.Tensor for u in total.users):
-        raise Mismatch("all-reduce result is also used outside the residual add")
-    raise first
-
-
-def _norm_from_fp32(total: fx.Node, h: fx.Node) -> _Norm:
-    """Match from ``h``, the fp32 view of ``total`` (``total`` itself when it is fp32)."""
-    dtype = _val(total).dtype
-    square = _find_user(h, lambda u: _is_square_of(u, h))
-    mean = _next(square, lambda u: u.target is aten.mean.dim)
-    _check_mean(mean, _val(total).dim())
-    plus_eps = _next(mean, lambda u: u.target in _ADDS)
-    rsqrt = _next(plus_eps, lambda u: u.target is aten.rsqrt.default)
-    eps = _number_operand(plus_eps, mean)
-    if eps is None:
-        raise Mismatch("the norm's epsilon is not a constant (a graph input?)")
-    normed = _next(rsqrt, lambda u: _is_mul_of(u, h, rsqrt))
-    if h is not total and set(h.users) != {square, normed}:
-        raise Mismatch(f"the norm's fp32 upcast {h.name} is also used outside the norm")
-    nodes = (
-        [square, mean, plus_eps, rsqrt, normed] if h is total else [h, square, mean, plus_eps, rsqrt, normed]
-    )
-    weight, bias, tail = _weight_tail(normed, dtype, _val(total).shape[-1])
-    out = tail[-1]
-    if _val(out).dtype != dtype or not _same_shape(_val(out).shape, _val(total).shape):
-        raise Mismatch(
-            f"norm output is {_dtype(_val(out).dtype)} {_shape(_val(out).shape)}, not like its input"
-        )
-    return _Norm(weight, bias, eps, out, (*nodes, *tail))
-
-
-def _check_mean(mean: fx.Node, ndim: int) -> None:
-    dims = mean.args[1] if len(mean.args) > 1 else None
-    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
-    if mean.kwargs.get("dtype") is not None or not keepdim:
-        raise NoNorm("mean without keepdim")
-    if not isinstance(dims, (list, tuple)):
-        raise Mismatch("RMSNorm over all dims, not the last (hidden) dim")
-    if sorted(int(d) % ndim for d in dims) != [ndim - 1]:  # type: ignore[call-overload]
-        raise Mismatch(f"RMSNorm over dims {list(dims)}, not the last (hidden) dim")
-
-
-def _weight_tail(normed: fx.Node, dtype: torch.dtype, hidden: int) -> tuple[fx.Node, float, list[fx.Node]]:
-    """From the normalised fp32 value to the output: the weight multiply and the downcast,
-    in either order. Returns ``(weight, weight_bias, nodes)``, the output last in ``nodes``."""
-    user = _next(normed, lambda u: True)
-    if dtype != torch.float32 and _cast_dtype(user) == dtype:  # downcast, then weight
-        muls = [u for u in user.users if u.target is aten.mul.Tensor and _tensor_other(u, user) is not None]
-        if not muls:
-            raise Mismatch("RMSNorm without a weight")
-        mul = _next(user, lambda u: u is muls[0])
-        factor: fx.Node = _tensor_other(mul, user)  # type: ignore[assignment]
-        if _val(factor).dtype != dtype:
-            raise Mismatch(
-                f"norm weight is {_dtype(_val(factor).dtype)}: the weight multiply promotes the "
-                f"{_dtype(dtype)} norm output to {_dtype(_val(mul).dtype)}"
-            )
-        weight, bias, prep = _weight(factor, dtype, hidden)
-        return weight, bias, [*prep, user, mul]
-    if user.target is aten.mul.Tensor and _tensor_other(user, normed) is not None:  # weight in fp32
-        weight, bias, prep = _weight(_tensor_other(user, normed), dtype, hidden)  # type: ignore[arg-type]
-        if dtype == torch.float32:
-            return weight, bias, [*prep, user]
-        down = _next(user, lambda u: _cast_dtype(u) == dtype)
-        return weight, bias, [*prep, user, down]
-    if _cast_dtype(user) == dtype or dtype == torch.float32:
-        raise Mismatch("RMSNorm without a weight")
-    raise NoNorm(f"unexpected {user.target} after the normalisation")
-
-
-def _weight(factor: fx.Node, dtype: torch.dtype, hidden: int) -> tuple[fx.Node, float, list[fx.Node]]:
-    """``factor`` is ``weight``, ``weight.float()``, or either plus a constant. The stored
-    weight must be in the activations' dtype: the kernel reads it so, and upcasting it is
-    exact.
-
-    Returns the stored weight, the constant (``weight_bias``) and the preparation nodes
-    used only by the norm (to be replaced with it)."""
-    prep: list[fx.Node] = []
-    bias = 0.0
-    if factor.target in _ADDS and (constant := _number_operand(factor, None)) is not None:
-        bias = float(constant)
-        prep.append(factor)
-        factor = _tensor_other(factor, None)  # type: ignore[assignment]
-    if _cast_dtype(factor) == torch.float32 and isinstance(factor.args[0], fx.Node):
-        prep.append(factor)
-        factor = factor.args[0]
-    wval = _val(factor)
-    if wval.dtype != dtype:
-        raise Mismatch(
-            f"norm weight is {_dtype(wval.dtype)} but activations are {_dtype(dtype)} "
-            "(the kernel reads the weight in the activation dtype)"
-        )
-    if wval.dim() != 1 or not _same_shape(wval.shape, (hidden,)):
-        raise Mismatch(f"norm weight has shape {_shape(wval.shape)}, not [{hidden}]")
-    # a weight preparation shared with other code stays; only the norm's own is replaced
-    own: list[fx.Node] = []
-    for node in prep:  # outermost first
-        if len(node.users) != 1:
-            break
-        own.insert(0, node)
-    return factor, bias, own
+    try:
+        return match_rmsnorm(total)
+    except NoNorm:
+        shared = after_all_reduce and len(total.users) > 1
+        if shared and any(u.target is aten.add.Tensor for u in total.users):
+            raise Mismatch("all-reduce result is also used outside the residual add") from None
+        raise
 
 
 # ---------------------------------------------------------------------------------------
@@ -322,7 +196,7 @@ def _weight(factor: fx.Node, dtype: torch.dtype, hidden: int) -> tuple[fx.Node, 
 
 def _check_supported(dtype: torch.dtype, shape: torch.Size) -> int:
     if dtype not in SUPPORTED_DTYPES:
-        raise Mismatch(f"dtype {_dtype(dtype)} not supported by the fused kernel")
+        raise Mismatch(f"dtype {dtype_str(dtype)} not supported by the fused kernel")
     hidden = shape[-1]
     if not isinstance(hidden, int):
         raise Mismatch(f"hidden size {hidden} is symbolic")
@@ -334,116 +208,8 @@ def _check_supported(dtype: torch.dtype, shape: torch.Size) -> int:
 
 
 def _world_size(group_name: str) -> int:
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    try:
-        size = _resolve_process_group(group_name).size()  # type: ignore[arg-type]
-    except Exception as exc:
-        raise Mismatch(f"process group {group_name!r} cannot be resolved ({type(exc).__name__})") from None
+    size = group_world_size(group_name)
     if size not in SUPPORTED_WORLD_SIZES:
         sizes = ", ".join(map(str, SUPPORTED_WORLD_SIZES))
         raise Mismatch(f"world size {size} not supported by the fused kernel ({sizes})")
     return size
-
-
-# ---------------------------------------------------------------------------------------
-# small helpers
-
-
-def module_path(node: fx.Node) -> str:
-    """The innermost module ``node`` was traced in, as a dotted path (``""`` if unknown)."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    path = str(list(stack.values())[-1][0])
-    for prefix in ("L['self'].", "L['self']", "self."):
-        if path.startswith(prefix):
-            return path[len(prefix) :]
-    return path
-
-
-def _val(node: fx.Node) -> torch.Tensor:
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        raise Mismatch(f"{node.name} has no tensor metadata")
-    return val
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _shape(shape: Iterable[object]) -> str:
-    return "[" + ", ".join(map(str, shape)) + "]"
-
-
-def _same_shape(a: Iterable[object], b: Iterable[object]) -> bool:
-    """Shapes equal for every value of their symbols (no guard is added)."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    a, b = tuple(a), tuple(b)
-    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
-
-
-def _sole_user(node: fx.Node) -> fx.Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
-
-
-def _find_user(node: fx.Node, pred: Callable[[fx.Node], bool]) -> fx.Node:
-    for user in node.users:
-        if pred(user):
-            return user
-    raise NoNorm()
-
-
-def _next(node: fx.Node, pred: Callable[[fx.Node], bool]) -> fx.Node:
-    """The user of ``node`` inside the norm; ``node`` must have no other user."""
-    found = _find_user(node, pred)
-    if len(node.users) > 1:
-        raise Mismatch(f"{node.name}, inside the RMSNorm, is also used outside it")
-    return found
-
-
-def _cast_dtype(node: fx.Node) -> torch.dtype | None:
-    """The dtype ``node`` casts to, if it is a pure dtype conversion."""
-    if node.op != "call_function":
-        return None
-    if node.target is torch.ops.prims.convert_element_type.default:
-        return node.args[1]  # type: ignore[return-value]
-    if node.target is aten._to_copy.default and set(node.kwargs) <= {"dtype"}:
-        return node.kwargs.get("dtype")  # type: ignore[return-value]
-    return None
-
-
-def _is_square_of(node: fx.Node, h: fx.Node) -> bool:
-    if node.target is aten.pow.Tensor_Scalar:
-        exponent = node.args[1]
-        return node.args[0] is h and isinstance(exponent, numbers.Real) and exponent == 2
-    return node.target is aten.mul.Tensor and node.args[:2] == (h, h)
-
-
-def _is_mul_of(node: fx.Node, a: fx.Node, b: fx.Node) -> bool:
-    return node.target is aten.mul.Tensor and set(node.args[:2]) == {a, b} and a is not b
-
-
-def _number_operand(node: fx.Node, other: fx.Node | None) -> float | None:
-    """The constant operand of a binary op whose other operand is ``other`` (any node if
-    ``None``), or ``None``."""
-    a, b = node.args[:2]
-    if node.kwargs.get("alpha", 1) != 1:
-        return None
-    for number, tensor in ((b, a), (a, b)):
-        if (
-            isinstance(number, numbers.Real)
-            and not isinstance(number, bool)
-            and isinstance(tensor, fx.Node)
-            and (other is None or tensor is other)
-        ):
-            return float(number)
-    return None
-
-
-def _tensor_other(node: fx.Node, known: fx.Node | None) -> fx.Node | None:
-    """The node operand of a binary op that is not ``known``."""
-    operands = [a for a in node.args[:2] if isinstance(a, fx.Node) and a is not known]
-    return operands[0] if len(operands) == 1 else None

@@ -28,6 +28,8 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..patterns import graph as graph_patterns
+from ..patterns import rmsnorm as rmsnorm_patterns
 from ..tuning import tables
 from . import matcher, ops
 from .matcher import Rejection, Site, candidates
@@ -60,7 +62,7 @@ class AllReduceRMSNorm(GraphPass):
     stage = Stage.POST
     Options = AllReduceRMSNormOptions
     requires = Requirements(min_world_size=2)
-    source_files = (matcher.__file__, ops.__file__)
+    source_files = (matcher.__file__, ops.__file__, rmsnorm_patterns.__file__, graph_patterns.__file__)
 
     options: AllReduceRMSNormOptions
 
