@@ -1,5 +1,16 @@
-"""End to end: one decode step of an 8-layer Llama-8B-shaped stack, TP=2, torch.compile as
-is vs with passkit's ``allreduce_rmsnorm`` enabled by name, both in one run.
+"""End to end: one step of an 8-layer Llama-8B-shaped stack under tensor parallelism,
+``torch.compile`` as is vs passkit-fusion's passes enabled by name, every variant in one run.
+
+Variants (``--variants``, default all):
+- ``inductor``: ``torch.compile`` as is;
+- ``allreduce_rmsnorm``: passkit with ``allreduce_rmsnorm`` (its token range: the tuned table's);
+- ``allreduce_rmsnorm_one_compile``: the same with ``restrict_tokens=False`` (one compile);
+- ``sp_async_tp``: passkit with ``sequence_parallel`` + ``async_tp`` (their token ranges);
+- ``all_three``: passkit with ``sequence_parallel``, ``async_tp`` and ``allreduce_rmsnorm``,
+  range-specialized together: where the sequence-parallel passes apply they take the sites;
+- ``torch_async_tp``: PyTorch's own async TP: the same stack written sequence-parallel by hand
+  (reduce-scatter / all-gather around the norms) compiled by Inductor with
+  ``_micro_pipeline_tp`` and symmetric memory enabled (token counts divisible by TP only).
 
 Shape (per DESIGN.md): hidden 4096, 32 query heads of 128 (8 KV heads), intermediate 14336,
 bf16, sharded over the ranks Megatron-style (q/k/v and gate/up column-parallel, o and down
@@ -30,6 +41,14 @@ from passkit_fusion.tuning.timing import replay_median_us
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
+VARIANTS = (
+    "inductor",
+    "allreduce_rmsnorm",
+    "allreduce_rmsnorm_one_compile",
+    "sp_async_tp",
+    "all_three",
+    "torch_async_tp",
+)
 
 
 class Norm(nn.Module):
@@ -81,6 +100,29 @@ class Layer(nn.Module):
         gate, up = self.gate_up(h).chunk(2, dim=-1)
         return residual + self.reduce(self.down(F.silu(gate) * up))
 
+    def forward_sp(self, x: torch.Tensor, residual: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The same layer written sequence-parallel: ``x`` (normed) and ``residual`` hold this
+        rank's tokens; all-gather before the column-parallel matmuls, reduce-scatter after
+        the row-parallel ones (what PyTorch's async TP fuses)."""
+        import torch.distributed._functional_collectives as funcol
+
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            return funcol.all_gather_tensor(t, 0, self.group)
+
+        def scatter(t: torch.Tensor) -> torch.Tensor:
+            return funcol.reduce_scatter_tensor(t, "sum", 0, self.group)
+
+        x = gather(x)
+        t = x.shape[0]
+        q, k, v = self.qkv(x).split([self.h * self.hd, self.kvh * self.hd, self.kvh * self.hd], dim=-1)
+        q = q.view(1, t, self.h, self.hd).transpose(1, 2)
+        k = torch.cat([self.k_cache, k.view(1, t, self.kvh, self.hd).transpose(1, 2)], dim=2)
+        v = torch.cat([self.v_cache, v.view(1, t, self.kvh, self.hd).transpose(1, 2)], dim=2)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        residual = residual + scatter(self.o(att.transpose(1, 2).reshape(t, -1)))
+        gate, up = self.gate_up(gather(self.post_norm(residual))).chunk(2, dim=-1)
+        return residual + scatter(self.down(F.silu(gate) * up))
+
 
 class Stack(nn.Module):
     def __init__(
@@ -102,6 +144,29 @@ class Stack(nn.Module):
             x = nxt(residual)
         return x
 
+    def sequence_parallel(self, rank: int) -> nn.Module:
+        """This stack (same weights) written sequence-parallel by hand, for ``rank``."""
+        return _SequenceParallelStack(self, rank)
+
+
+class _SequenceParallelStack(nn.Module):
+    def __init__(self, stack: Stack, rank: int):
+        super().__init__()
+        self.stack, self.rank = stack, rank
+        self.world = dist.get_world_size()
+
+    def forward(self, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        import torch.distributed._functional_collectives as funcol
+
+        layers, group = self.stack.layers, self.stack.layers[0].group
+        residual = hidden_states.chunk(self.world)[self.rank]
+        x = layers[0].inp_norm(residual)
+        for i, layer in enumerate(layers):
+            residual = layer.forward_sp(x, residual, mask)
+            nxt = layers[i + 1].inp_norm if i + 1 < len(layers) else self.stack.final_norm
+            x = nxt(residual)
+        return funcol.all_gather_tensor(x, 0, group)
+
 
 def causal_mask(tokens: int, context: int, device: torch.device) -> torch.Tensor:
     rows = torch.arange(tokens, device=device).unsqueeze(1)
@@ -112,6 +177,33 @@ def causal_mask(tokens: int, context: int, device: torch.device) -> torch.Tensor
 def time_graph(fn, args, replays: int) -> float:
     """Median microseconds of one CUDA-graph replay of ``fn(*args)``."""
     return replay_median_us(lambda: fn(*args), replays=replays)
+
+
+def _enable_symm_mem(group: str) -> None:
+    """torch <= 2.12 needs symmetric memory enabled per group before Inductor's async TP."""
+    import warnings
+
+    import torch.distributed._symmetric_memory as symm_mem
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(group)
+
+
+def variant_passes(name: str, impl: str, args: argparse.Namespace) -> list | None:
+    """The passkit pass list of a variant (None: no passkit)."""
+    arrms = {"name": "allreduce_rmsnorm", "implementation": impl, "max_tokens": args.max_tokens}
+    sp = {"name": "sequence_parallel", **({"min_tokens": args.sp_min_tokens} if args.sp_min_tokens else {})}
+    atp = {"name": "async_tp", **({"min_tokens": args.atp_min_tokens} if args.atp_min_tokens else {})}
+    return {
+        "inductor": None,
+        "torch_async_tp": None,
+        "allreduce_rmsnorm": [arrms],
+        "allreduce_rmsnorm_one_compile": [{**arrms, "restrict_tokens": False}],
+        "sp_async_tp": [sp, atp],
+        "all_three": [sp, atp, arrms],
+    }[name]
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) -> None:
@@ -126,77 +218,106 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) ->
     dtype = torch.bfloat16 if cuda else torch.float32
     group = dist.group.WORLD.group_name
     torch.manual_seed(0)
-    dims = {} if cuda else {"hidden": 64, "heads": 4, "kv_heads": 2, "inter": 128, "context": 8}
+    dims = (
+        {"context": args.context}
+        if cuda
+        else {"hidden": 64, "heads": 4, "kv_heads": 2, "inter": 128, "context": 8}
+    )
     model = Stack(args.layers, world, group, **dims).to(device, dtype).eval()
     hidden = model.final_norm.weight.shape[0]
     impl = "auto" if cuda else "reference"
 
-    def fusion(restrict_tokens: bool) -> passkit.Backend:
-        options = {"implementation": impl, "max_tokens": args.max_tokens, "restrict_tokens": restrict_tokens}
-        return passkit.backend(passes=[{"name": "allreduce_rmsnorm", **options}])
-
-    variants = {
-        "inductor": "inductor",
-        # one compile for every size: above its workspace the op runs the unfused path
-        "passkit": fusion(restrict_tokens=False),
-        # token ranges: up to the tuned bound the pass fuses, larger sizes compile without it
-        "passkit_ranges": fusion(restrict_tokens=True),
-    }
-    compiled, compile_s = {}, {}
-    for name, backend in variants.items():
+    compiled, compile_s, failed, backends = {}, {}, {}, {}
+    for name in args.variants:
         torch._dynamo.reset()
-        x = torch.randn(16, hidden, device=device, dtype=dtype)
+        passes = variant_passes(name, impl, args)
+        t0 = world * 8
+        x = torch.randn(t0, hidden, device=device, dtype=dtype)
         torch._dynamo.mark_dynamic(x, 0)
-        mask = causal_mask(16, model.context, device)
+        mask = causal_mask(t0, model.context, device)
         torch._dynamo.mark_dynamic(mask, 0)
         torch._dynamo.mark_dynamic(mask, 1)
-        fn = torch.compile(model, backend=backend, fullgraph=True)
         start = time.perf_counter()
-        with torch.no_grad():
-            fn(x, mask)
+        try:  # one variant failing must not cost the others' numbers
+            if name == "torch_async_tp":
+                if not cuda:
+                    raise RuntimeError("needs CUDA")
+                _enable_symm_mem(group)
+                options = {"_micro_pipeline_tp": True}
+                fn = torch.compile(model.sequence_parallel(rank), fullgraph=True, options=options)
+            else:
+                backend = "inductor" if passes is None else passkit.backend(passes=passes)
+                fn = torch.compile(model, backend=backend, fullgraph=True)
+                if passes is not None:
+                    backends[name] = backend
+            with torch.no_grad():
+                fn(x, mask)
+        except Exception as exc:
+            failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+            continue
         compile_s[name] = time.perf_counter() - start
         compiled[name] = fn
-    report = variants["passkit"].last_report
-    ranges = [
-        {
-            "range": r.token_range,
-            "matches": r["allreduce_rmsnorm"].matches,
-            "status": r["allreduce_rmsnorm"].status,
-        }
-        for r in variants["passkit_ranges"].reports
-        if "allreduce_rmsnorm" in r
-    ]
+    ranges = {
+        name: [
+            {
+                "range": r.token_range,
+                "passes": {n: [r[n].status, r[n].matches] for n in r.names() if n in _PASSES},
+            }
+            for r in backend.reports
+        ]
+        for name, backend in backends.items()
+        if name in compiled
+    }
     rows = []
     for tokens in args.tokens:
         x = torch.randn(tokens, hidden, device=device, dtype=dtype)
         mask = causal_mask(tokens, model.context, device)
+        row: dict = {"tokens": tokens}
         with torch.no_grad():
             ref = compiled["inductor"](x, mask).float()
-            err = max(
-                ((compiled[name](x, mask).float() - ref).norm() / ref.norm()).item()
-                for name in ("passkit", "passkit_ranges")
-            )
-            row = {"tokens": tokens, "rel_diff_vs_inductor": err}
-            if cuda:
-                for name, fn in compiled.items():
+            for name, fn in compiled.items():
+                if name == "torch_async_tp" and tokens % world:
+                    continue
+                out = fn(x, mask).float()
+                row.setdefault("rel_diff_vs_inductor", {})[name] = ((out - ref).norm() / ref.norm()).item()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
                     row[f"{name}_us"] = time_graph(fn, (x, mask), args.replays)
-                row["speedup"] = row["inductor_us"] / row["passkit_us"]
-                row["speedup_ranges"] = row["inductor_us"] / row["passkit_ranges_us"]
+                    row[f"{name}_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         rows.append(row)
     if rank == 0:
-        rec = report["allreduce_rmsnorm"] if report and "allreduce_rmsnorm" in report else None
         out_q.put(
             {
+                "variants": [v for v in args.variants if v in compiled],
+                "failed": failed,
                 "rows": rows,
                 "compile_s": compile_s,
-                "pass": rec.to_dict() if rec else None,
                 "ranges": ranges,
+                "passes": {
+                    name: {n: rec.to_dict() for n, rec in _records(backend)}
+                    for name, backend in backends.items()
+                    if name in compiled
+                },
                 "device": torch.cuda.get_device_name(0) if cuda else "cpu",
                 "torch": torch.__version__,
                 "paths": _runtime_paths() if cuda else {},
             }
         )
     dist.destroy_process_group()
+
+
+_PASSES = ("sequence_parallel", "async_tp", "allreduce_rmsnorm")
+
+
+def _records(backend) -> list:
+    """Each pass's record from the backend's reports, the one with most matches per pass."""
+    best: dict = {}
+    for report in backend.reports:
+        for n in report.names():
+            if n in _PASSES and (n not in best or report[n].matches > best[n].matches):
+                best[n] = report[n]
+    return list(best.items())
 
 
 def _runtime_paths() -> dict[str, int]:
@@ -206,43 +327,60 @@ def _runtime_paths() -> dict[str, int]:
 
 
 def render(res: dict, args: argparse.Namespace) -> str:
+    variants = res["variants"]
+    others = [v for v in variants if v != "inductor"]
     lines = [
-        f"# passkit allreduce_rmsnorm, end to end ({res['device']} x{args.world}, torch {res['torch']}, {time.strftime('%Y-%m-%d')})",
+        f"# passkit-fusion end to end ({res['device']} x{args.world}, torch {res['torch']}, {time.strftime('%Y-%m-%d')})",
         "",
-        f"{args.layers}-layer Llama-8B-shaped stack, TP={args.world}, bf16, KV context 256, CUDA-graph timed medians of {args.replays} replays.",
+        f"{args.layers}-layer Llama-8B-shaped stack, TP={args.world}, bf16, KV context {args.context}, "
+        f"CUDA-graph timed medians of {args.replays} replays; speedup = Inductor / variant.",
         "",
-        "passkit: one compile for every size (`restrict_tokens=False`); passkit ranges: the pass's "
-        "token range from the tuned table, larger sizes compiled without it (the default).",
-        "",
-        "| tokens | Inductor (us) | passkit (us) | speedup | passkit ranges (us) | speedup | rel. diff |",
-        "|---|---|---|---|---|---|---|",
+        "| tokens | Inductor (us) | "
+        + " | ".join(f"{v} (us) | speedup" for v in others)
+        + " | max rel. diff |",
+        "|---|---|" + "---|---|" * len(others) + "---|",
     ]
     for r in res["rows"]:
-        if "inductor_us" in r:
-            lines.append(
-                f"| {r['tokens']} | {r['inductor_us']:.1f} | {r['passkit_us']:.1f} | {r['speedup']:.2f}x "
-                f"| {r['passkit_ranges_us']:.1f} | {r['speedup_ranges']:.2f}x | {r['rel_diff_vs_inductor']:.1e} |"
-            )
-        else:
-            lines.append(f"| {r['tokens']} | - | - | - | - | - | {r['rel_diff_vs_inductor']:.1e} |")
-    p = res["pass"] or {}
-    if "paths" in res:
+        diff = max(r.get("rel_diff_vs_inductor", {"": 0.0}).values())
+        if "inductor_us" not in r:
+            lines.append(f"| {r['tokens']} | - | " + " | ".join("- | -" for _ in others) + f" | {diff:.1e} |")
+            continue
+        cells = [
+            f"{r[f'{v}_us']:.1f} | {r['inductor_us'] / r[f'{v}_us']:.2f}x" if f"{v}_us" in r else "n/a | -"
+            for v in others
+        ]
+        lines.append(f"| {r['tokens']} | {r['inductor_us']:.1f} | " + " | ".join(cells) + f" | {diff:.1e} |")
+    if res.get("failed"):
+        lines += ["", "Not run: " + "; ".join(f"{k}: {v}" for k, v in res["failed"].items())]
+    if res.get("paths"):
         lines += [
             "",
-            f"Runtime paths taken by the fused op (all token counts, warm-up included): {res['paths']}",
+            f"Runtime paths taken by the fused all-reduce op (all variants, warm-up included): {res['paths']}",
         ]
-    lines += [
-        "",
-        "Specializations of passkit ranges: "
-        + "; ".join(
-            f"{x['range']}: allreduce_rmsnorm {x['status']} ({x['matches']} sites)"
-            for x in res.get("ranges", [])
-        ),
-        "",
-        f"Compile (first call, dynamic tokens): Inductor {res['compile_s']['inductor']:.1f} s, with passkit {res['compile_s']['passkit']:.1f} s, "
-        f"passkit ranges {res['compile_s']['passkit_ranges']:.1f} s (all specializations at the first call); "
-        f"the pass itself: {p.get('ms', 0):.1f} ms, {p.get('matches', 0)} sites fused ({p.get('status')}; {'; '.join(p.get('notes', []))}).",
-    ]
+    lines += ["", "Token-range specializations (pass: status, sites):"]
+    for name, specs in res.get("ranges", {}).items():
+        parts = [
+            f"{x['range'] or 'all tokens'}: " + ", ".join(f"{n} {s} ({m} sites)" for n, (s, m) in x["passes"].items())
+            for x in specs
+        ]
+        lines.append(f"- {name}: " + "; ".join(parts))
+    compile_cells = ", ".join(f"{k} {v:.1f} s" for k, v in res["compile_s"].items())
+    lines += ["", f"Compile (first call, dynamic tokens, every specialization): {compile_cells}."]
+    for name, recs in res.get("passes", {}).items():
+        for n, rec in recs.items():
+            lines.append(
+                f"- {name} / {n}: {rec.get('ms', 0):.1f} ms, {rec.get('matches', 0)} sites; {'; '.join(rec.get('notes', []))}"
+            )
+    peaks = {
+        v: max((r[f"{v}_peak_mib"] for r in res["rows"] if f"{v}_peak_mib" in r), default=None)
+        for v in variants
+    }
+    if any(p is not None for p in peaks.values()):
+        lines += [
+            "",
+            "Peak memory above the model, largest token count (MiB): "
+            + ", ".join(f"{v} {p:.0f}" for v, p in peaks.items() if p is not None),
+        ]
     if "exit_s" in res:
         hung = [r for r, t in enumerate(res["exit_s"]) if t is None]
         lines += [
@@ -251,6 +389,23 @@ def render(res: dict, args: argparse.Namespace) -> str:
             + (f"; ranks {hung} did not exit within 120 s (killed)" if hung else ""),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _results(q, procs: list, limit: float = 1500.0) -> dict:
+    """Rank 0's results; exits with an error as soon as a rank died without them."""
+    import queue
+
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            return q.get(timeout=2.0)
+        except queue.Empty:
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"ranks died before reporting (rank, exit code): {dead}")
+    raise SystemExit(f"no results within {limit:.0f} s")
 
 
 def _exit_times(procs: list, results_at: float, limit: float = 120.0) -> list[float | None]:
@@ -280,9 +435,17 @@ def main() -> None:
         default=None,
         help="fused-kernel workspace size (default: from the tuned table)",
     )
+    ap.add_argument("--context", type=int, default=256, help="cached KV tokens (0: prefill)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--sp-min-tokens", type=int, default=None, help="sequence_parallel's min_tokens")
+    ap.add_argument("--atp-min-tokens", type=int, default=None, help="async_tp's min_tokens")
     ap.add_argument("--cpu", action="store_true", help="tiny smoke run on CPU (gloo, reference op)")
     args = ap.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
+    args.variants = ["inductor", *(v for v in args.variants.split(",") if v and v != "inductor")]
+    unknown = set(args.variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     import socket
 
     with socket.socket() as s:
@@ -293,7 +456,7 @@ def main() -> None:
     procs = [ctx.Process(target=worker, args=(r, args.world, port, args, q)) for r in range(args.world)]
     for p in procs:
         p.start()
-    res = q.get(timeout=1500)
+    res = _results(q, procs)
     res["exit_s"] = _exit_times(procs, time.monotonic())
     md = render(res, args)
     print(md)

@@ -516,7 +516,7 @@ def install(variant: str = "0.7.2") -> types.ModuleType:
 
 
 # ----------------------------------------------------------------------------------------
-# A pretend GPU, for processes that run passkit_fusion.runtime's fused paths on the CPU
+# A pretend GPU, for processes that run passkit_fusion.allreduce_rmsnorm.runtime's fused paths on the CPU
 
 
 class LooksCuda(torch.Tensor):

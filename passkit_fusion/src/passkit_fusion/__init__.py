@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "AllReduceRMSNorm": "allreduce_rmsnorm",
     "AllReduceRMSNormOptions": "allreduce_rmsnorm",
+    "AsyncTP": "async_tp",
+    "AsyncTPOptions": "async_tp",
     "prepare": "allreduce_rmsnorm.runtime",
     "configure": "allreduce_rmsnorm.runtime",
     "destroy_workspaces": "allreduce_rmsnorm.runtime",

@@ -1,6 +1,7 @@
 """The ``fusion`` entry point of the ``passkit.passes`` group: what passkit-fusion adds.
 
-Loading it registers the fused op (through :mod:`passkit_fusion.allreduce_rmsnorm`), so the
+Loading it registers the fused ops (through :mod:`passkit_fusion.allreduce_rmsnorm` and
+:mod:`passkit_fusion.async_tp`), so the
 op exists in every process that builds a passkit pipeline, cache hits included.
 """
 
@@ -12,11 +13,12 @@ from typing import Any
 from passkit import Pass, hookimpl
 
 from .allreduce_rmsnorm import AllReduceRMSNorm
+from .async_tp import AsyncTP
 
 
 @hookimpl
 def passkit_register_passes() -> list[type[Pass]]:
-    return [AllReduceRMSNorm]
+    return [AllReduceRMSNorm, AsyncTP]
 
 
 @hookimpl

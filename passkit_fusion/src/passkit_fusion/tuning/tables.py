@@ -229,7 +229,7 @@ def save_table(table: Table, path: str | os.PathLike[str]) -> None:
 
 @functools.cache
 def default_table() -> Table:
-    """The tables shipped in ``passkit_fusion/tables/``, then those ``passkit tune`` stored
+    """The tables shipped in ``passkit_fusion/tuning/tables/``, then those ``passkit tune`` stored
     in :data:`USER_TABLES_DIR` (which replace shipped entries with the same key), merged and
     read once per process."""
     table = Table()
