@@ -126,7 +126,7 @@ def _measure(args: argparse.Namespace, tokens: int) -> dict[str, object]:
 def _time(step: Callable[[], None], replays: int) -> tuple[float, str]:
     """CUDA-graph median of one step (us); eager median where capture fails."""
     try:
-        from passkit_fusion.tuning import graph_median_us
+        from passkit_fusion.tuning.timing import graph_median_us
 
         return graph_median_us(step, ops_per_graph=5, replays=replays), "graph"
     except Exception as exc:  # capture of a symmetric-memory op may be unsupported

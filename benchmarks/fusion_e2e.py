@@ -31,13 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from passkit_fusion.tuning.timing import replay_median_us
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
@@ -176,24 +176,7 @@ def causal_mask(tokens: int, context: int, device: torch.device) -> torch.Tensor
 
 def time_graph(fn, args, replays: int) -> float:
     """Median microseconds of one CUDA-graph replay of ``fn(*args)``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(*args)
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return replay_median_us(lambda: fn(*args), replays=replays)
 
 
 def _enable_symm_mem(group: str) -> None:
@@ -338,7 +321,7 @@ def _records(backend) -> list:
 
 
 def _runtime_paths() -> dict[str, int]:
-    from passkit_fusion import runtime
+    from passkit_fusion.allreduce_rmsnorm import runtime
 
     return dict(runtime.stats())
 
@@ -377,7 +360,8 @@ def render(res: dict, args: argparse.Namespace) -> str:
     lines += ["", "Token-range specializations (pass: status, sites):"]
     for name, specs in res.get("ranges", {}).items():
         parts = [
-            f"{x['range'] or 'all tokens'}: " + ", ".join(f"{n} {s} ({m} sites)" for n, (s, m) in x["passes"].items())
+            f"{x['range'] or 'all tokens'}: "
+            + ", ".join(f"{n} {s} ({m} sites)" for n, (s, m) in x["passes"].items())
             for x in specs
         ]
         lines.append(f"- {name}: " + "; ".join(parts))
@@ -421,7 +405,7 @@ def _results(q, procs: list, limit: float = 1500.0) -> dict:
             if dead:
                 for p in procs:
                     p.kill()
-                raise SystemExit(f"ranks died before reporting (rank, exit code): {dead}")
+                raise SystemExit(f"ranks died before reporting (rank, exit code): {dead}") from None
     raise SystemExit(f"no results within {limit:.0f} s")
 
 

@@ -9,7 +9,7 @@ For each hidden size and token count (bf16), CUDA-graph timed (median over graph
   graph runs where the pass leaves a site alone, the baseline the tuned table compares with.
 * ``raw_1shot`` / ``raw_2shot``: flashinfer's ``allreduce_fusion`` called directly on its own
   ``trtllm`` workspace with preallocated outputs (two-shot only where tokens > world size).
-* ``pk_auto``: ``passkit_fusion.runtime.fused_allreduce_rmsnorm_cuda`` with its table decision
+* ``pk_auto``: ``passkit_fusion.allreduce_rmsnorm.runtime.fused_allreduce_rmsnorm_cuda`` with its table decision
   (the path it took is listed).
 * ``pk_1shot`` / ``pk_2shot``: the same op with the fused path forced: its overhead over raw.
 
@@ -46,8 +46,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from passkit_fusion import runtime, tuning
+from passkit_fusion.allreduce_rmsnorm import runtime, tune
+from passkit_fusion.tuning import tables, timing
 
 WORLD = int(os.environ.get("GPU_WORLD_SIZE", "2"))
 """Ranks (one GPU each); set GPU_WORLD_SIZE=4 or 8 on larger machines."""
@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2**i for i in range(14)])
-    parser.add_argument("--margin", type=float, default=tuning.DEFAULT_MARGIN)
+    parser.add_argument("--margin", type=float, default=tables.DEFAULT_MARGIN)
     parser.add_argument(
         "--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     )
@@ -149,24 +149,24 @@ def _run(rank: int, args: argparse.Namespace) -> None:
 def _measure_shape(comm: Any, raw_ws: Any, group: dist.ProcessGroup, hidden: int, tokens: int) -> Row:
     """Numerics, then the six timings, agreed (max) over the ranks."""
     rank = dist.get_rank(group)
-    x, residual, weight = tuning.make_inputs(tokens, hidden, DTYPE, rank, seed=tokens)
+    x, residual, weight = tune.make_inputs(tokens, hidden, DTYPE, rank, seed=tokens)
     errors, numerics_ok = _check_numerics(group, x, residual, weight, tokens, hidden)
-    replays = tuning.replays_for(tokens, hidden)
+    replays = tune.replays_for(tokens, hidden)
     name = group.group_name
     twoshot = tokens > WORLD
     timers: dict[str, Callable[[], float]] = {
-        "nccl_torch": lambda: tuning.time_unfused_us(group, x, residual, weight, EPS, replays, norm="eager"),
-        "nccl_inductor": lambda: tuning.time_unfused_us(group, x, residual, weight, EPS, replays),
+        "nccl_torch": lambda: tune.time_unfused_us(group, x, residual, weight, EPS, replays, norm="eager"),
+        "nccl_inductor": lambda: tune.time_unfused_us(group, x, residual, weight, EPS, replays),
         "raw_1shot": lambda: _time_raw(comm, raw_ws, x, residual, weight, True, replays),
         "raw_2shot": lambda: _time_raw(comm, raw_ws, x, residual, weight, False, replays),
-        "pk_auto": lambda: tuning.graph_median_us(
+        "pk_auto": lambda: timing.graph_median_us(
             lambda: runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, EPS, 0.0, name), replays=replays
         ),
-        "pk_1shot": lambda: tuning.time_fused_us(
-            name, x, residual, weight, EPS, tuning.Decision(True, True), replays
+        "pk_1shot": lambda: tune.time_fused_us(
+            name, x, residual, weight, EPS, tables.Decision(True, True), replays
         ),
-        "pk_2shot": lambda: tuning.time_fused_us(
-            name, x, residual, weight, EPS, tuning.Decision(True, False), replays
+        "pk_2shot": lambda: tune.time_fused_us(
+            name, x, residual, weight, EPS, tables.Decision(True, False), replays
         ),
     }
     local = [timers[v]() if twoshot or not v.endswith("2shot") else -1.0 for v in VARIANTS]
@@ -209,7 +209,7 @@ def _time_raw(
             use_oneshot=oneshot,
         )
 
-    return tuning.graph_median_us(step, replays=replays)
+    return timing.graph_median_us(step, replays=replays)
 
 
 def _check_numerics(
@@ -221,12 +221,12 @@ def _check_numerics(
     hidden: int,
 ) -> tuple[dict[str, dict[str, float]], bool]:
     """Relative L2 errors vs float64 of unfused, fused one-shot and fused two-shot."""
-    xs = [tuning.make_inputs(tokens, hidden, DTYPE, r, seed=tokens)[0] for r in range(WORLD)]
+    xs = [tune.make_inputs(tokens, hidden, DTYPE, r, seed=tokens)[0] for r in range(WORLD)]
     total = torch.stack([t.double() for t in xs]).sum(0) + residual.double()
     norm_ref = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + EPS) * weight.double()
-    decisions = {"unfused": tuning.UNFUSED, "fused_1shot": tuning.Decision(True, True)}
+    decisions = {"unfused": tables.UNFUSED, "fused_1shot": tables.Decision(True, True)}
     if tokens > WORLD:
-        decisions["fused_2shot"] = tuning.Decision(True, False)
+        decisions["fused_2shot"] = tables.Decision(True, False)
     errors = {}
     for label, decision in decisions.items():
         with runtime.forced(decision):
@@ -249,7 +249,7 @@ def _measure_eager(comm: Any, group: dist.ProcessGroup, rank: int) -> list[dict[
 
 
 def _eager_row(comm: Any, group: dist.ProcessGroup, rank: int, hidden: int, tokens: int) -> dict[str, Any]:
-    x, residual, weight = tuning.make_inputs(tokens, hidden, DTYPE, rank)
+    x, residual, weight = tune.make_inputs(tokens, hidden, DTYPE, rank)
     runtime.prepare(group.group_name, hidden, DTYPE, max_tokens=tokens)
     raw_ws = comm.create_allreduce_fusion_workspace(
         backend="trtllm",
@@ -282,7 +282,7 @@ def _eager_row(comm: Any, group: dist.ProcessGroup, rank: int, hidden: int, toke
         ),
     }
     row: dict[str, Any] = {"hidden": hidden, "tokens": tokens}
-    with runtime.forced(tuning.Decision(True, True)):
+    with runtime.forced(tables.Decision(True, True)):
         for label, fn in fns.items():
             row[label] = _eager_us(fn, group)
     raw_ws.destroy()
@@ -304,19 +304,19 @@ def _eager_us(fn: Callable[[], object], group: dist.ProcessGroup) -> float:
     return float(agreed.item())
 
 
-def _tuned_table(rows: list[Row], margin: float) -> tuning.Table:
+def _tuned_table(rows: list[Row], margin: float) -> tables.Table:
     """The decision table these measurements imply (unfused = nccl_inductor, fused = pk_*)."""
     gpu = torch.cuda.get_device_name()
     entries = {}
     for hidden in sorted({r.hidden for r in rows}):
         measurements = [
-            tuning.Measurement(r.tokens, r.us["nccl_inductor"] or 0.0, r.us["pk_1shot"], r.us["pk_2shot"])
+            tables.Measurement(r.tokens, r.us["nccl_inductor"] or 0.0, r.us["pk_1shot"], r.us["pk_2shot"])
             for r in rows
             if r.hidden == hidden
         ]
-        key = tuning.TableKey(gpu, WORLD, hidden, tuning.dtype_name(DTYPE))
-        entries[key] = tuning.Entry(
-            tuning.rules_from_measurements(measurements, margin),
+        key = tables.TableKey(gpu, WORLD, hidden, tables.dtype_name(DTYPE))
+        entries[key] = tables.Entry(
+            tables.rules_from_measurements(measurements, margin),
             {
                 "measured": datetime.date.today().isoformat(),
                 "by": "benchmarks/fusion_op.py",
@@ -326,7 +326,7 @@ def _tuned_table(rows: list[Row], margin: float) -> tuning.Table:
                 "medians_us": [dataclasses.asdict(m) for m in measurements],
             },
         )
-    return tuning.Table(entries)
+    return tables.Table(entries)
 
 
 def _environment() -> dict[str, Any]:
@@ -339,7 +339,7 @@ def _environment() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())),
         "flashinfer": runtime.flashinfer_version(),
-        "dtype": tuning.dtype_name(DTYPE),
+        "dtype": tables.dtype_name(DTYPE),
         "eps": EPS,
         "timing": "CUDA graph of 10 calls, median replay time / 10; max over ranks",
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
@@ -347,7 +347,7 @@ def _environment() -> dict[str, Any]:
 
 
 def _write_results(
-    args: argparse.Namespace, rows: list[Row], eager: list[dict[str, Any]], table: tuning.Table | None
+    args: argparse.Namespace, rows: list[Row], eager: list[dict[str, Any]], table: tables.Table | None
 ) -> None:
     data = {
         "environment": _environment(),
@@ -359,14 +359,14 @@ def _write_results(
     if table is not None:
         (args.out / "fusion_op.md").write_text(_markdown(rows, eager, table))
         slug = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
-        tuning.save_table(table, args.out / f"table_{slug}_w{WORLD}.json")
+        tables.save_table(table, args.out / f"table_{slug}_w{WORLD}.json")
 
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _markdown(rows: list[Row], eager: list[dict[str, Any]], table: tuning.Table) -> str:
+def _markdown(rows: list[Row], eager: list[dict[str, Any]], table: tables.Table) -> str:
     env = _environment()
     lines = [
         f"# Fused all-reduce + residual + RMSNorm, op level ({env['gpus']}x {env['gpu']})",

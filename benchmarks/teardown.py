@@ -94,7 +94,7 @@ def worker(scenario: str, rank: int, world: int, port: int, limit: float, cpu: b
         dist.all_reduce(y)
         graph.capture(lambda: dist.all_reduce(y))
     else:
-        from passkit_fusion import runtime
+        from passkit_fusion.allreduce_rmsnorm import runtime
 
         runtime.configure(teardown_timeout_s=TEARDOWN_TIMEOUT_S)
         runtime.prepare(group, hidden, torch.bfloat16, max_tokens=256)
@@ -115,7 +115,7 @@ def worker(scenario: str, rank: int, world: int, port: int, limit: float, cpu: b
     if scenario == "rank_failed" and rank == 1:
         os._exit(3)
     if scenario in ("explicit", "rank_failed", "peer_died", "peer_died_exit"):
-        from passkit_fusion import runtime
+        from passkit_fusion.allreduce_rmsnorm import runtime
 
         del graph
         runtime.destroy_workspaces()

@@ -1,4 +1,4 @@
-"""A hand-written stand-in for the part of ``flashinfer.comm`` that passkit_fusion.runtime uses.
+"""A hand-written stand-in for the part of ``flashinfer.comm`` that passkit_fusion.allreduce_rmsnorm.runtime uses.
 
 The five functions keep flashinfer 0.7.2.post1's parameter names, order, kinds and defaults
 (``flashinfer/comm/allreduce.py``: ``create_allreduce_fusion_workspace``, ``allreduce_fusion``;
@@ -516,7 +516,7 @@ def install(variant: str = "0.7.2") -> types.ModuleType:
 
 
 # ----------------------------------------------------------------------------------------
-# A pretend GPU, for processes that run passkit_fusion.runtime's fused paths on the CPU
+# A pretend GPU, for processes that run passkit_fusion.allreduce_rmsnorm.runtime's fused paths on the CPU
 
 
 class LooksCuda(torch.Tensor):
@@ -529,18 +529,18 @@ class LooksCuda(torch.Tensor):
 
 def clear_runtime_caches() -> None:
     """Forget what runtime learnt about flashinfer and CUDA (both are faked here)."""
-    from passkit_fusion import runtime
+    from passkit_fusion.allreduce_rmsnorm import flashinfer_api
 
-    runtime._flashinfer_comm.cache_clear()
-    runtime._select_api.cache_clear()
-    runtime._unavailable.cache_clear()
+    flashinfer_api.flashinfer_comm.cache_clear()
+    flashinfer_api.select_api.cache_clear()
+    flashinfer_api.unavailable.cache_clear()
 
 
 def pretend_gpu(name: str = "Fake GPU") -> None:
     """In this process (a rank): torch.cuda reports one sm90 GPU called ``name`` that is
     never capturing a graph and whose ``synchronize`` returns at once, and runtime's
     per-call check sees CPU inputs as CUDA ones."""
-    from passkit_fusion import runtime
+    from passkit_fusion.allreduce_rmsnorm import runtime
 
     torch.cuda.is_available = lambda: True
     torch.cuda.is_initialized = lambda: True

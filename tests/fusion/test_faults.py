@@ -31,11 +31,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from passkit_fusion.allreduce_rmsnorm import runtime
+from passkit_fusion.allreduce_rmsnorm.runtime import CollectiveError
 from passkit_fusion.collective import RankAgreementError, agree, collective_device, report_failure
-from passkit_fusion.runtime import CollectiveError
 from passkit_testing.worlds import run_in_gloo_world
-
-from passkit_fusion import runtime
 
 TIMEOUT_S = 3.0  # collective_timeout_s of the scenarios
 GROUP_TIMEOUT_S = 4.0  # gloo timeout of the op_raises_later group

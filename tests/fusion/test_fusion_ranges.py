@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 from passkit_fusion.allreduce_rmsnorm import AllReduceRMSNorm
 from passkit_fusion.model import LlamaConfig, TinyLlama, shard_functional
+from passkit_fusion.tuning import tables
 
 import passkit
 from passkit import TokenConstraint
-from passkit_fusion import tuning
 from passkit_testing import assert_close, gloo_world
 
 SITES = LlamaConfig().sites()
@@ -85,20 +85,20 @@ CUDA_CTX = passkit.CompileContext(device="cuda", dtype=torch.bfloat16, world_siz
 
 
 def test_the_bound_comes_from_the_tuned_table(monkeypatch):
-    key = tuning.TableKey("Fancy GPU", 2, 4096, "bfloat16")
-    other = tuning.TableKey("Fancy GPU", 2, 8192, "bfloat16")
-    shipped = tuning.Table(
+    key = tables.TableKey("Fancy GPU", 2, 4096, "bfloat16")
+    other = tables.TableKey("Fancy GPU", 2, 8192, "bfloat16")
+    shipped = tables.Table(
         {
-            key: tuning.Entry((tuning.Rule(512, tuning.Decision(True, True)),)),
-            other: tuning.Entry(
+            key: tables.Entry((tables.Rule(512, tables.Decision(True, True)),)),
+            other: tables.Entry(
                 (
-                    tuning.Rule(64, tuning.Decision(True, True)),
-                    tuning.Rule(2048, tuning.Decision(True, False)),
+                    tables.Rule(64, tables.Decision(True, True)),
+                    tables.Rule(2048, tables.Decision(True, False)),
                 )
             ),
         }
     )
-    monkeypatch.setattr(tuning, "default_table", lambda: shipped)
+    monkeypatch.setattr(tables, "default_table", lambda: shipped)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fancy GPU")
     assert _flashinfer_pass().token_constraint(CUDA_CTX) == TokenConstraint(max_tokens=2048)
     assert _flashinfer_pass(max_tokens=300).token_constraint(CUDA_CTX) == TokenConstraint(max_tokens=300)
@@ -111,6 +111,6 @@ def test_the_bound_comes_from_the_tuned_table(monkeypatch):
 
 
 def test_the_shipped_tables_bound_h200():
-    table = tuning.default_table()
+    table = tables.default_table()
     assert table.largest_fused("NVIDIA H200", 2, "bfloat16") == 8192
     assert table.largest_fused("NVIDIA H200", 3, "bfloat16") is None

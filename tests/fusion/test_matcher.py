@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-from passkit_fusion.matcher import find_sites
+from passkit_fusion.allreduce_rmsnorm.matcher import find_sites
 from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
 
 import passkit

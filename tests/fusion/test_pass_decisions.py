@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
 from passkit_fusion.allreduce_rmsnorm import AllReduceRMSNorm
-from passkit_fusion.matcher import find_sites
+from passkit_fusion.allreduce_rmsnorm.matcher import find_sites
+from passkit_fusion.tuning import tables
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from passkit_fusion import tables, tuning
 from passkit_testing import fake_world
 
 
@@ -22,10 +22,10 @@ def site_graph(world, x, r, w):
     return make_fx(f, tracing_mode="fake")(x, r, w)
 
 
-def table(world_size: int, fused: bool) -> tuning.Table:
-    key = tuning.TableKey("Fancy GPU", world_size, 64, "bfloat16")
-    decision = tuning.Decision(True, True) if fused else tuning.UNFUSED
-    return tuning.Table({key: tuning.Entry((tuning.Rule(1024, decision),))})
+def table(world_size: int, fused: bool) -> tables.Table:
+    key = tables.TableKey("Fancy GPU", world_size, 64, "bfloat16")
+    decision = tables.Decision(True, True) if fused else tables.UNFUSED
+    return tables.Table({key: tables.Entry((tables.Rule(1024, decision),))})
 
 
 @pytest.mark.parametrize(
@@ -36,8 +36,8 @@ def test_site_left_alone_where_no_table_fuses(monkeypatch, world_size, fused, ex
     """With no fused rule for the GPU/world/hidden/dtype, every call would take the op's
     slower unfused fallback: the pass must leave the site to Inductor."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fancy GPU")
-    shipped = table(world_size, fused) if fused is not None else tuning.Table()
-    monkeypatch.setattr(tuning, "default_table", lambda: shipped)
+    shipped = table(world_size, fused) if fused is not None else tables.Table()
+    monkeypatch.setattr(tables, "default_table", lambda: shipped)
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     with fake_world(world_size) as world:
         gm = site_graph(world, x, x.clone(), torch.ones(64, dtype=torch.bfloat16))
@@ -56,19 +56,19 @@ def test_site_left_alone_where_no_table_fuses(monkeypatch, world_size, fused, ex
 
 def test_user_tables_replace_shipped_ones(tmp_path):
     user = table(2, False)
-    tuning.save_table(user, tmp_path / "fancy_w2.json")
+    tables.save_table(user, tmp_path / "fancy_w2.json")
     real = tables.USER_TABLES_DIR  # default_table() reads the folder from the tables module
     tables.USER_TABLES_DIR = tmp_path
-    tuning.default_table.cache_clear()
+    tables.default_table.cache_clear()
     try:
-        merged = tuning.default_table()
+        merged = tables.default_table()
         assert merged.rules_for("Fancy GPU", 2, 64, "bfloat16") == user.rules_for(
             "Fancy GPU", 2, 64, "bfloat16"
         )
         assert merged.rules_for("NVIDIA H200", 2, 4096, "bfloat16")  # shipped entries remain
     finally:
         tables.USER_TABLES_DIR = real
-        tuning.default_table.cache_clear()
+        tables.default_table.cache_clear()
 
 
 def test_tune_command_is_registered_and_refuses_without_gpus(capsys):

@@ -1,4 +1,4 @@
-"""CPU tests of passkit_fusion.runtime and passkit_fusion.tuning (no GPU, no flashinfer).
+"""CPU tests of passkit_fusion.allreduce_rmsnorm (runtime, tune) and passkit_fusion.tuning (no GPU, no flashinfer).
 
 * Pure logic, in this process: tables (JSON round trip, lookups, conservative defaults,
   validation), ``choose_path`` (fused paths and every fallback reason), plan fingerprints
@@ -31,10 +31,12 @@ import fake_flashinfer
 import pytest
 import torch
 import torch.distributed as dist
-from passkit_fusion.tuning import UNFUSED, Decision, Entry, Measurement, Rule, Table, TableKey
+from passkit_fusion.allreduce_rmsnorm import flashinfer_api, runtime, tune
+from passkit_fusion.tuning import tables
+from passkit_fusion.tuning.tables import UNFUSED, Decision, Entry, Measurement, Rule, Table, TableKey
 from passkit_testing.worlds import gloo_world
 
-from passkit_fusion import reference, runtime, tuning
+from passkit_fusion import reference
 
 ONESHOT, TWOSHOT = Decision(True, True), Decision(True, False)
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -147,7 +149,7 @@ def test_table_save_load_round_trip(tmp_path):
         }
     )
     path = tmp_path / "sub" / "table.json"
-    tuning.save_table(table, path)
+    tables.save_table(table, path)
     data = json.loads(path.read_text())
     assert data["format"] == "passkit-fusion-table/1"
     assert [(e["world_size"], e["hidden"], e["dtype"]) for e in data["entries"]] == [
@@ -158,7 +160,7 @@ def test_table_save_load_round_trip(tmp_path):
         {"max_tokens": 64, "fused": True, "oneshot": True},
         {"max_tokens": 1024, "fused": True, "oneshot": False},
     ]
-    loaded = tuning.load_table(path)
+    loaded = tables.load_table(path)
     assert loaded == table
     assert loaded.entries[key2].rules == (Rule(64, ONESHOT), Rule(1024, TWOSHOT))
     assert loaded.entries[key2].source == {"measured": "2026-01-01"}
@@ -182,7 +184,7 @@ def test_table_lookup_bounds_are_inclusive_and_above_the_last_rule_is_unfused():
         # dtype given as a torch.dtype, a plain name or torch's str()
         for dtype in (torch.bfloat16, "bfloat16", "torch.bfloat16"):
             assert table.lookup("NVIDIA H200", 2, 4096, dtype, tokens) == decision, (tokens, dtype)
-    assert tuning.lookup("NVIDIA H200", 2, 4096, BF16, 129, table=table) == TWOSHOT
+    assert tables.lookup("NVIDIA H200", 2, 4096, BF16, 129, table=table) == TWOSHOT
     assert table.rules_for("NVIDIA H200", 2, 4096, FP16) is None
     # An entry with no rules never fuses, where the conservative default would.
     never = Table({key: Entry(())})
@@ -208,7 +210,7 @@ def test_table_lookup_bounds_are_inclusive_and_above_the_last_rule_is_unfused():
     ],
 )
 def test_conservative_rules(world_size, hidden, dtype, expected):
-    assert tuning.conservative_rules(world_size, hidden, dtype) == expected
+    assert tables.conservative_rules(world_size, hidden, dtype) == expected
     assert Table().resolve("Unknown GPU", world_size, hidden, dtype) == expected
 
 
@@ -222,32 +224,32 @@ def test_conservative_default_lookups_without_a_matching_entry():
 
 
 def test_shipped_tables():
-    table = tuning.default_table()
+    table = tables.default_table()
     assert len(table) >= 2
     for key, entry in table.entries.items():
         assert entry.rules, key
         assert entry.source.get("medians_us"), key  # provenance kept
     assert table.lookup("NVIDIA H200", 2, 4096, BF16, 8192) == ONESHOT
     assert table.lookup("NVIDIA H200", 2, 4096, BF16, 8193) == UNFUSED
-    assert tuning.lookup("cpu", 2, 4096, BF16, 1) == ONESHOT  # no entry: conservative
-    assert tuning.lookup("cpu", 8, 4096, BF16, 1) == UNFUSED
+    assert tables.lookup("cpu", 2, 4096, BF16, 1) == ONESHOT  # no entry: conservative
+    assert tables.lookup("cpu", 8, 4096, BF16, 1) == UNFUSED
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ({"format": "passkit-fusion-table/0"}, "expected format"),
-        ({"format": tuning.TABLE_FORMAT, "entries": [{"gpu": "g"}]}, "entry 0 is invalid"),
+        ({"format": tables.TABLE_FORMAT, "entries": [{"gpu": "g"}]}, "entry 0 is invalid"),
         (
             {
-                "format": tuning.TABLE_FORMAT,
+                "format": tables.TABLE_FORMAT,
                 "entries": [{"gpu": "g", "world_size": 2, "hidden": 8, "dtype": "floaty", "rules": []}],
             },
             "unknown dtype 'floaty'",
         ),
         (
             {
-                "format": tuning.TABLE_FORMAT,
+                "format": tables.TABLE_FORMAT,
                 "entries": [
                     {
                         "gpu": "g",
@@ -262,7 +264,7 @@ def test_shipped_tables():
         ),
         (
             {
-                "format": tuning.TABLE_FORMAT,
+                "format": tables.TABLE_FORMAT,
                 "entries": [
                     {
                         "gpu": "g",
@@ -277,7 +279,7 @@ def test_shipped_tables():
         ),
         (
             {
-                "format": tuning.TABLE_FORMAT,
+                "format": tables.TABLE_FORMAT,
                 "entries": [
                     {"gpu": "g", "world_size": 2, "hidden": 8, "dtype": "bfloat16", "rules": []},
                     {"gpu": "g", "world_size": 2, "hidden": 8, "dtype": "torch.bfloat16", "rules": []},
@@ -291,7 +293,7 @@ def test_invalid_tables_are_rejected_naming_the_file(tmp_path, data, message):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=message) as info:
-        tuning.load_table(path)
+        tables.load_table(path)
     assert str(path) in str(info.value)
 
 
@@ -385,7 +387,7 @@ def test_flashinfer_missing(fake_gpu):
     fake_gpu(None)
     assert runtime.unavailable_reason() == "flashinfer_missing"
     assert runtime.flashinfer_version() is None
-    assert runtime._select_api("auto") is None
+    assert flashinfer_api.select_api("auto") is None
     with pytest.raises(RuntimeError, match="no usable flashinfer API: flashinfer_missing"):
         runtime._api()
     path = runtime.choose_path(
@@ -416,7 +418,7 @@ def test_flashinfer_missing(fake_gpu):
 def test_flashinfer_api_selection(fake_gpu, variant, preference, api, weight_bias, metadata):
     fake_gpu(variant)
     runtime.configure(flashinfer_api=preference)
-    selected = runtime._select_api(preference)
+    selected = flashinfer_api.select_api(preference)
     assert runtime.flashinfer_version() == fake_flashinfer.VERSION
     if api is None:
         assert selected is None
@@ -566,7 +568,7 @@ def test_rmsnorm_in_float32_with_weight_bias():
     ],
 )
 def test_choose_fuses_only_when_faster_by_the_margin(measurement, margin, expected):
-    assert tuning.choose(measurement, margin) == expected
+    assert tables.choose(measurement, margin) == expected
 
 
 def test_rules_from_measurements():
@@ -579,12 +581,12 @@ def test_rules_from_measurements():
         Measurement(2048, 99.0, 96.0, 86.0),
         Measurement(8192, 300.0, 400.0, 350.0),
     ]
-    assert tuning.rules_from_measurements(measurements, margin=0.05) == (
+    assert tables.rules_from_measurements(measurements, margin=0.05) == (
         Rule(4, ONESHOT),
         Rule(2048, TWOSHOT),
     )
     # With a 20% margin, 2048 tokens (86 vs 99: 15% faster) no longer fuses.
-    assert tuning.rules_from_measurements(measurements, margin=0.2) == (Rule(4, ONESHOT), Rule(512, TWOSHOT))
+    assert tables.rules_from_measurements(measurements, margin=0.2) == (Rule(4, ONESHOT), Rule(512, TWOSHOT))
     # A non-trailing unfused run stays explicit, so the fused run above it keeps its bounds.
     gap = [
         Measurement(1, 10.0, 5.0, None),
@@ -592,19 +594,19 @@ def test_rules_from_measurements():
         Measurement(3, 10.0, 10.0, None),
         Measurement(4, 10.0, 5.0, 4.0),
     ]
-    assert tuning.rules_from_measurements(gap) == (Rule(1, ONESHOT), Rule(3, UNFUSED), Rule(4, TWOSHOT))
-    assert tuning.rules_from_measurements([Measurement(1, 5.0, 6.0, None)]) == ()
-    assert tuning.rules_from_measurements([]) == ()
+    assert tables.rules_from_measurements(gap) == (Rule(1, ONESHOT), Rule(3, UNFUSED), Rule(4, TWOSHOT))
+    assert tables.rules_from_measurements([Measurement(1, 5.0, 6.0, None)]) == ()
+    assert tables.rules_from_measurements([]) == ()
     # The rules form a valid table entry.
-    Table({TableKey("g", 2, 8, "bfloat16"): Entry(tuning.rules_from_measurements(gap))})
+    Table({TableKey("g", 2, 8, "bfloat16"): Entry(tables.rules_from_measurements(gap))})
 
 
 def test_tuning_baselines_compute_the_same_add_rmsnorm():
     """The Inductor-compiled baseline the tables compare with is the op's computation."""
     reduced, residual = torch.randn(2, 5, 64).unbind(0)
     weight = 1 + 0.1 * torch.randn(64)
-    compiled = tuning._compiled_add_rmsnorm()(reduced, residual, weight, 1e-6)
-    eager = tuning._eager_add_rmsnorm(reduced, residual, weight, 1e-6)
+    compiled = tune._compiled_add_rmsnorm()(reduced, residual, weight, 1e-6)
+    eager = tune._eager_add_rmsnorm(reduced, residual, weight, 1e-6)
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want)
 
@@ -612,7 +614,7 @@ def test_tuning_baselines_compute_the_same_add_rmsnorm():
 def test_tune_rejects_bad_token_counts():
     for counts in ([], [0, 8], [-1]):
         with pytest.raises(ValueError, match="token_counts"):
-            tuning.tune(None, HIDDEN, BF16, counts)
+            tune.tune(None, HIDDEN, BF16, counts)
 
 
 # ============================================================================ gloo worlds without CUDA
@@ -672,7 +674,7 @@ def _cpu_rank(rank: int, world_size: int, odd_ranks: tuple[int, ...]) -> dict[st
     runtime.fused_allreduce_rmsnorm_cuda(xs[rank], res, weight, EPS, 0.0, name)
     out["after_mismatch"] = runtime.last_decision()
     try:
-        tuning.tune(group, HIDDEN, BF16, [1, 8])
+        tune.tune(group, HIDDEN, BF16, [1, 8])
         out["tune"] = None
     except RuntimeError as exc:
         out["tune"] = str(exc)
@@ -750,9 +752,9 @@ def _summary(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, torch.dtype):
-        return tuning.dtype_name(value)
+        return tables.dtype_name(value)
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), tuning.dtype_name(value.dtype))
+        return ("tensor", tuple(value.shape), tables.dtype_name(value.dtype))
     if isinstance(value, dict):
         return {k: _summary(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -866,9 +868,9 @@ def _tune_scenario(rank: int, world_size: int) -> dict[str, Any]:
     def make_inputs(tokens, hidden, dtype, rank, seed=0):
         TUNE_TOKENS.append(tokens)
         cpu = torch.device("cpu")
-        x = tuning._randn((tokens, hidden), seed * 1000 + 17 + rank, dtype, cpu)
-        residual = tuning._randn((tokens, hidden), seed * 1000 + 3, dtype, cpu)
-        weight = 1.0 + 0.1 * tuning._randn((hidden,), seed * 1000 + 5, torch.float32, cpu)
+        x = tune._randn((tokens, hidden), seed * 1000 + 17 + rank, dtype, cpu)
+        residual = tune._randn((tokens, hidden), seed * 1000 + 3, dtype, cpu)
+        weight = 1.0 + 0.1 * tune._randn((hidden,), seed * 1000 + 5, torch.float32, cpu)
         return x, residual, weight.to(dtype)
 
     def graph_median_us(step, *, ops_per_graph=10, replays=100, warmup=3, reset=None):
@@ -885,11 +887,11 @@ def _tune_scenario(rank: int, world_size: int) -> dict[str, Any]:
         assert median is not None, f"{variant} measured at {tokens} tokens"
         return median
 
-    tuning.make_inputs = make_inputs
-    tuning.graph_median_us = graph_median_us
-    tuning._compiled_add_rmsnorm = lambda: tuning._eager_add_rmsnorm  # no Inductor on a pretend GPU
+    tune.make_inputs = make_inputs
+    tune.graph_median_us = graph_median_us
+    tune._compiled_add_rmsnorm = lambda: tune._eager_add_rmsnorm  # no Inductor on a pretend GPU
     fake_flashinfer.reset()
-    table = tuning.tune(dist.group.WORLD, HIDDEN, BF16, sorted(TUNE_MEDIANS, reverse=True))
+    table = tune.tune(dist.group.WORLD, HIDDEN, BF16, sorted(TUNE_MEDIANS, reverse=True))
     create_calls = [c for c in _calls() if "create" in c[0]]
     runtime.destroy_workspaces()
     return {"table": table.to_json(), "seen": seen, "create_calls": create_calls}
@@ -1012,7 +1014,7 @@ def test_fake_flashinfer_receives_the_right_arguments(fake_world, scenario):
             assert run["trigger_completion_at_end"] is True
             assert run["launch_with_pdl"] is False
             assert run["rms_eps"] == EPS
-            assert run["rms_gamma"] == ("tensor", (HIDDEN,), tuning.dtype_name(dtype))
+            assert run["rms_gamma"] == ("tensor", (HIDDEN,), tables.dtype_name(dtype))
             assert run.get("weight_bias") in ((weight_bias,) if weight_bias else (0.0, None)), label
             if legacy:
                 assert run["pattern_code"] == fake_flashinfer.AllReduceFusionPattern.kARResidualRMSNorm
@@ -1022,15 +1024,15 @@ def test_fake_flashinfer_receives_the_right_arguments(fake_world, scenario):
                     tokens,
                     HIDDEN,
                 )
-                assert run["allreduce_in"] == ("tensor", (tokens * HIDDEN,), tuning.dtype_name(dtype))
+                assert run["allreduce_in"] == ("tensor", (tokens * HIDDEN,), tables.dtype_name(dtype))
                 has_metadata = scenario == "0.7.2/legacy"
                 assert (run.get("metadata") is not None) is has_metadata, label
                 if has_metadata:
                     assert run["metadata"]["max_token_num"] == CAPACITY
             else:
                 assert run["pattern"] == fake_flashinfer.AllReduceFusionPattern.kARResidualRMSNorm
-                assert run["input"] == ("tensor", (tokens, HIDDEN), tuning.dtype_name(dtype))
-                assert run["residual_in"] == ("tensor", (tokens, HIDDEN), tuning.dtype_name(dtype))
+                assert run["input"] == ("tensor", (tokens, HIDDEN), tables.dtype_name(dtype))
+                assert run["residual_in"] == ("tensor", (tokens, HIDDEN), tables.dtype_name(dtype))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

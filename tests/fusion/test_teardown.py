@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from passkit_fusion import runtime
+from passkit_fusion.allreduce_rmsnorm import runtime, workspaces
+from passkit_fusion.collective import resources
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("teardown_bench", ROOT / "benchmarks" / "teardown.py")
@@ -59,7 +59,7 @@ def test_destroy_workspaces_is_bounded_when_the_gpu_never_goes_idle(monkeypatch,
             destroyed.append(handle)
 
     site = runtime._Site(None, "g", 0, 2, 64, torch.bfloat16)  # type: ignore[arg-type]
-    site.workspace = runtime._Workspace(Api(), "handle", 16)
+    site.workspace = workspaces.Workspace(Api(), "handle", 16)
     stuck = threading.Event()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -72,7 +72,7 @@ def test_destroy_workspaces_is_bounded_when_the_gpu_never_goes_idle(monkeypatch,
             runtime.destroy_workspaces()
         assert time.monotonic() - start < 3
         assert destroyed == []
-        assert runtime._leaked[-1].handle == "handle"
+        assert resources.leaked[-1].handle == "handle"
         assert "waiting for the GPU before freeing the workspace of group 'g', hidden 64 did not " in (
             caplog.text
         )
@@ -82,5 +82,5 @@ def test_destroy_workspaces_is_bounded_when_the_gpu_never_goes_idle(monkeypatch,
         assert destroyed == []
     finally:
         stuck.set()
-        runtime._leaked.clear()
+        resources.leaked.clear()
         runtime.configure(teardown_timeout_s=10.0)

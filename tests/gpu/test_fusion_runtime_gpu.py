@@ -1,4 +1,4 @@
-"""GPU tests of passkit_fusion.runtime: 2 ranks, NCCL, flashinfer.  Skipped without them.
+"""GPU tests of passkit_fusion.allreduce_rmsnorm.runtime: 2 ranks, NCCL, flashinfer.  Skipped without them.
 
 One pair of spawned processes runs every scenario in order (NCCL, flashinfer and the
 workspaces start once), both ranks writing a verdict per scenario as it finishes; each test
@@ -33,14 +33,14 @@ if importlib.util.find_spec("flashinfer") is None:
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-
-from passkit_fusion import runtime, tuning  # noqa: E402
+from passkit_fusion.allreduce_rmsnorm import runtime, tune  # noqa: E402
+from passkit_fusion.tuning import tables  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
 BF16 = torch.bfloat16
-ONESHOT, TWOSHOT = tuning.Decision(True, True), tuning.Decision(True, False)
+ONESHOT, TWOSHOT = tables.Decision(True, True), tables.Decision(True, False)
 ERROR_RATIO_LIMIT = 1.25
 DEADLINE_S = 420
 SCENARIO_STACKS_S = float(os.environ.get("GPU_SCENARIO_STACKS_S", "120"))
@@ -64,8 +64,8 @@ def _inputs(
 ):
     """This rank's x, the shared residual and weight, and every rank's x (for references)."""
     rank = dist.get_rank()
-    xs = [tuning.make_inputs(tokens, hidden, dtype, r, seed)[0] for r in range(WORLD)]
-    _, residual, weight = tuning.make_inputs(tokens, hidden, dtype, rank, seed)
+    xs = [tune.make_inputs(tokens, hidden, dtype, r, seed)[0] for r in range(WORLD)]
+    _, residual, weight = tune.make_inputs(tokens, hidden, dtype, rank, seed)
     if weight_dtype is not None:  # the same on every rank: seeded
         gen = torch.Generator(device=weight.device).manual_seed(seed + 99)
         weight = (
@@ -87,7 +87,7 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
-def _op(x, residual, weight, weight_bias=0.0, decision: tuning.Decision | None = None):
+def _op(x, residual, weight, weight_bias=0.0, decision: tables.Decision | None = None):
     """Call the op, optionally with a forced decision; return (norm, residual_out, path)."""
     with runtime.forced(decision) if decision else contextlib.nullcontext():
         norm, res = runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, EPS, weight_bias, _group_name())
@@ -110,7 +110,7 @@ def _check(
 ):
     """Run fused (``decision``) and unfused on the same inputs and compare both with float64."""
     norm_ref, res_ref = _reference(xs, residual, weight, weight_bias)
-    unf_norm, unf_res, _ = _op(x, residual, weight, weight_bias, tuning.UNFUSED)
+    unf_norm, unf_res, _ = _op(x, residual, weight, weight_bias, tables.UNFUSED)
     norm, res, path = _op(x, residual, weight, weight_bias, decision)
     assert norm.shape == x.shape and res.shape == x.shape and norm.dtype == x.dtype
     if expect_path is not None:
@@ -168,7 +168,7 @@ def scenario_cuda_graph() -> None:
         captured = {
             "table": _op(x, residual, weight),
             "twoshot": _op(x, residual, weight, decision=TWOSHOT),
-            "unfused": _op(x, residual, weight, decision=tuning.UNFUSED),
+            "unfused": _op(x, residual, weight, decision=tables.UNFUSED),
         }
     assert captured["twoshot"][2] == "fused_twoshot"
     assert captured["unfused"][2] == "fallback:table"
@@ -210,7 +210,7 @@ def scenario_dynamic_tokens() -> None:
         x, residual, weight, xs = _inputs(tokens, hidden, seed=tokens)
         _, _, path = _op(x, residual, weight)
         expected = runtime.choose_path(
-            tuning.lookup(torch.cuda.get_device_name(), WORLD, hidden, BF16, tokens),
+            tables.lookup(torch.cuda.get_device_name(), WORLD, hidden, BF16, tokens),
             tokens=tokens,
             hidden=hidden,
             dtype=BF16,
@@ -263,11 +263,11 @@ def scenario_discarded_fallback_graph() -> None:
     hidden, tokens = 2048, 32
     runtime.prepare(_group_name(), hidden, BF16, max_tokens=64)
     x, residual, weight, xs = _inputs(tokens, hidden, seed=5)
-    _op(x, residual, weight, decision=tuning.UNFUSED)  # eager first, as before any capture
+    _op(x, residual, weight, decision=tables.UNFUSED)  # eager first, as before any capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        _op(x, residual, weight, decision=tuning.UNFUSED)
+        _op(x, residual, weight, decision=tables.UNFUSED)
     del graph
     _check(x, residual, weight, xs, decision=ONESHOT, expect_path="fused_oneshot")
 
@@ -291,8 +291,8 @@ def scenario_rank_mismatch() -> None:
 def scenario_table_decision() -> None:
     """A configured table drives the per-call choice."""
     hidden = 4096
-    key = tuning.TableKey(torch.cuda.get_device_name(), WORLD, hidden, "bfloat16")
-    table = tuning.Table({key: tuning.Entry((tuning.Rule(8, ONESHOT), tuning.Rule(64, TWOSHOT)))})
+    key = tables.TableKey(torch.cuda.get_device_name(), WORLD, hidden, "bfloat16")
+    table = tables.Table({key: tables.Entry((tables.Rule(8, ONESHOT), tables.Rule(64, TWOSHOT)))})
     runtime.configure(table=table)
     try:
         runtime.prepare(_group_name(), hidden, BF16, max_tokens=1024)

@@ -24,7 +24,6 @@ import os
 import queue
 import re
 import socket
-import statistics
 import tempfile
 import time
 import traceback
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .model import LlamaConfig, TinyLlama, shard_functional
+from .tuning.timing import replay_median_us
 
 PASS_NAME = "allreduce_rmsnorm"
 CPU_CONFIG = LlamaConfig()
@@ -245,7 +245,7 @@ def run_gpu_demo(cfg: LlamaConfig = GPU_CONFIG, implementation: str = "flashinfe
 def _gpu_rank(rank: int, world_size: int, cfg: LlamaConfig, implementation: str) -> dict[str, Any]:
     import passkit
 
-    from . import runtime
+    from .allreduce_rmsnorm import runtime
 
     probe = _decode_ids(cfg, GPU_TOKENS[-1])
     with torch.device("cuda"):
@@ -284,25 +284,7 @@ def _replay_median_us(
 ) -> float:
     """Capture ``fn(ids)`` in a CUDA graph (after warm-up on a side stream: compiles, and
     creates the fused kernel's workspace outside capture) and time its replays."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn(ids)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(ids)
-    dist.barrier()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return replay_median_us(lambda: fn(ids), replays=iters, before_replays=dist.barrier)
 
 
 # ---------------------------------------------------------------------------------------

@@ -28,16 +28,18 @@ def passkit_demos() -> dict[str, Any]:
 
 @hookimpl
 def passkit_cli_commands(subparsers: Any) -> dict[str, Any]:
-    from .tuning import TUNE_HELP, add_tune_arguments
+    from .tuning.cli import TUNE_HELP, add_tune_arguments
 
     add_tune_arguments(subparsers.add_parser("tune", help=TUNE_HELP, description=TUNE_HELP))
     return {"tune": _tune}
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .tuning import run_tune
+    from .allreduce_rmsnorm.runtime import destroy_workspaces
+    from .allreduce_rmsnorm.tune import tune
+    from .tuning.cli import run_tune
 
-    return run_tune(args)
+    return run_tune(args, tune=tune, cleanup=destroy_workspaces)
 
 
 def _demo(args: argparse.Namespace) -> int:

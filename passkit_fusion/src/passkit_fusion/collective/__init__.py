@@ -7,6 +7,9 @@
 * :mod:`.teardown`: steps that may block on a GPU or a peer (waiting for the device before
   freeing memory shared with other ranks) run with a time limit and are skipped, with a
   log line, when they cannot finish.
+* :mod:`.resources`: freeing GPU memory shared with peer ranks (flashinfer workspaces,
+  later symmetric-memory buffers) only once the GPU is idle, leaking it rather than
+  hanging, and freeing what is left at exit.
 
 Nothing here imports flashinfer or needs CUDA.
 """

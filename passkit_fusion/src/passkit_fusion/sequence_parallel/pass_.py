@@ -27,9 +27,10 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from .. import matcher
-from ..matcher import Rejection, Site, find_sites
-from . import marks, ops, rewrite
+from ..allreduce_rmsnorm import matcher
+from ..allreduce_rmsnorm.matcher import Rejection, Site, find_sites
+from ..patterns import marks
+from . import ops, rewrite
 
 NAME = "sequence_parallel"
 
@@ -146,7 +147,7 @@ class SequenceParallel(GraphPass):
 
 
 def _fused_op() -> object:
-    from .. import ops as fused_ops  # noqa: F401  (registers the allreduce_rmsnorm op)
+    from ..allreduce_rmsnorm import ops as fused_ops  # noqa: F401  (registers the allreduce_rmsnorm op)
 
     return torch.ops.passkit_fusion.allreduce_rmsnorm.default
 

@@ -1,6 +1,6 @@
 """The sequence-parallel rewrite of ``all_reduce -> (add residual) -> RMSNorm`` sites.
 
-Per site (found by :mod:`passkit_fusion.matcher`, without the fused kernel's limits)::
+Per site (found by :mod:`passkit_fusion.allreduce_rmsnorm.matcher`, without the fused kernel's limits)::
 
     x2   = reshape(x, [-1, H])                                  # 3-D: tokens B*S flattened
     part = wait_tensor(reduce_scatter_tensor(x2, "sum", W, g))  # this rank's T/W summed rows
@@ -35,8 +35,8 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
-from ..matcher import Site
-from . import marks
+from ..allreduce_rmsnorm.matcher import Site
+from ..patterns import marks
 from . import ops as _ops  # noqa: F401  (registers torch.ops.passkit_fusion.token_shard)
 
 aten = torch.ops.aten

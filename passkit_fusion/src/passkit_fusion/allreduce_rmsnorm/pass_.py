@@ -1,6 +1,6 @@
 """The ``allreduce_rmsnorm`` pass: all-reduce -> (add residual) -> RMSNorm becomes one op.
 
-Every site :mod:`passkit_fusion.matcher` finds is replaced by one call of
+Every site :mod:`passkit_fusion.allreduce_rmsnorm.matcher` finds is replaced by one call of
 ``torch.ops.passkit_fusion.allreduce_rmsnorm`` returning ``(norm_out, residual_out)``: the
 norm's users read ``norm_out``, every other user of the sum (or of the all-reduce result,
 without a residual) reads ``residual_out``. Enable it by name::
@@ -28,6 +28,9 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..patterns import graph as graph_patterns
+from ..patterns import rmsnorm as rmsnorm_patterns
+from ..tuning import tables
 from . import matcher, ops
 from .matcher import Rejection, Site, candidates
 
@@ -59,7 +62,7 @@ class AllReduceRMSNorm(GraphPass):
     stage = Stage.POST
     Options = AllReduceRMSNormOptions
     requires = Requirements(min_world_size=2)
-    source_files = (matcher.__file__, ops.__file__)
+    source_files = (matcher.__file__, ops.__file__, rmsnorm_patterns.__file__, graph_patterns.__file__)
 
     options: AllReduceRMSNormOptions
 
@@ -75,9 +78,7 @@ class AllReduceRMSNorm(GraphPass):
             return TokenConstraint(max_tokens=self.options.max_tokens)
         if self.impl != "flashinfer" or ctx.device != "cuda" or ctx.dtype is None:
             return None
-        from . import tuning
-
-        bound = tuning.default_table().largest_fused(torch.cuda.get_device_name(), ctx.world_size, ctx.dtype)
+        bound = tables.default_table().largest_fused(torch.cuda.get_device_name(), ctx.world_size, ctx.dtype)
         return TokenConstraint(max_tokens=bound) if bound else None
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
@@ -114,7 +115,7 @@ class AllReduceRMSNorm(GraphPass):
             stable_topological_sort(gm.graph)
         notes = summarize(sites, rejected, self.impl)
         if not sites and not rejected:  # another pass (sequence_parallel) may have taken them
-            from .sequence_parallel.marks import taken_note
+            from ..patterns.marks import taken_note
 
             notes = [taken_note(gm.graph) or notes[0]]
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
@@ -130,11 +131,9 @@ class AllReduceRMSNorm(GraphPass):
         """
         if self.impl != "flashinfer":
             return None
-        from . import tuning
-
         device = site.x.meta["val"].device
         gpu = torch.cuda.get_device_name(device)
-        rules = tuning.default_table().resolve(gpu, site.world_size, site.hidden, site.dtype)
+        rules = tables.default_table().resolve(gpu, site.world_size, site.hidden, site.dtype)
         if any(rule.decision.use_fused for rule in rules):
             return None
         return (

@@ -5,9 +5,10 @@ A :class:`Table` maps ``(gpu name, world size, hidden size, dtype)`` to a short 
 previous rule's bound, exclusive) and says whether to run flashinfer's fused kernel and,
 if so, whether one-shot or two-shot.  Token counts above the last rule run unfused.
 
-Tables ship as JSON files in ``passkit_fusion/tables/`` (one file per GPU and world size,
-one entry per hidden size and dtype); ``passkit tune`` (:mod:`passkit_fusion.tuning`)
-measures new ones and stores them in :data:`USER_TABLES_DIR`.
+Tables ship as JSON files in ``passkit_fusion/tuning/tables/`` (one file per GPU and world
+size, one entry per hidden size and dtype); ``passkit tune`` (:mod:`passkit_fusion.tuning.cli`)
+measures new ones and stores them in :data:`USER_TABLES_DIR`. :func:`rules_from_measurements`
+turns timed variants (:class:`Measurement`) into rules.
 
 JSON format (``"format": "passkit-fusion-table/1"``)::
 
@@ -20,7 +21,7 @@ JSON format (``"format": "passkit-fusion-table/1"``)::
 
 Every rank must take the same decision for the same call, so a decision depends only on
 the table and the call's shape and dtype, never on rank-local timing.  This module is pure
-data and logic: it imports neither torch.distributed nor the runtime.
+data and logic: it imports neither torch.distributed nor a pass's runtime.
 """
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ def save_table(table: Table, path: str | os.PathLike[str]) -> None:
 
 @functools.cache
 def default_table() -> Table:
-    """The tables shipped in ``passkit_fusion/tables/``, then those ``passkit tune`` stored
+    """The tables shipped in ``passkit_fusion/tuning/tables/``, then those ``passkit tune`` stored
     in :data:`USER_TABLES_DIR` (which replace shipped entries with the same key), merged and
     read once per process."""
     table = Table()
@@ -283,3 +284,57 @@ def _entry_from_json(raw: Mapping[str, Any]) -> tuple[TableKey, Entry]:
         raise ValueError(f"unknown dtype {key.dtype!r}")
     rules = tuple(Rule(int(r["max_tokens"]), _decision_from_json(r)) for r in raw["rules"])
     return key, Entry(_validated_rules(rules, key), raw.get("source", {}))
+
+
+# ----------------------------------------------------------------------------------------
+# From measurements to rules (``passkit tune``)
+# ----------------------------------------------------------------------------------------
+
+#: Fuse only where the fused median beats the unfused median by this fraction.
+DEFAULT_MARGIN = 0.05
+DEFAULT_TUNE_TOKENS = tuple(2**i for i in range(14))  # 1 .. 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """Median device time (microseconds) of each variant at one token count."""
+
+    tokens: int
+    unfused_us: float
+    oneshot_us: float | None
+    twoshot_us: float | None
+
+
+def choose(measurement: Measurement, margin: float = DEFAULT_MARGIN) -> Decision:
+    """Fuse only if the faster fused variant beats unfused by ``margin``; pick the faster one."""
+    fused = [
+        (t, oneshot)
+        for t, oneshot in ((measurement.oneshot_us, True), (measurement.twoshot_us, False))
+        if t is not None
+    ]
+    if not fused:
+        return UNFUSED
+    best_us, oneshot = min(fused, key=lambda f: (f[0], not f[1]))  # a tie goes to one-shot
+    if best_us * (1.0 + margin) <= measurement.unfused_us:
+        return Decision(True, oneshot)
+    return UNFUSED
+
+
+def rules_from_measurements(
+    measurements: Iterable[Measurement], margin: float = DEFAULT_MARGIN
+) -> tuple[Rule, ...]:
+    """Turn per-token-count measurements into rules.
+
+    A token count between two measured ones takes the decision measured at the larger;
+    runs of equal decisions merge; token counts above the largest measured run unfused.
+    """
+    rules: list[Rule] = []
+    for m in sorted(measurements, key=lambda m: m.tokens):
+        decision = choose(m, margin)
+        if rules and rules[-1].decision == decision:
+            rules[-1] = Rule(m.tokens, decision)
+        else:
+            rules.append(Rule(m.tokens, decision))
+    while rules and not rules[-1].decision.use_fused:
+        rules.pop()  # trailing unfused rules are implicit
+    return tuple(rules)

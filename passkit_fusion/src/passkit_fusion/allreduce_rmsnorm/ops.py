@@ -7,7 +7,7 @@ Inductor restores from its cache (where the pass does not run again) still find 
 
 ``impl`` picks the implementation, fixed in the graph at compile time:
 
-* ``"flashinfer"``: flashinfer's fused kernel through :mod:`passkit_fusion.runtime` (CUDA),
+* ``"flashinfer"``: flashinfer's fused kernel through :mod:`passkit_fusion.allreduce_rmsnorm.runtime` (CUDA),
   which creates its workspace lazily on the first call and falls back to the unfused
   computation, identically on every rank, where the kernel cannot run (e.g. more tokens
   than the workspace holds).
@@ -21,7 +21,7 @@ change), so they hold after a cache hit as well.
 
 import torch
 
-from . import reference
+from .. import reference
 
 OP_NAME = "passkit_fusion::allreduce_rmsnorm"
 IMPLEMENTATIONS = ("flashinfer", "reference")

@@ -20,38 +20,35 @@ during CUDA graph capture, always with flashinfer's ``trtllm`` backend (``"auto"
 the NVLink-multicast backend), and destroyed by :func:`destroy_workspaces` or at exit, each
 step of that teardown bounded by ``teardown_timeout_s``.
 
+This module holds the configuration, the routing, the statistics, the sites (one per group,
+hidden size and dtype) and the rank checks; the flashinfer API adapters are in
+:mod:`.flashinfer_api`, creating and freeing a workspace in :mod:`.workspaces`.
 flashinfer is imported lazily: this module imports without it, and without CUDA.
 This module keeps process-wide state and is not thread-safe.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
-import functools
-import inspect
-import logging
 import os
-import sys
 from collections import Counter
 from collections.abc import Iterator
-from types import ModuleType
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .collective import (
+from ..collective import (
     RankAgreementError,
     agree,
-    bounded,
     compare_plans,
     plan_fingerprint,
     resolve_group,
 )
-from .reference import rms_norm
-from .tables import (
+from ..collective.resources import at_exit
+from ..reference import rms_norm
+from ..tuning.tables import (
     Decision,
     Rule,
     Table,
@@ -61,6 +58,9 @@ from .tables import (
     max_fused_tokens,
     rules_fingerprint,
 )
+from . import workspaces
+from .flashinfer_api import ApiName, FlashinferApi, flashinfer_version, select_api, unavailable
+from .workspaces import Workspace
 
 __all__ = [
     "CallRecord",
@@ -84,14 +84,10 @@ __all__ = [
     "unfused_allreduce_rmsnorm",
 ]
 
-logger = logging.getLogger(__name__)
-
 SUPPORTED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 SUPPORTED_WORLD_SIZES = frozenset({2, 4, 8, 16})
 #: Two-shot needs one of these world sizes (16 runs one-shot only).
 TWOSHOT_WORLD_SIZES = frozenset({2, 4, 8})
-#: Compute-capability majors flashinfer builds its trtllm all-reduce kernels for.
-SUPPORTED_SM_MAJORS = frozenset({9, 10, 12})
 #: A workspace sized automatically from the table holds inputs of at most this many bytes
 #: (8192 tokens at hidden 4096 in bf16); its memory is about 4 x world size x this.
 AUTO_MAX_INPUT_BYTES = 64 * 2**20
@@ -100,7 +96,6 @@ FUSED_ONESHOT = "fused_oneshot"
 FUSED_TWOSHOT = "fused_twoshot"
 FALLBACK = "fallback"
 
-ApiName = Literal["auto", "unified", "legacy"]
 _UNSET: Any = object()
 
 
@@ -452,271 +447,16 @@ def _run_fused(
 # ----------------------------------------------------------------------------------------
 
 
-class _FlashinferApi(Protocol):
-    name: str
-    supports_weight_bias: bool
-
-    def create(
-        self,
-        *,
-        group: dist.ProcessGroup,
-        rank: int,
-        world_size: int,
-        max_tokens: int,
-        hidden: int,
-        dtype: torch.dtype,
-    ) -> Any: ...
-
-    def run(
-        self,
-        handle: Any,
-        *,
-        x: torch.Tensor,
-        residual: torch.Tensor,
-        gamma: torch.Tensor,
-        eps: float,
-        weight_bias: float,
-        oneshot: bool,
-        norm_out: torch.Tensor,
-        residual_out: torch.Tensor,
-    ) -> None: ...
-
-    def destroy(self, handle: Any) -> None: ...
-
-
-class _UnifiedApi:
-    """``create_allreduce_fusion_workspace`` + ``allreduce_fusion`` (flashinfer >= 0.5)."""
-
-    name = "unified"
-
-    def __init__(self, comm: ModuleType) -> None:
-        self._comm = comm
-        self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
-        self.supports_weight_bias = _accepts(comm.allreduce_fusion, "weight_bias")
-
-    def create(
-        self,
-        *,
-        group: dist.ProcessGroup,
-        rank: int,
-        world_size: int,
-        max_tokens: int,
-        hidden: int,
-        dtype: torch.dtype,
-    ) -> Any:
-        workspace = self._comm.create_allreduce_fusion_workspace(
-            backend="trtllm",
-            world_size=world_size,
-            rank=rank,
-            max_token_num=max_tokens,
-            hidden_dim=hidden,
-            dtype=dtype,
-            group=group,
-        )
-        if getattr(workspace, "backend", "trtllm") != "trtllm":
-            workspace.destroy()
-            raise RuntimeError(
-                f"flashinfer created a {workspace.backend!r} workspace when "
-                "asked for 'trtllm'; refusing to use it"
-            )
-        return workspace
-
-    def run(
-        self,
-        handle: Any,
-        *,
-        x: torch.Tensor,
-        residual: torch.Tensor,
-        gamma: torch.Tensor,
-        eps: float,
-        weight_bias: float,
-        oneshot: bool,
-        norm_out: torch.Tensor,
-        residual_out: torch.Tensor,
-    ) -> None:
-        extra = {"weight_bias": weight_bias} if weight_bias else {}
-        self._comm.allreduce_fusion(
-            input=x,
-            workspace=handle,
-            pattern=self._pattern,
-            launch_with_pdl=False,
-            trigger_completion_at_end=True,
-            residual_out=residual_out,
-            norm_out=norm_out,
-            residual_in=residual,
-            rms_gamma=gamma,
-            rms_eps=eps,
-            use_oneshot=oneshot,
-            **extra,
-        )
-
-    def destroy(self, handle: Any) -> None:
-        handle.destroy()
-
-
-@dataclasses.dataclass
-class _LegacyHandle:
-    ipc_handles: Any
-    workspace_tensor: torch.Tensor
-    metadata: dict[str, Any] | None
-    group: dist.ProcessGroup
-    rank: int
-    world_size: int
-
-
-class _LegacyApi:
-    """``trtllm_create_ipc_workspace_for_all_reduce_fusion`` + ``trtllm_allreduce_fusion``."""
-
-    name = "legacy"
-
-    def __init__(self, comm: ModuleType) -> None:
-        self._comm = comm
-        self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
-        self.supports_weight_bias = _accepts(comm.trtllm_allreduce_fusion, "weight_bias")
-        self._takes_metadata = _accepts(comm.trtllm_allreduce_fusion, "metadata")
-        self._makes_metadata = _accepts(
-            comm.trtllm_create_ipc_workspace_for_all_reduce_fusion, "create_metadata"
-        )
-
-    def create(
-        self,
-        *,
-        group: dist.ProcessGroup,
-        rank: int,
-        world_size: int,
-        max_tokens: int,
-        hidden: int,
-        dtype: torch.dtype,
-    ) -> _LegacyHandle:
-        extra = {"create_metadata": True} if self._makes_metadata else {}
-        created = self._comm.trtllm_create_ipc_workspace_for_all_reduce_fusion(
-            tp_rank=rank,
-            tp_size=world_size,
-            max_token_num=max_tokens,
-            hidden_dim=hidden,
-            use_fp32_lamport=dtype == torch.float32,
-            group=group,
-            **extra,
-        )
-        metadata = created[-1] if self._makes_metadata else None
-        return _LegacyHandle(created[0], created[1], metadata, group, rank, world_size)
-
-    def run(
-        self,
-        handle: _LegacyHandle,
-        *,
-        x: torch.Tensor,
-        residual: torch.Tensor,
-        gamma: torch.Tensor,
-        eps: float,
-        weight_bias: float,
-        oneshot: bool,
-        norm_out: torch.Tensor,
-        residual_out: torch.Tensor,
-    ) -> None:
-        extra: dict[str, Any] = {"weight_bias": weight_bias} if weight_bias else {}
-        if self._takes_metadata and handle.metadata is not None:
-            extra["metadata"] = handle.metadata
-        tokens, hidden = x.shape
-        self._comm.trtllm_allreduce_fusion(
-            allreduce_in=x.view(-1),
-            world_size=handle.world_size,
-            world_rank=handle.rank,
-            token_num=tokens,
-            hidden_dim=hidden,
-            workspace_ptrs=handle.workspace_tensor,
-            launch_with_pdl=False,
-            use_oneshot=oneshot,
-            trigger_completion_at_end=True,
-            fp32_acc=False,
-            pattern_code=self._pattern,
-            allreduce_out=None,
-            residual_in=residual.view(-1),
-            residual_out=residual_out.view(-1),
-            norm_out=norm_out.view(-1),
-            quant_out=None,
-            scale_out=None,
-            rms_gamma=gamma,
-            rms_eps=eps,
-            scale_factor=None,
-            layout_code=None,
-            **extra,
-        )
-
-    def destroy(self, handle: _LegacyHandle) -> None:
-        self._comm.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handle.ipc_handles, group=handle.group)
-
-
-def _accepts(fn: Any, parameter: str) -> bool:
-    try:
-        return parameter in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-@functools.cache
-def _flashinfer_comm() -> ModuleType | None:
-    try:
-        import flashinfer.comm as comm
-    except Exception as exc:  # ImportError, or a broken install failing at import time
-        level = logging.DEBUG if isinstance(exc, ModuleNotFoundError) else logging.WARNING
-        logger.log(
-            level,
-            "flashinfer.comm unavailable (%s: %s); the fused all-reduce + "
-            "RMSNorm falls back to torch.distributed",
-            type(exc).__name__,
-            exc,
-        )
-        return None
-    return comm
-
-
-@functools.cache
-def _select_api(preference: ApiName) -> _FlashinferApi | None:
-    comm = _flashinfer_comm()
-    if comm is None:
-        return None
-    unified = hasattr(comm, "create_allreduce_fusion_workspace") and hasattr(comm, "allreduce_fusion")
-    legacy = hasattr(comm, "trtllm_create_ipc_workspace_for_all_reduce_fusion") and hasattr(
-        comm, "trtllm_allreduce_fusion"
-    )
-    if unified and preference in ("auto", "unified"):
-        return _UnifiedApi(comm)
-    if legacy and preference in ("auto", "legacy"):
-        return _LegacyApi(comm)
-    return None
-
-
-def _api() -> _FlashinferApi:
-    api = _select_api(_config.flashinfer_api)
+def _api() -> FlashinferApi:
+    api = select_api(_config.flashinfer_api)
     if api is None:
         raise RuntimeError(f"no usable flashinfer API: {unavailable_reason()}")
     return api
 
 
-def flashinfer_version() -> str | None:
-    """The installed flashinfer's version, or None when it cannot be imported."""
-    if _flashinfer_comm() is None:
-        return None
-    return str(getattr(sys.modules.get("flashinfer"), "__version__", "unknown"))
-
-
 def unavailable_reason() -> str | None:
     """Why this process cannot run the fused kernel at all, or None if it can."""
-    return _unavailable(_config.flashinfer_api)
-
-
-@functools.cache
-def _unavailable(preference: ApiName) -> str | None:
-    if not torch.cuda.is_available():
-        return "cuda_unavailable"
-    if _flashinfer_comm() is None:
-        return "flashinfer_missing"
-    if _select_api(preference) is None:
-        return f"flashinfer_api_missing:{preference}"
-    if torch.cuda.get_device_capability()[0] not in SUPPORTED_SM_MAJORS:
-        return "gpu_arch_unsupported"
-    return None
+    return unavailable(_config.flashinfer_api)
 
 
 def _capturing() -> bool:
@@ -729,13 +469,6 @@ def _capturing() -> bool:
 
 
 @dataclasses.dataclass
-class _Workspace:
-    api: _FlashinferApi
-    handle: Any
-    max_tokens: int
-
-
-@dataclasses.dataclass
 class _Site:
     group: dist.ProcessGroup
     group_name: str
@@ -745,12 +478,11 @@ class _Site:
     dtype: torch.dtype
     max_tokens: int | None = None  # set by prepare()
     rules: tuple[Rule, ...] | None = None
-    workspace: _Workspace | None = None
+    workspace: Workspace | None = None
     checked: bool = False
 
 
 _sites: dict[tuple[str, int, torch.dtype], _Site] = {}
-_atexit_registered = False
 
 
 def prepare(group_name: str, hidden: int, dtype: torch.dtype, max_tokens: int | None = None) -> int:
@@ -841,7 +573,7 @@ def _static_problem(site: _Site) -> str | None:
     return reason if path == FALLBACK else None
 
 
-def _create_workspace_for_call(site: _Site) -> _Workspace:
+def _create_workspace_for_call(site: _Site) -> Workspace:
     if _capturing():
         raise RuntimeError(
             f"passkit_fusion: no flashinfer workspace exists yet for process group "
@@ -854,74 +586,34 @@ def _create_workspace_for_call(site: _Site) -> _Workspace:
     return _create_workspace(site)
 
 
-def _create_workspace(site: _Site) -> _Workspace:
-    global _atexit_registered
+def _create_workspace(site: _Site) -> Workspace:
     if not site.checked:
         _check_ranks(site)
     api, max_tokens = _api(), _planned_max_tokens(site)
     # every rank is here, for the same workspace, before flashinfer's collective set-up
     _agree(site, "allreduce_rmsnorm:workspace", {"api": api.name, "max_tokens": max_tokens})
-    handle = api.create(
+    site.workspace = workspaces.create(
+        api,
         group=site.group,
+        group_name=site.group_name,
         rank=site.rank,
         world_size=site.world_size,
-        max_tokens=max_tokens,
         hidden=site.hidden,
         dtype=site.dtype,
+        max_tokens=max_tokens,
     )
-    site.workspace = _Workspace(api, handle, max_tokens)
-    if not _atexit_registered:
-        atexit.register(_destroy_at_exit)
-        _atexit_registered = True
-    logger.info(
-        "passkit_fusion: created a flashinfer %s workspace for group %r, hidden %d, %s, %d tokens",
-        api.name,
-        site.group_name,
-        site.hidden,
-        dtype_name(site.dtype),
-        max_tokens,
-    )
+    at_exit(destroy_workspaces, "workspaces")
     return site.workspace
 
 
 def _destroy_site_workspace(site: _Site) -> None:
-    """Free ``site``'s workspace once the GPU is done with it, within the teardown timeout.
-
-    Freeing memory a running kernel (or a peer's, through IPC) still uses is undefined, and
-    a fused kernel whose peer died never finishes: when the device does not go idle within
-    ``teardown_timeout_s`` the workspace is left allocated (the process's exit frees it)."""
+    """Free ``site``'s workspace once the GPU is done with it, each step bounded by
+    ``teardown_timeout_s`` (see :func:`.workspaces.destroy`)."""
     workspace, site.workspace = site.workspace, None
     if workspace is None:
         return
-    limit, what = _config.teardown_timeout_s, f"workspace of group {site.group_name!r}, hidden {site.hidden}"
-    gpu_busy = (
-        torch.cuda.is_available()
-        and torch.cuda.is_initialized()
-        and not bounded(torch.cuda.synchronize, limit, f"waiting for the GPU before freeing the {what}")
-    )
-    if gpu_busy:
-        _leaked.append(workspace)  # keep it referenced: no destructor frees it under a kernel
-        logger.warning(
-            "passkit_fusion: the GPU did not go idle: a fused kernel is most likely waiting "
-            "for a peer rank that died. Anything that synchronizes the device will block too "
-            "(dist.destroy_process_group(), torch.cuda.synchronize(), freeing CUDA memory)."
-        )
-        return
-    if not bounded(lambda: workspace.api.destroy(workspace.handle), limit, f"destroying the {what}"):
-        _leaked.append(workspace)
-
-
-_leaked: list[_Workspace] = []
-"""Workspaces teardown could not free safely; referenced so that nothing frees them late."""
-
-
-def _destroy_at_exit() -> None:
-    """At interpreter exit: free what is left, each step bounded, never raising (the
-    process is ending; its exit status must stay its own)."""
-    try:
-        destroy_workspaces()
-    except Exception as exc:
-        logger.warning("passkit_fusion: destroying workspaces at exit failed: %s", exc)
+    what = f"workspace of group {site.group_name!r}, hidden {site.hidden}"
+    workspaces.destroy(workspace, timeout_s=_config.teardown_timeout_s, what=what)
 
 
 # ----------------------------------------------------------------------------------------
@@ -931,7 +623,7 @@ def _destroy_at_exit() -> None:
 
 def _site_plan(site: _Site) -> dict[str, Any]:
     """Everything every rank's decisions on this site depend on."""
-    api = _select_api(_config.flashinfer_api)
+    api = select_api(_config.flashinfer_api)
     return {
         "world_size": site.world_size,
         "hidden": site.hidden,

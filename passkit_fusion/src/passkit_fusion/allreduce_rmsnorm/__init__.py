@@ -1,0 +1,20 @@
+"""The ``allreduce_rmsnorm`` pass: all-reduce -> (add residual) -> RMSNorm becomes one op.
+
+* :mod:`.pass_`: the pass (:class:`AllReduceRMSNorm`, :class:`AllReduceRMSNormOptions`).
+* :mod:`.matcher`: finds the sites (the all-reduce and residual part; the RMSNorm forms
+  come from :mod:`passkit_fusion.patterns.rmsnorm`).
+* :mod:`.ops`: the ``torch.ops.passkit_fusion.allreduce_rmsnorm`` custom op.
+* :mod:`.runtime`: the op's CUDA implementation: configuration, per-call routing (fused
+  one-shot / two-shot / unfused), statistics, rank checks, ``prepare`` and
+  ``destroy_workspaces``.
+* :mod:`.flashinfer_api`: adapters over flashinfer's two all-reduce fusion APIs.
+* :mod:`.workspaces`: creating and freeing flashinfer's IPC workspaces.
+* :mod:`.tune`: measuring the op for decision tables (``passkit tune``).
+
+Importing this package registers the op (through :mod:`.pass_`, which imports :mod:`.ops`)
+but imports neither flashinfer nor the runtime.
+"""
+
+from .pass_ import AllReduceRMSNorm, AllReduceRMSNormOptions
+
+__all__ = ["AllReduceRMSNorm", "AllReduceRMSNormOptions"]

@@ -1,0 +1,301 @@
+"""flashinfer's fused all-reduce + residual add + RMSNorm, behind one interface.
+
+flashinfer exposes the kernel through two APIs: the unified one
+(``create_allreduce_fusion_workspace`` + ``allreduce_fusion``, flashinfer >= 0.5) and the
+older ``trtllm_*`` functions; :class:`UnifiedApi` and :class:`LegacyApi` adapt both to
+:class:`FlashinferApi` (create a workspace, run the kernel, destroy the workspace), probing
+the signatures for the parameters flashinfer added over time (``weight_bias``,
+``metadata``). :func:`select_api` picks one, :func:`unavailable` says why none can run.
+
+flashinfer is imported lazily, on the first call of :func:`flashinfer_comm`; this module
+imports without it and without CUDA. The results are cached per process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import sys
+from types import ModuleType
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "SUPPORTED_SM_MAJORS",
+    "ApiName",
+    "FlashinferApi",
+    "LegacyApi",
+    "LegacyHandle",
+    "UnifiedApi",
+    "flashinfer_comm",
+    "flashinfer_version",
+    "select_api",
+    "unavailable",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Compute-capability majors flashinfer builds its trtllm all-reduce kernels for.
+SUPPORTED_SM_MAJORS = frozenset({9, 10, 12})
+
+ApiName = Literal["auto", "unified", "legacy"]
+
+
+class FlashinferApi(Protocol):
+    name: str
+    supports_weight_bias: bool
+
+    def create(
+        self,
+        *,
+        group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        max_tokens: int,
+        hidden: int,
+        dtype: torch.dtype,
+    ) -> Any: ...
+
+    def run(
+        self,
+        handle: Any,
+        *,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        gamma: torch.Tensor,
+        eps: float,
+        weight_bias: float,
+        oneshot: bool,
+        norm_out: torch.Tensor,
+        residual_out: torch.Tensor,
+    ) -> None: ...
+
+    def destroy(self, handle: Any) -> None: ...
+
+
+class UnifiedApi:
+    """``create_allreduce_fusion_workspace`` + ``allreduce_fusion`` (flashinfer >= 0.5)."""
+
+    name = "unified"
+
+    def __init__(self, comm: ModuleType) -> None:
+        self._comm = comm
+        self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
+        self.supports_weight_bias = _accepts(comm.allreduce_fusion, "weight_bias")
+
+    def create(
+        self,
+        *,
+        group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        max_tokens: int,
+        hidden: int,
+        dtype: torch.dtype,
+    ) -> Any:
+        workspace = self._comm.create_allreduce_fusion_workspace(
+            backend="trtllm",
+            world_size=world_size,
+            rank=rank,
+            max_token_num=max_tokens,
+            hidden_dim=hidden,
+            dtype=dtype,
+            group=group,
+        )
+        if getattr(workspace, "backend", "trtllm") != "trtllm":
+            workspace.destroy()
+            raise RuntimeError(
+                f"flashinfer created a {workspace.backend!r} workspace when "
+                "asked for 'trtllm'; refusing to use it"
+            )
+        return workspace
+
+    def run(
+        self,
+        handle: Any,
+        *,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        gamma: torch.Tensor,
+        eps: float,
+        weight_bias: float,
+        oneshot: bool,
+        norm_out: torch.Tensor,
+        residual_out: torch.Tensor,
+    ) -> None:
+        extra = {"weight_bias": weight_bias} if weight_bias else {}
+        self._comm.allreduce_fusion(
+            input=x,
+            workspace=handle,
+            pattern=self._pattern,
+            launch_with_pdl=False,
+            trigger_completion_at_end=True,
+            residual_out=residual_out,
+            norm_out=norm_out,
+            residual_in=residual,
+            rms_gamma=gamma,
+            rms_eps=eps,
+            use_oneshot=oneshot,
+            **extra,
+        )
+
+    def destroy(self, handle: Any) -> None:
+        handle.destroy()
+
+
+@dataclasses.dataclass
+class LegacyHandle:
+    ipc_handles: Any
+    workspace_tensor: torch.Tensor
+    metadata: dict[str, Any] | None
+    group: dist.ProcessGroup
+    rank: int
+    world_size: int
+
+
+class LegacyApi:
+    """``trtllm_create_ipc_workspace_for_all_reduce_fusion`` + ``trtllm_allreduce_fusion``."""
+
+    name = "legacy"
+
+    def __init__(self, comm: ModuleType) -> None:
+        self._comm = comm
+        self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
+        self.supports_weight_bias = _accepts(comm.trtllm_allreduce_fusion, "weight_bias")
+        self._takes_metadata = _accepts(comm.trtllm_allreduce_fusion, "metadata")
+        self._makes_metadata = _accepts(
+            comm.trtllm_create_ipc_workspace_for_all_reduce_fusion, "create_metadata"
+        )
+
+    def create(
+        self,
+        *,
+        group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        max_tokens: int,
+        hidden: int,
+        dtype: torch.dtype,
+    ) -> LegacyHandle:
+        extra = {"create_metadata": True} if self._makes_metadata else {}
+        created = self._comm.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+            tp_rank=rank,
+            tp_size=world_size,
+            max_token_num=max_tokens,
+            hidden_dim=hidden,
+            use_fp32_lamport=dtype == torch.float32,
+            group=group,
+            **extra,
+        )
+        metadata = created[-1] if self._makes_metadata else None
+        return LegacyHandle(created[0], created[1], metadata, group, rank, world_size)
+
+    def run(
+        self,
+        handle: LegacyHandle,
+        *,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        gamma: torch.Tensor,
+        eps: float,
+        weight_bias: float,
+        oneshot: bool,
+        norm_out: torch.Tensor,
+        residual_out: torch.Tensor,
+    ) -> None:
+        extra: dict[str, Any] = {"weight_bias": weight_bias} if weight_bias else {}
+        if self._takes_metadata and handle.metadata is not None:
+            extra["metadata"] = handle.metadata
+        tokens, hidden = x.shape
+        self._comm.trtllm_allreduce_fusion(
+            allreduce_in=x.view(-1),
+            world_size=handle.world_size,
+            world_rank=handle.rank,
+            token_num=tokens,
+            hidden_dim=hidden,
+            workspace_ptrs=handle.workspace_tensor,
+            launch_with_pdl=False,
+            use_oneshot=oneshot,
+            trigger_completion_at_end=True,
+            fp32_acc=False,
+            pattern_code=self._pattern,
+            allreduce_out=None,
+            residual_in=residual.view(-1),
+            residual_out=residual_out.view(-1),
+            norm_out=norm_out.view(-1),
+            quant_out=None,
+            scale_out=None,
+            rms_gamma=gamma,
+            rms_eps=eps,
+            scale_factor=None,
+            layout_code=None,
+            **extra,
+        )
+
+    def destroy(self, handle: LegacyHandle) -> None:
+        self._comm.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handle.ipc_handles, group=handle.group)
+
+
+def _accepts(fn: Any, parameter: str) -> bool:
+    try:
+        return parameter in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@functools.cache
+def flashinfer_comm() -> ModuleType | None:
+    try:
+        import flashinfer.comm as comm
+    except Exception as exc:  # ImportError, or a broken install failing at import time
+        level = logging.DEBUG if isinstance(exc, ModuleNotFoundError) else logging.WARNING
+        logger.log(
+            level,
+            "flashinfer.comm unavailable (%s: %s); the fused all-reduce + "
+            "RMSNorm falls back to torch.distributed",
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    return comm
+
+
+@functools.cache
+def select_api(preference: ApiName) -> FlashinferApi | None:
+    comm = flashinfer_comm()
+    if comm is None:
+        return None
+    unified = hasattr(comm, "create_allreduce_fusion_workspace") and hasattr(comm, "allreduce_fusion")
+    legacy = hasattr(comm, "trtllm_create_ipc_workspace_for_all_reduce_fusion") and hasattr(
+        comm, "trtllm_allreduce_fusion"
+    )
+    if unified and preference in ("auto", "unified"):
+        return UnifiedApi(comm)
+    if legacy and preference in ("auto", "legacy"):
+        return LegacyApi(comm)
+    return None
+
+
+def flashinfer_version() -> str | None:
+    """The installed flashinfer's version, or None when it cannot be imported."""
+    if flashinfer_comm() is None:
+        return None
+    return str(getattr(sys.modules.get("flashinfer"), "__version__", "unknown"))
+
+
+@functools.cache
+def unavailable(preference: ApiName) -> str | None:
+    """Why this process cannot run the fused kernel with the API ``preference``, or None."""
+    if not torch.cuda.is_available():
+        return "cuda_unavailable"
+    if flashinfer_comm() is None:
+        return "flashinfer_missing"
+    if select_api(preference) is None:
+        return f"flashinfer_api_missing:{preference}"
+    if torch.cuda.get_device_capability()[0] not in SUPPORTED_SM_MAJORS:
+        return "gpu_arch_unsupported"
+    return None

@@ -1,0 +1,8 @@
+"""FX graph patterns shared by the passes' matchers.
+
+* :mod:`.graph`: node values, module paths, symbolic shape comparison, formatting for
+  rejection reasons, a graph's process group's world size, :class:`~.graph.Mismatch`.
+* :mod:`.rmsnorm`: recognising the RMSNorm forms that follow a given node.
+
+Pure graph inspection: no process group is created, nothing is imported from a pass.
+"""
