@@ -23,7 +23,7 @@ def passkit_register_passes() -> list[type[Pass]]:
 
 @hookimpl
 def passkit_demos() -> dict[str, Any]:
-    return {"allreduce_rmsnorm": _demo}
+    return {"allreduce_rmsnorm": _demo, "tp_passes": _tp_demo}
 
 
 @hookimpl
@@ -44,5 +44,11 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import main
+
+    return main(args)
+
+
+def _tp_demo(args: argparse.Namespace) -> int:
+    from .tp_demo import main
 
     return main(args)
