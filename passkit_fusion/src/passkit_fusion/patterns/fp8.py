@@ -147,8 +147,8 @@ def _match_from(y: fx.Node, start: fx.Node, avoid: frozenset[fx.Node]) -> Fp8Qua
             f"scale {shape_str(val(scale).shape)} broadcasts the output to {shape_str(val(out).shape)}"
         )
     form = ("fp32-" if upcast_first else "") + ("mul-inverse" if inverse else "div")
-    if inverse and scale.target is aten.reciprocal.default and isinstance(scale.args[0], fx.Node):
-        scale, inverse = scale.args[0], False  # x * reciprocal(s): hand the kernel s itself
+    if inverse and (direct := _reciprocal_of(scale)) is not None:
+        scale, inverse = direct, False  # y * (1 / s): hand the kernel s itself
     return Fp8Quant(scale=scale, inverse=inverse, out=out, nodes=tuple(nodes), form=form)
 
 
@@ -220,6 +220,17 @@ def _check_scale(scale: fx.Node, avoid: frozenset[fx.Node]) -> None:
         )
     if _depends_on(scale, avoid):
         raise Mismatch("dynamic scale: computed from the activations being quantized")
+
+
+def _reciprocal_of(node: fx.Node) -> fx.Node | None:
+    """``s`` when ``node`` is ``reciprocal(s)`` or ``reciprocal(s) * 1.0`` (how ``1 / s``
+    traces), else None."""
+    if node.target is aten.mul.Tensor and 1.0 in node.args[:2]:
+        inner = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+        node = inner[0] if len(inner) == 1 else node
+    if node.target is aten.reciprocal.default and isinstance(node.args[0], fx.Node):
+        return node.args[0]
+    return None
 
 
 def _reaches_fp8(y: fx.Node, depth: int = 8) -> bool:
