@@ -187,7 +187,7 @@ def test_fp8_paths_and_results(world, api):
 @pytest.mark.parametrize("api", ["auto", "legacy"])
 def test_fp8_flashinfer_arguments(world, api):
     patterns = fake_flashinfer.AllReduceFusionPattern
-    for rank, out in enumerate(world):
+    for _rank, out in enumerate(world):
         result = out[api]
         creates = [c for c in result["plain_calls"] if "create" in c[0]]
         assert len(creates) == 1  # the unquantized op's call created the bf16 workspace ...
@@ -200,7 +200,7 @@ def test_fp8_flashinfer_arguments(world, api):
                 assert runs == [], label
                 continue
             (run,) = runs
-            shape, dtype, _, need_norm_out, _, _ = CALLS[label]
+            shape, _dtype, _, need_norm_out, _, _ = CALLS[label]
             tokens = 1
             for n in shape[:-1]:
                 tokens *= n
