@@ -25,6 +25,8 @@ Writes ``fusion_op.json``, ``fusion_op.md`` and ``table_<gpu>_w2.json`` into ``-
 (default: ``$OUT`` when set, else ``benchmarks/results``).
 
 Run: python benchmarks/fusion_op.py [--hidden 4096 8192] [--tokens 1 2 4 ...]
+``--fp8``: the FP8 variant instead (all-reduce + add + RMSNorm + static FP8 quantization vs
+NCCL + Inductor's add + RMSNorm + quantization): ``benchmarks/fusion_op_fp8.py``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ class Row:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--fp8" in argv:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import fusion_op_fp8
+
+        return fusion_op_fp8.main(argv)
     args = _parser().parse_args(argv)
     if torch.cuda.device_count() < WORLD:
         print(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")

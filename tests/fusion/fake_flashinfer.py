@@ -9,8 +9,11 @@ workspace creation and kernel with the ``trtllm_*`` functions (passing the metad
 
 Instead of CUDA kernels over IPC buffers, the bodies run on CPU tensors with
 ``torch.distributed`` on the workspace's process group (gloo in tests): all-reduce in fp32,
-add the residual, RMS-normalise with ``rms_gamma + weight_bias``. Only the
-``kARResidualRMSNorm`` pattern and the ``trtllm`` backend are emulated; anything else raises
+add the residual, RMS-normalise with ``rms_gamma + weight_bias``, and for the FP8 patterns
+(``kARResidualRMSNormFP8Quant``, ``kARResidualRMSNormOutFP8Quant``) quantize as the kernel
+does: the norm output rounded to the input dtype, times ``1 / scale_factor[0]`` in fp32,
+saturated to ``float8_e4m3fn`` (``scale_factor`` must be a one-element fp32 tensor). Only
+these patterns and the ``trtllm`` backend are emulated; anything else raises
 ``NotImplementedError``. The argument checks flashinfer makes are kept (workspace metadata,
 two-shot needs more tokens than ranks, contiguous inputs), and so are the preconditions its
 kernel silently relies on (the workspace's rank, world size, capacity and lamport dtype;
@@ -56,6 +59,14 @@ class AllReduceFusionPattern:
     kARResidualRMSNorm = 1
     kARResidualRMSNormFP8Quant = 2
     kARResidualRMSNormFP4Quant = 3
+    kARResidualRMSNormOutFP8Quant = 4
+    kARResidualRMSNormOutFP4Quant = 5
+
+
+_FP8_PATTERNS = (
+    AllReduceFusionPattern.kARResidualRMSNormFP8Quant,
+    AllReduceFusionPattern.kARResidualRMSNormOutFP8Quant,
+)
 
 
 # ------------------------------------------------------------------------ workspace state
@@ -200,8 +211,8 @@ def trtllm_allreduce_fusion(
     weight_bias: float | None = None,
 ) -> None:
     _record("trtllm_allreduce_fusion", locals())
-    if block_quant_group_size is not None or scale_factor is not None or layout_code is not None:
-        raise NotImplementedError("fake flashinfer: quantising patterns")
+    if block_quant_group_size is not None or layout_code is not None:
+        raise NotImplementedError("fake flashinfer: block or FP4 quantising patterns")
     _fused_kernel(
         allreduce_in,
         world_size,
@@ -220,6 +231,7 @@ def trtllm_allreduce_fusion(
         rms_eps,
         metadata,
         weight_bias,
+        scale_factor,
     )
 
 
@@ -256,6 +268,7 @@ def _fused_kernel(
     rms_eps,
     metadata,
     weight_bias,
+    scale_factor=None,
 ) -> None:
     if metadata is not None:
         _check_metadata(token_num, hidden_dim, world_size, allreduce_in.dtype, metadata)
@@ -263,10 +276,24 @@ def _fused_kernel(
         raise NotImplementedError("fake flashinfer: use_oneshot=None (flashinfer's heuristic)")
     if not use_oneshot:
         assert token_num > world_size, "sequence length should be larger than tp_size"
-    if pattern_code != AllReduceFusionPattern.kARResidualRMSNorm or quant_out is not None:
+    fp8 = pattern_code in _FP8_PATTERNS
+    if pattern_code != AllReduceFusionPattern.kARResidualRMSNorm and not fp8:
         raise NotImplementedError(f"fake flashinfer: pattern {pattern_code}")
-    if any(t is None for t in (residual_in, residual_out, norm_out, rms_gamma, rms_eps)):
-        raise ValueError("kARResidualRMSNorm needs residual_in/out, norm_out, rms_gamma, rms_eps")
+    writes_norm = pattern_code != AllReduceFusionPattern.kARResidualRMSNormFP8Quant
+    if any(t is None for t in (residual_in, residual_out, rms_gamma, rms_eps)) or (
+        writes_norm and norm_out is None
+    ):
+        raise ValueError(f"pattern {pattern_code} needs residual_in/out, norm_out, rms_gamma, rms_eps")
+    if fp8 != (quant_out is not None) or fp8 != (scale_factor is not None):
+        raise ValueError(f"pattern {pattern_code}: quant_out and scale_factor go with the FP8 patterns only")
+    if fp8 and not (
+        isinstance(scale_factor, torch.Tensor)
+        and scale_factor.dtype == torch.float32
+        and scale_factor.numel() == 1
+    ):
+        raise RuntimeError(
+            "fake flashinfer kernel: scale_factor must be a one-element fp32 tensor (the kernel reads *scale_factor)"
+        )
     # What the CUDA kernel assumes without checking (it would read or write out of bounds).
     state = _WORKSPACES[int(workspace_ptrs[0])]
     dtype, numel = allreduce_in.dtype, token_num * hidden_dim
@@ -285,7 +312,9 @@ def _fused_kernel(
                 ("residual_in", residual_in),
                 ("residual_out", residual_out),
                 ("norm_out", norm_out),
+                ("quant_out", quant_out),
             )
+            if t is not None
         ),
         *(
             t.dtype != dtype and f"{name} is {t.dtype}, input is {dtype}"
@@ -294,7 +323,11 @@ def _fused_kernel(
                 ("residual_out", residual_out),
                 ("norm_out", norm_out),
             )
+            if t is not None
         ),
+        fp8
+        and quant_out.dtype != torch.float8_e4m3fn
+        and f"quant_out is {quant_out.dtype}, not float8_e4m3fn",
     ]
     if problems := [p for p in problems if p]:
         raise RuntimeError("fake flashinfer kernel: " + "; ".join(problems))
@@ -305,8 +338,13 @@ def _fused_kernel(
     summed += residual_in.view(token_num, hidden_dim).float()
     residual_out.view(token_num, hidden_dim).copy_(summed)
     gamma = rms_gamma.float() + (weight_bias or 0.0)
-    normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + rms_eps) * gamma
-    norm_out.view(token_num, hidden_dim).copy_(normed)
+    normed = (summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + rms_eps) * gamma).to(dtype)
+    if norm_out is not None:
+        norm_out.view(token_num, hidden_dim).copy_(normed)
+    if fp8:
+        inverse = 1.0 / scale_factor.reshape(()).float()
+        quant = (normed.float() * inverse).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        quant_out.view(token_num, hidden_dim).copy_(quant)
 
 
 # ------------------------------------------------------------------------ unified API
@@ -429,8 +467,10 @@ def allreduce_fusion(
         return None if t is None else t.view(-1)
 
     output = torch.empty_like(input) if output is None else output
-    if block_quant_group_size is not None or scale_factor is not None or layout_code is not None:
-        raise NotImplementedError("fake flashinfer: quantising patterns")
+    if block_quant_group_size is not None or layout_code is not None:
+        raise NotImplementedError("fake flashinfer: block or FP4 quantising patterns")
+    if isinstance(scale_factor, int | float):  # flashinfer wraps a number in a tensor
+        scale_factor = torch.tensor([scale_factor], dtype=torch.float32)
     _fused_kernel(
         flat(input, "input"),
         workspace.world_size,
@@ -449,8 +489,11 @@ def allreduce_fusion(
         rms_eps,
         workspace.metadata,
         weight_bias,
+        scale_factor,
     )
-    return norm_out if norm_out is not None else output
+    if norm_out is not None:
+        return norm_out
+    return quant_out if quant_out is not None else output
 
 
 # ------------------------------------------------------------------------ modules

@@ -431,7 +431,7 @@ def test_skips_without_a_process_group(clean_env):
         ({"max_tokens": 0}, "passes.allreduce_rmsnorm.max_tokens"),
         (
             {"max_token": 4096},
-            "unknown option (known options: implementation, max_tokens, restrict_tokens, check_rank_consistency)",
+            "unknown option (known options: implementation, max_tokens, restrict_tokens, check_rank_consistency, fuse_fp8_quant)",
         ),
     ],
 )

@@ -1,4 +1,4 @@
-"""The reference implementation of the fused op: what flashinfer's kernel computes, in torch.
+"""The reference implementation of the fused ops: what flashinfer's kernel computes, in torch.
 
 It runs anywhere torch.distributed does (gloo on CPU included), so CPU tests and the demo
 execute the fused graph for real. The numerics follow the kernel:
@@ -6,6 +6,9 @@ execute the fused graph for real. The numerics follow the kernel:
 * ``residual_out = all_reduce_sum(x) + residual`` in ``x.dtype``, exactly the unfused sum;
 * ``norm_out = residual_out * rsqrt(mean(residual_out**2) + eps) * (weight + weight_bias)``
   computed in fp32 and rounded once to ``x.dtype``.
+
+* with FP8 quantization, ``quant_out = saturate(norm_out.float() * (1 / scale))`` as
+  ``float8_e4m3fn`` (:func:`fp8_quantize`).
 
 Against model code that downcasts before multiplying by the weight (Llama's reference
 RMSNorm), ``norm_out`` can differ by one rounding of ``x.dtype``; against
@@ -47,3 +50,33 @@ def allreduce_rmsnorm(
     if residual is not None:
         total = total + residual
     return rms_norm(total, weight, eps, weight_bias), total
+
+
+FP8_MAX = 448.0
+"""The largest finite ``float8_e4m3fn`` value; the kernel saturates to it."""
+
+
+def fp8_quantize(norm: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static per-tensor ``float8_e4m3fn`` quantization as flashinfer's kernel does it: the
+    norm output (already rounded to its dtype) times ``1 / scale`` in fp32, saturated to
+    ``[-448, 448]``. ``scale`` (one element) is the dequantization scale: ``q * scale ~ norm``."""
+    inverse = torch.reciprocal(scale.reshape(()).float())
+    return (norm.float() * inverse).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def allreduce_rmsnorm_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    scale: torch.Tensor,
+    group_name: str,
+    need_norm_out: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(quant_out, norm_out, residual_out)`` of all-reduce + optional residual add +
+    RMSNorm + static FP8 quantization (:func:`fp8_quantize`). ``norm_out`` is empty
+    (shape ``[0]``) unless ``need_norm_out``. Collective, like :func:`allreduce_rmsnorm`."""
+    norm, total = allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group_name)
+    quant = fp8_quantize(norm, scale)
+    return quant, (norm if need_norm_out else norm.new_empty((0,))), total

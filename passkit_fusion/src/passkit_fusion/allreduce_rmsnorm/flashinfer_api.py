@@ -5,7 +5,11 @@ flashinfer exposes the kernel through two APIs: the unified one
 older ``trtllm_*`` functions; :class:`UnifiedApi` and :class:`LegacyApi` adapt both to
 :class:`FlashinferApi` (create a workspace, run the kernel, destroy the workspace), probing
 the signatures for the parameters flashinfer added over time (``weight_bias``,
-``metadata``). :func:`select_api` picks one, :func:`unavailable` says why none can run.
+``metadata``). With ``quant_out`` and ``scale_factor`` the kernel also quantizes the norm
+output to ``float8_e4m3fn`` (patterns ``kARResidualRMSNormFP8Quant`` /
+``kARResidualRMSNormOutFP8Quant``): it computes ``fp8(norm_out * (1 / *scale_factor))``
+with saturation, reading ``scale_factor`` (a one-element fp32 CUDA tensor, the
+dequantization scale) at run time, so a CUDA graph sees later updates of it. :func:`select_api` picks one, :func:`unavailable` says why none can run.
 
 flashinfer is imported lazily, on the first call of :func:`flashinfer_comm`; this module
 imports without it and without CUDA. The results are cached per process.
@@ -48,6 +52,8 @@ ApiName = Literal["auto", "unified", "legacy"]
 class FlashinferApi(Protocol):
     name: str
     supports_weight_bias: bool
+    supports_fp8: bool
+    """The FP8 patterns (``kARResidualRMSNormFP8Quant``, ``kARResidualRMSNormOutFP8Quant``) exist."""
 
     def create(
         self,
@@ -70,8 +76,10 @@ class FlashinferApi(Protocol):
         eps: float,
         weight_bias: float,
         oneshot: bool,
-        norm_out: torch.Tensor,
+        norm_out: torch.Tensor | None,
         residual_out: torch.Tensor,
+        quant_out: torch.Tensor | None = None,
+        scale_factor: torch.Tensor | None = None,
     ) -> None: ...
 
     def destroy(self, handle: Any) -> None: ...
@@ -84,8 +92,8 @@ class UnifiedApi:
 
     def __init__(self, comm: ModuleType) -> None:
         self._comm = comm
-        self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
         self.supports_weight_bias = _accepts(comm.allreduce_fusion, "weight_bias")
+        self.supports_fp8 = _has_fp8_patterns(comm)
 
     def create(
         self,
@@ -124,14 +132,18 @@ class UnifiedApi:
         eps: float,
         weight_bias: float,
         oneshot: bool,
-        norm_out: torch.Tensor,
+        norm_out: torch.Tensor | None,
         residual_out: torch.Tensor,
+        quant_out: torch.Tensor | None = None,
+        scale_factor: torch.Tensor | None = None,
     ) -> None:
-        extra = {"weight_bias": weight_bias} if weight_bias else {}
+        extra: dict[str, Any] = {"weight_bias": weight_bias} if weight_bias else {}
+        if quant_out is not None:
+            extra.update(quant_out=quant_out, scale_factor=scale_factor)
         self._comm.allreduce_fusion(
             input=x,
             workspace=handle,
-            pattern=self._pattern,
+            pattern=pattern_code(self._comm, norm_out is not None, quant_out is not None),
             launch_with_pdl=False,
             trigger_completion_at_end=True,
             residual_out=residual_out,
@@ -164,8 +176,8 @@ class LegacyApi:
 
     def __init__(self, comm: ModuleType) -> None:
         self._comm = comm
-        self._pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
         self.supports_weight_bias = _accepts(comm.trtllm_allreduce_fusion, "weight_bias")
+        self.supports_fp8 = _has_fp8_patterns(comm)
         self._takes_metadata = _accepts(comm.trtllm_allreduce_fusion, "metadata")
         self._makes_metadata = _accepts(
             comm.trtllm_create_ipc_workspace_for_all_reduce_fusion, "create_metadata"
@@ -204,8 +216,10 @@ class LegacyApi:
         eps: float,
         weight_bias: float,
         oneshot: bool,
-        norm_out: torch.Tensor,
+        norm_out: torch.Tensor | None,
         residual_out: torch.Tensor,
+        quant_out: torch.Tensor | None = None,
+        scale_factor: torch.Tensor | None = None,
     ) -> None:
         extra: dict[str, Any] = {"weight_bias": weight_bias} if weight_bias else {}
         if self._takes_metadata and handle.metadata is not None:
@@ -222,22 +236,39 @@ class LegacyApi:
             use_oneshot=oneshot,
             trigger_completion_at_end=True,
             fp32_acc=False,
-            pattern_code=self._pattern,
+            pattern_code=pattern_code(self._comm, norm_out is not None, quant_out is not None),
             allreduce_out=None,
             residual_in=residual.view(-1),
             residual_out=residual_out.view(-1),
-            norm_out=norm_out.view(-1),
-            quant_out=None,
+            norm_out=None if norm_out is None else norm_out.view(-1),
+            quant_out=None if quant_out is None else quant_out.view(-1),
             scale_out=None,
             rms_gamma=gamma,
             rms_eps=eps,
-            scale_factor=None,
+            scale_factor=scale_factor,
             layout_code=None,
             **extra,
         )
 
     def destroy(self, handle: LegacyHandle) -> None:
         self._comm.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(handle.ipc_handles, group=handle.group)
+
+
+def _has_fp8_patterns(comm: ModuleType) -> bool:
+    patterns = comm.AllReduceFusionPattern
+    return hasattr(patterns, "kARResidualRMSNormFP8Quant") and hasattr(
+        patterns, "kARResidualRMSNormOutFP8Quant"
+    )
+
+
+def pattern_code(comm: ModuleType, norm_out: bool, quant_out: bool) -> int:
+    """flashinfer's pattern for the outputs wanted: ``kARResidualRMSNorm`` (norm only),
+    ``kARResidualRMSNormFP8Quant`` (FP8 only), ``kARResidualRMSNormOutFP8Quant`` (both).
+    Every pattern also writes ``residual_out``."""
+    patterns = comm.AllReduceFusionPattern
+    if not quant_out:
+        return patterns.kARResidualRMSNorm
+    return patterns.kARResidualRMSNormOutFP8Quant if norm_out else patterns.kARResidualRMSNormFP8Quant
 
 
 def _accepts(fn: Any, parameter: str) -> bool:

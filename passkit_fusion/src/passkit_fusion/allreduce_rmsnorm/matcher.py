@@ -10,6 +10,11 @@ RMSNorm whose input is ``s`` through :func:`passkit_fusion.patterns.rmsnorm.matc
 either side of the downcast). Everything is decided from the graph and the process group's
 size, never from rank-local state, so every rank finds the same sites.
 
+With ``fp8=True`` the matcher also looks after the norm for a static per-tensor
+``float8_e4m3fn`` quantization (:func:`passkit_fusion.patterns.fp8.match_fp8_quant`) and
+records it in :attr:`Site.quant`; a quantization the kernel would compute differently
+leaves the site fused without it, the reason in :attr:`Site.quant_skipped`.
+
 A candidate the fused kernel would compute differently is rejected with a reason: a reduce
 op other than sum, a norm over another dim, a weight in another dtype than the activations,
 an intermediate (the all-reduce result included) also used outside the match, a residual
@@ -24,6 +29,7 @@ from collections.abc import Iterator
 import torch
 import torch.fx as fx
 
+from ..patterns.fp8 import Fp8Quant, NoQuant, match_fp8_quant
 from ..patterns.graph import (
     Mismatch,
     dtype_str,
@@ -74,6 +80,14 @@ class Site:
     dtype: torch.dtype
     module: str
     """Where the norm lives in the model (``layers.0.post_attention_layernorm``), or ``""``."""
+    quant: Fp8Quant | None = None
+    """The static FP8 quantization of the norm output the fused op also takes over (only
+    when matched with ``fp8=True``); its nodes are not in :attr:`nodes`."""
+    quant_skipped: str | None = None
+    """Why an FP8 quantization after the norm is left out of the fusion, if one is."""
+    need_norm_out: bool = True
+    """Whether anything besides :attr:`quant` reads the norm output (then the fused op
+    writes the norm output too); always True without a quantization."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,29 +98,34 @@ class Rejection:
     reason: str
 
 
-def candidates(graph: fx.Graph, *, kernel_limits: bool = True) -> Iterator[Site | Rejection]:
+def candidates(
+    graph: fx.Graph, *, kernel_limits: bool = True, fp8: bool = False
+) -> Iterator[Site | Rejection]:
     """Match each functional all-reduce of ``graph``, in graph order, lazily: the caller may
     replace a site before taking the next item (sites are disjoint, and a later site sees
     the earlier one's outputs where it used its nodes, e.g. as its residual).
-    ``kernel_limits``: see :func:`match_site`."""
+    ``kernel_limits``, ``fp8``: see :func:`match_site`."""
     for node in list(graph.find_nodes(op="call_function", target=c10d.all_reduce.default)):
         try:
-            yield match_site(node, kernel_limits=kernel_limits)
+            yield match_site(node, kernel_limits=kernel_limits, fp8=fp8)
         except Mismatch as exc:
             yield Rejection(node, str(exc))
 
 
-def find_sites(graph: fx.Graph, *, kernel_limits: bool = True) -> tuple[list[Site], list[Rejection]]:
+def find_sites(
+    graph: fx.Graph, *, kernel_limits: bool = True, fp8: bool = False
+) -> tuple[list[Site], list[Rejection]]:
     """Every site of ``graph`` and every rejected all-reduce, without changing the graph."""
-    found = list(candidates(graph, kernel_limits=kernel_limits))
+    found = list(candidates(graph, kernel_limits=kernel_limits, fp8=fp8))
     return [c for c in found if isinstance(c, Site)], [c for c in found if isinstance(c, Rejection)]
 
 
-def match_site(all_reduce: fx.Node, *, kernel_limits: bool = True) -> Site:
+def match_site(all_reduce: fx.Node, *, kernel_limits: bool = True, fp8: bool = False) -> Site:
     """The site starting at ``all_reduce``; raises :class:`Mismatch` with the reason if none.
 
     ``kernel_limits=False`` drops the fused kernel's own limits (hidden size, world sizes
-    2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``)."""
+    2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``).
+    ``fp8=True`` also matches a static FP8 quantization of the norm output."""
     x, reduce_op, group_name = all_reduce.args[:3]
     if str(reduce_op).lower() != "sum":
         raise Mismatch(f"reduce op {reduce_op!r}")
@@ -123,6 +142,14 @@ def match_site(all_reduce: fx.Node, *, kernel_limits: bool = True) -> Site:
     hidden = _check_supported(dtype, shape, kernel_limits)
     world_size = _world_size(group_name, kernel_limits)
     head = tuple(dict.fromkeys((all_reduce, wait, result, total)))
+    quant, quant_skipped = None, None
+    if fp8:
+        try:
+            quant = match_fp8_quant(norm.out, {all_reduce, *head, *norm.nodes})
+        except NoQuant:
+            pass
+        except Mismatch as exc:
+            quant_skipped = str(exc)
     return Site(
         all_reduce=all_reduce,
         x=x,
@@ -138,6 +165,9 @@ def match_site(all_reduce: fx.Node, *, kernel_limits: bool = True) -> Site:
         hidden=hidden,
         dtype=dtype,
         module=module_path(norm.out),
+        quant=quant,
+        quant_skipped=quant_skipped,
+        need_norm_out=quant is None or any(u is not quant.nodes[0] for u in norm.out.users),
     )
 
 

@@ -1,4 +1,9 @@
-"""``torch.ops.passkit_fusion.allreduce_rmsnorm``: the op the pass swaps in.
+"""``torch.ops.passkit_fusion.allreduce_rmsnorm`` and ``allreduce_rmsnorm_fp8``: the ops the pass swaps in.
+
+``allreduce_rmsnorm_fp8`` is the same computation followed by a static per-tensor
+``float8_e4m3fn`` quantization of the norm output (``scale`` is the dequantization scale,
+a one-element tensor); it returns ``(quant_out, norm_out, residual_out)``, ``norm_out``
+empty (shape ``[0]``) unless ``need_norm_out``.
 
 A functional ``torch.library`` custom op (new outputs, inputs untouched) with a fake
 implementation, so it traces, compiles and re-propagates like any ATen op. Importing this
@@ -24,6 +29,7 @@ import torch
 from .. import reference
 
 OP_NAME = "passkit_fusion::allreduce_rmsnorm"
+FP8_OP_NAME = "passkit_fusion::allreduce_rmsnorm_fp8"
 IMPLEMENTATIONS = ("flashinfer", "reference")
 
 _runtime_settings: tuple[int | None, bool] | None = None
@@ -86,6 +92,67 @@ def _flashinfer(
     max_tokens: int | None,
     check_rank_consistency: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    runtime = _runtime(x, max_tokens, check_rank_consistency)
+    return runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, eps, weight_bias, group_name)
+
+
+@torch.library.custom_op(FP8_OP_NAME, mutates_args=())
+def allreduce_rmsnorm_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    scale: torch.Tensor,
+    group_name: str,
+    impl: str,
+    need_norm_out: bool,
+    max_tokens: int | None = None,
+    check_rank_consistency: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`allreduce_rmsnorm`, then quantize the norm output to ``float8_e4m3fn`` with the
+    static per-tensor dequantization scale ``scale`` (``quant_out * scale ~ norm_out``).
+
+    Returns ``(quant_out, norm_out, residual_out)``: ``quant_out`` shaped like ``x``,
+    ``norm_out`` like ``x`` when ``need_norm_out`` (else empty, shape ``[0]``),
+    ``residual_out`` like ``x``. Collective, like :func:`allreduce_rmsnorm`.
+    """
+    if impl == "reference":
+        return reference.allreduce_rmsnorm_fp8(
+            x, residual, weight, eps, weight_bias, scale, group_name, need_norm_out
+        )
+    if impl == "flashinfer":
+        runtime = _runtime(x, max_tokens, check_rank_consistency)
+        return runtime.fused_allreduce_rmsnorm_fp8_cuda(
+            x, residual, weight, eps, weight_bias, scale, group_name, need_norm_out
+        )
+    raise ValueError(
+        f"passkit_fusion.allreduce_rmsnorm_fp8: impl must be one of {IMPLEMENTATIONS}, got {impl!r}"
+    )
+
+
+@allreduce_rmsnorm_fp8.register_fake
+def _fake_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    scale: torch.Tensor,
+    group_name: str,
+    impl: str,
+    need_norm_out: bool,
+    max_tokens: int | None = None,
+    check_rank_consistency: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _fake(x, residual, weight, eps, weight_bias, group_name, impl)
+    torch._check(scale.numel() == 1, lambda: "scale must have one element (a per-tensor scale)")
+    norm_out = x.new_empty(x.shape) if need_norm_out else x.new_empty((0,))
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), norm_out, x.new_empty(x.shape)
+
+
+def _runtime(x: torch.Tensor, max_tokens: int | None, check_rank_consistency: bool):
+    """The CUDA runtime, configured with the graph's settings (see the module docstring)."""
     if x.device.type != "cuda":
         raise RuntimeError(
             f"passkit_fusion.allreduce_rmsnorm: impl='flashinfer' needs CUDA tensors, got {x.device} "
@@ -98,4 +165,4 @@ def _flashinfer(
     if _runtime_settings != settings:
         runtime.configure(max_tokens=max_tokens, check_rank_consistency=check_rank_consistency)
         _runtime_settings = settings
-    return runtime.fused_allreduce_rmsnorm_cuda(x, residual, weight, eps, weight_bias, group_name)
+    return runtime

@@ -11,6 +11,13 @@ without a residual) reads ``residual_out``. Enable it by name::
 With ``implementation="auto"`` (the default) the pass rewrites only CUDA graphs and only
 where flashinfer is importable; elsewhere it skips and says why. ``"reference"`` swaps in
 the op with its torch implementation on any device (tests, demos, CPU runs).
+
+With ``fuse_fp8_quant`` (the default), a site whose norm output is quantized to
+``float8_e4m3fn`` with a static per-tensor scale (FP8 checkpoints: the quantization before
+the next ``torch._scaled_mm``) becomes one call of
+``torch.ops.passkit_fusion.allreduce_rmsnorm_fp8`` returning ``(quant_out, norm_out,
+residual_out)``: the quantization's users read ``quant_out``, other users of the norm
+output (if any) read ``norm_out``, which the kernel then writes too.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..patterns import fp8 as fp8_patterns
 from ..patterns import graph as graph_patterns
 from ..patterns import rmsnorm as rmsnorm_patterns
 from ..tuning import tables
@@ -50,6 +58,8 @@ class AllReduceRMSNormOptions(pydantic.BaseModel):
     """compile apart the token counts above max_tokens and leave them to Inductor (token-range specialization); False: one compile for every size, the op falls back to the unfused path above its workspace"""
     check_rank_consistency: bool = True
     """the runtime compares its plan across ranks before the first fused call"""
+    fuse_fp8_quant: bool = True
+    """also fuse a static per-tensor float8_e4m3fn quantization of the norm output (flashinfer's FP8 patterns); the bf16/fp16 norm output is still written when something else reads it"""
 
 
 class AllReduceRMSNorm(GraphPass):
@@ -62,7 +72,13 @@ class AllReduceRMSNorm(GraphPass):
     stage = Stage.POST
     Options = AllReduceRMSNormOptions
     requires = Requirements(min_world_size=2)
-    source_files = (matcher.__file__, ops.__file__, rmsnorm_patterns.__file__, graph_patterns.__file__)
+    source_files = (
+        matcher.__file__,
+        ops.__file__,
+        rmsnorm_patterns.__file__,
+        fp8_patterns.__file__,
+        graph_patterns.__file__,
+    )
 
     options: AllReduceRMSNormOptions
 
@@ -101,7 +117,7 @@ class AllReduceRMSNorm(GraphPass):
         sites: list[Site] = []
         rejected: list[Rejection] = []
         needs_sort = False
-        for found in candidates(gm.graph):
+        for found in candidates(gm.graph, fp8=self.options.fuse_fp8_quant):
             if isinstance(found, Site) and (unprofitable := self._never_pays(found)):
                 found = Rejection(found.all_reduce, unprofitable)
             if isinstance(found, Rejection):
@@ -146,32 +162,55 @@ class AllReduceRMSNorm(GraphPass):
 
         ``position`` orders the graph's nodes; the new nodes get positions just before
         their anchor, so later sites can order them too."""
-        args = (
-            site.x,
-            site.residual,
-            site.weight,
-            site.eps,
-            site.weight_bias,
-            site.group_name,
-            self.impl,
-            self.options.max_tokens,
-            self.options.check_rank_consistency,
-        )
+        quant = site.quant
+        need_norm_out = site.need_norm_out
         anchor, needs_sort = _insertion_point(site, position)
         with graph.inserting_before(anchor):
-            fused = graph.call_function(torch.ops.passkit_fusion.allreduce_rmsnorm.default, args)
-            norm_out = graph.call_function(operator.getitem, (fused, 0))
-            residual_out = graph.call_function(operator.getitem, (fused, 1))
-        for offset, node in zip((0.3, 0.2, 0.1), (fused, norm_out, residual_out)):
+            scale: fx.Node | None = None
+            if quant is not None:
+                scale = quant.scale
+                if quant.inverse:  # the graph multiplies by 1/scale: hand the kernel the scale
+                    scale = graph.call_function(torch.ops.aten.reciprocal.default, (quant.scale,))
+                    scale.meta["val"] = _fake_call(torch.ops.aten.reciprocal.default, (quant.scale,))
+                    position[scale] = position[anchor] - 0.5
+                op = torch.ops.passkit_fusion.allreduce_rmsnorm_fp8.default
+                args: tuple[object, ...] = (
+                    site.x, site.residual, site.weight, site.eps, site.weight_bias, scale,
+                    site.group_name, self.impl, need_norm_out,
+                    self.options.max_tokens, self.options.check_rank_consistency,
+                )  # fmt: skip
+            else:
+                op = torch.ops.passkit_fusion.allreduce_rmsnorm.default
+                args = (
+                    site.x, site.residual, site.weight, site.eps, site.weight_bias, site.group_name,
+                    self.impl, self.options.max_tokens, self.options.check_rank_consistency,
+                )  # fmt: skip
+            fused = graph.call_function(op, args)
+            outputs = [graph.call_function(operator.getitem, (fused, i)) for i in range(3 if quant else 2)]
+        for offset, node in zip((0.4, 0.3, 0.2, 0.1), (fused, *outputs)):
             position[node] = position[anchor] - offset
-        val = _fake_outputs(args)
-        fused.meta.update(val=val, stack_trace=site.out.meta.get("stack_trace"))
-        norm_out.meta["val"], residual_out.meta["val"] = val
+        vals = _fake_call(op, args)
+        fused.meta.update(val=vals, stack_trace=site.out.meta.get("stack_trace"))
+        for node, value in zip(outputs, vals):
+            node.meta["val"] = value
         inside = set(site.nodes)
-        site.out.replace_all_uses_with(norm_out)
+        replaced = list(site.nodes)
+        if quant is not None:
+            quant_out, norm_out, residual_out = outputs
+            inside.update(quant.nodes)
+            replaced.extend(quant.nodes)
+            quant.out.replace_all_uses_with(quant_out)
+            if need_norm_out:
+                site.out.replace_all_uses_with(norm_out, delete_user_cb=lambda user: user not in inside)
+        else:
+            norm_out, residual_out = outputs
+            site.out.replace_all_uses_with(norm_out)
         site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
-        for node in sorted(site.nodes, key=position.__getitem__, reverse=True):
+        for node in sorted(replaced, key=position.__getitem__, reverse=True):
             if not node.users:
+                graph.erase_node(node)
+        for node in outputs:
+            if not node.users:  # an empty norm_out
                 graph.erase_node(node)
         return needs_sort
 
@@ -180,15 +219,16 @@ def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Nod
     """Where the fused op goes: at the sum, when its inputs are all defined by then (the
     usual case: weights are graph inputs); else after its last input, and the users of
     ``residual_out`` that came earlier must be moved after it (the bool is True)."""
-    inputs = [n for n in (site.x, site.residual, site.weight) if n is not None]
+    scale = site.quant.scale if site.quant is not None else None
+    inputs = [n for n in (site.x, site.residual, site.weight, scale) if n is not None]
     last_input = max(position[n] for n in inputs)
     if last_input < position[site.total]:
         return site.total, False
     return next(n for n in sorted(site.nodes, key=position.__getitem__) if position[n] > last_input), True
 
 
-def _fake_outputs(args: tuple[object, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's outputs on the graph's fake tensors (its fake implementation)."""
+def _fake_call(op: object, args: tuple[object, ...]) -> object:
+    """``op``'s outputs on the graph's fake tensors (its fake implementation)."""
     from torch._guards import detect_fake_mode
 
     vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
@@ -196,7 +236,7 @@ def _fake_outputs(args: tuple[object, ...]) -> tuple[torch.Tensor, torch.Tensor]
     if fake_mode is None:
         raise RuntimeError("allreduce_rmsnorm: the graph's tensors carry no fake values")
     with fake_mode:
-        return torch.ops.passkit_fusion.allreduce_rmsnorm.default(*vals)
+        return op(*vals)  # type: ignore[operator]
 
 
 def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[str]:
@@ -205,13 +245,24 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
     notes: list[str] = []
     if sites:
         with_res = sum(1 for s in sites if s.residual is not None)
+        quantized = [s for s in sites if s.quant is not None]
+        fp8 = ""
+        if quantized:
+            keep = sum(1 for s in quantized if s.need_norm_out)
+            forms = Counter(s.quant.form for s in quantized if s.quant is not None)
+            fp8 = f"; {len(quantized)} with FP8 quant ({', '.join(f'{k}={v}' for k, v in forms.items())}"
+            fp8 += f"; {keep} also writing the norm output)" if keep else ")"
         notes.append(
-            f"{len(sites)} site(s) -> {impl} op: {with_res} with residual, {len(sites) - with_res} without; "
-            f"plan {plan_fingerprint(sites)}"
+            f"{len(sites)} site(s) -> {impl} op: {with_res} with residual, {len(sites) - with_res} without"
+            f"{fp8}; plan {plan_fingerprint(sites)}"
         )
         per_layer = Counter(_layer(s.module) for s in sites if s.module)
         if per_layer:
             notes.append("per layer: " + ", ".join(f"{k}={v}" for k, v in per_layer.items()))
+    skipped = Counter(s.quant_skipped for s in sites if s.quant_skipped)
+    if skipped:
+        listed = "; ".join(f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in skipped.items())
+        notes.append(f"FP8 quantization left unfused at {sum(skipped.values())} site(s): {listed}")
     if rejected:
         reasons = Counter(r.reason for r in rejected)
         listed = "; ".join(f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in reasons.items())
@@ -225,6 +276,7 @@ def plan_fingerprint(sites: list[Site]) -> str:
     """A short hash of what was fused, identical on every rank that fused the same graph."""
     plan = [
         [s.group_name, s.world_size, s.hidden, str(s.dtype), s.residual is not None, s.eps, s.weight_bias]
+        + ([s.quant.form, s.need_norm_out] if s.quant is not None else [])
         for s in sites
     ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]

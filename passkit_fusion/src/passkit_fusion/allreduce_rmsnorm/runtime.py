@@ -6,6 +6,13 @@ For ``x`` of shape ``[..., hidden]`` on every rank of a process group,
     residual_out = all_reduce_sum(x) + residual          # residual may be None
     norm_out     = rms_norm(residual_out) * (weight + weight_bias)   # fp32 math, x.dtype out
 
+:func:`fused_allreduce_rmsnorm_fp8_cuda` does the same and quantizes the norm output to
+``float8_e4m3fn`` with a static per-tensor scale (``quant_out = fp8(norm_out / scale)``,
+saturated), returning ``(quant_out, norm_out or an empty tensor, residual_out)``. It shares
+everything with the unquantized op: the site per (group, hidden, dtype), its workspace (the
+trtllm workspace holds the all-reduce's input, whatever the epilogue), the table's rules
+and the rank checks; only flashinfer's pattern code and the outputs differ.
+
 Each call runs flashinfer's fused kernel (one-shot or two-shot) or the unfused fallback
 (``torch.distributed.all_reduce`` + add + RMSNorm in torch).  The choice depends only on the
 tuning table, the configuration and the call's shape and dtype, so every rank takes the same
@@ -47,7 +54,7 @@ from ..collective import (
     resolve_group,
 )
 from ..collective.resources import at_exit
-from ..reference import rms_norm
+from ..reference import fp8_quantize, rms_norm
 from ..tuning.tables import (
     Decision,
     Rule,
@@ -75,6 +82,7 @@ __all__ = [
     "flashinfer_version",
     "forced",
     "fused_allreduce_rmsnorm_cuda",
+    "fused_allreduce_rmsnorm_fp8_cuda",
     "last_decision",
     "plan_fingerprint",
     "prepare",
@@ -82,6 +90,7 @@ __all__ = [
     "stats",
     "unavailable_reason",
     "unfused_allreduce_rmsnorm",
+    "unfused_allreduce_rmsnorm_fp8",
 ]
 
 SUPPORTED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
@@ -146,6 +155,8 @@ class CallRecord:
     hidden: int
     dtype: str
     world_size: int
+    variant: str = ""
+    """``""`` (norm output), ``"fp8"`` (FP8 output) or ``"fp8+norm"`` (both)."""
 
 
 class CollectiveError(RuntimeError):
@@ -154,7 +165,7 @@ class CollectiveError(RuntimeError):
 
 _config = RuntimeConfig()
 _stats: Counter[str] = Counter()
-_last: tuple[_Site, int, str, str] | None = None
+_last: tuple[_Site, int, str, str, str] | None = None
 
 
 def configure(
@@ -231,8 +242,8 @@ def last_decision() -> CallRecord | None:
     """The path taken by the most recent call in this process."""
     if _last is None:
         return None
-    site, tokens, path, reason = _last
-    return CallRecord(path, reason, tokens, site.hidden, dtype_name(site.dtype), site.world_size)
+    site, tokens, path, reason, variant = _last
+    return CallRecord(path, reason, tokens, site.hidden, dtype_name(site.dtype), site.world_size, variant)
 
 
 def _validate_config(config: RuntimeConfig) -> None:
@@ -252,12 +263,14 @@ def _validate_config(config: RuntimeConfig) -> None:
         raise TypeError(f"force must be a Decision or None, got {type(config.force)}")
 
 
-def _record(site: _Site, tokens: int, path: str, reason: str) -> None:
+def _record(site: _Site, tokens: int, path: str, reason: str, variant: str = "") -> None:
     global _last
     _stats[path] += 1
     if reason:
         _stats[f"{path}:{reason}"] += 1
-    _last = (site, tokens, path, reason)
+    if variant:
+        _stats[f"{variant}:{path}"] += 1
+    _last = (site, tokens, path, reason, variant)
 
 
 # ----------------------------------------------------------------------------------------
@@ -291,7 +304,9 @@ def fused_allreduce_rmsnorm_cuda(
     tokens = x2d.shape[0]
     path, reason = _route(site, tokens, x2d, weight_bias)
     if _config.check_calls and not capturing:
-        _agree(site, "allreduce_rmsnorm:call", {"tokens": tokens, "path": path, "reason": reason})
+        _agree(
+            site, "allreduce_rmsnorm:call", {"tokens": tokens, "path": path, "reason": reason, "variant": ""}
+        )
     _record(site, tokens, path, reason)
     if path == FALLBACK:
         norm_out, residual_out = unfused_allreduce_rmsnorm(x2d, res2d, weight, eps, weight_bias, site.group)
@@ -302,6 +317,78 @@ def fused_allreduce_rmsnorm_cuda(
     if x.dim() == 2:
         return norm_out, residual_out
     return norm_out.view(x.shape), residual_out.view(x.shape)
+
+
+def fused_allreduce_rmsnorm_fp8_cuda(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    scale: torch.Tensor,
+    group_name: str,
+    need_norm_out: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`fused_allreduce_rmsnorm_cuda`, then quantize the norm output to
+    ``float8_e4m3fn`` with the static per-tensor dequantization scale ``scale`` (one element;
+    ``quant_out * scale ~ norm_out``). Returns ``(quant_out, norm_out, residual_out)``,
+    ``norm_out`` empty (shape ``[0]``) unless ``need_norm_out``.
+
+    Fused: flashinfer's ``kARResidualRMSNormFP8Quant`` (or ``...OutFP8Quant`` with the norm
+    output) on the same workspace as the unquantized op; the kernel reads ``scale`` from
+    device memory at run time. Unfused fallback: the unquantized fallback, then
+    :func:`passkit_fusion.reference.fp8_quantize`. Same routing, on every rank alike.
+    """
+    _check_args(x, residual, weight)
+    if scale.numel() != 1 or not scale.dtype.is_floating_point:
+        raise ValueError(
+            f"scale must be a one-element floating tensor, got {tuple(scale.shape)} {scale.dtype}"
+        )
+    hidden = x.shape[-1]
+    x2d, res2d = _as_2d(x), None if residual is None else _as_2d(residual)
+    site = _site(group_name, hidden, x.dtype)
+    capturing = _capturing()
+    if not site.checked and not capturing:
+        _check_ranks(site)
+    tokens = x2d.shape[0]
+    variant = "fp8+norm" if need_norm_out else "fp8"
+    path, reason = _route(site, tokens, x2d, weight_bias, fp8=True)
+    if _config.check_calls and not capturing:
+        _agree(
+            site,
+            "allreduce_rmsnorm:call",
+            {"tokens": tokens, "path": path, "reason": reason, "variant": variant},
+        )
+    _record(site, tokens, path, reason, variant)
+    if path == FALLBACK:
+        quant_out, norm_out, residual_out = unfused_allreduce_rmsnorm_fp8(
+            x2d, res2d, weight, eps, weight_bias, scale, site.group
+        )
+    else:
+        quant_out, norm_out, residual_out = _run_fused_fp8(
+            site, x2d, res2d, weight, eps, weight_bias, scale, need_norm_out, oneshot=path == FUSED_ONESHOT
+        )
+    if not need_norm_out:
+        norm_out = x.new_empty((0,))
+    if x.dim() != 2:
+        quant_out, residual_out = quant_out.view(x.shape), residual_out.view(x.shape)
+        if need_norm_out:
+            norm_out = norm_out.view(x.shape)
+    return quant_out, norm_out, residual_out
+
+
+def unfused_allreduce_rmsnorm_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    scale: torch.Tensor,
+    group: dist.ProcessGroup,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FP8 fallback: :func:`unfused_allreduce_rmsnorm`, then the kernel's quantization."""
+    norm_out, residual_out = unfused_allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group)
+    return fp8_quantize(norm_out, scale), norm_out, residual_out
 
 
 def choose_path(
@@ -392,7 +479,11 @@ def _check_args(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
         raise ValueError(f"weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
 
 
-def _route(site: _Site, tokens: int, x: torch.Tensor, weight_bias: float) -> tuple[str, str]:
+def _route(
+    site: _Site, tokens: int, x: torch.Tensor, weight_bias: float, fp8: bool = False
+) -> tuple[str, str]:
+    """The FP8 variant follows the same rules: the fused kernel's cost barely changes (it
+    writes 1-byte instead of 2-byte outputs), the unfused path adds a quantization kernel."""
     decision = _config.force or decide(_site_rules(site), tokens)
     return choose_path(
         decision,
@@ -401,8 +492,12 @@ def _route(site: _Site, tokens: int, x: torch.Tensor, weight_bias: float) -> tup
         dtype=site.dtype,
         world_size=site.world_size,
         max_tokens=_capacity(site),
-        unavailable=_call_unavailable(x, weight_bias),
+        unavailable=_call_unavailable(x, weight_bias) or (_fp8_unavailable() if fp8 else None),
     )
+
+
+def _fp8_unavailable() -> str | None:
+    return None if _api().supports_fp8 else "fp8_unsupported"
 
 
 def _call_unavailable(x: torch.Tensor, weight_bias: float) -> str | None:
@@ -440,6 +535,44 @@ def _run_fused(
         residual_out=residual_out,
     )
     return norm_out, residual_out
+
+
+def _run_fused_fp8(
+    site: _Site,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    scale: torch.Tensor,
+    need_norm_out: bool,
+    oneshot: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    workspace = site.workspace or _create_workspace_for_call(site)
+    quant_out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    norm_out = torch.empty_like(x) if need_norm_out else None
+    residual_out = torch.empty_like(x)
+    workspace.api.run(
+        workspace.handle,
+        x=x,
+        residual=residual if residual is not None else torch.zeros_like(x),
+        gamma=_gamma(weight, x.dtype),
+        eps=eps,
+        weight_bias=weight_bias,
+        oneshot=oneshot,
+        norm_out=norm_out,
+        residual_out=residual_out,
+        quant_out=quant_out,
+        scale_factor=_scale_factor(scale),
+    )
+    return quant_out, norm_out, residual_out
+
+
+def _scale_factor(scale: torch.Tensor) -> torch.Tensor:
+    """The scale as the kernel reads it: a one-element fp32 tensor (a view of ``scale`` when
+    it already is one, so a CUDA graph reads its current value at each replay)."""
+    flat = scale.reshape(1)
+    return flat if flat.dtype == torch.float32 and flat.is_contiguous() else flat.float().contiguous()
 
 
 # ----------------------------------------------------------------------------------------
