@@ -65,6 +65,33 @@ class Norm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+class FP8Linear(nn.Module):
+    """A linear layer of an FP8 checkpoint: weight in float8_e4m3fn with a per-tensor scale,
+    the input quantized with a static per-tensor scale (plain torch), ``torch._scaled_mm``."""
+
+    def __init__(self, linear: nn.Linear, in_scale: float = 2.0**-4):
+        super().__init__()
+        w = linear.weight.detach().float()
+        w_scale = w.abs().max().clamp_min(1e-12) / 448.0
+        self.register_buffer("weight", (w / w_scale).to(torch.float8_e4m3fn))
+        self.register_buffer("w_scale", w_scale.reshape(()))
+        self.register_buffer("in_scale", torch.tensor(in_scale))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = (x / self.in_scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(
+            q, self.weight.t(), scale_a=self.in_scale, scale_b=self.w_scale, out_dtype=torch.bfloat16
+        )
+
+
+def to_fp8(model: nn.Module) -> nn.Module:
+    """Every layer's linears as FP8 linears (static input scales), in place."""
+    for layer in model.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(layer, name, FP8Linear(getattr(layer, name)))
+    return model
+
+
 class Layer(nn.Module):
     """One tensor-parallel shard of a Llama decoder layer with a KV cache of ``context``."""
 
@@ -224,6 +251,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) ->
         else {"hidden": 64, "heads": 4, "kv_heads": 2, "inter": 128, "context": 8}
     )
     model = Stack(args.layers, world, group, **dims).to(device, dtype).eval()
+    if args.fp8:
+        model = to_fp8(model)
     hidden = model.final_norm.weight.shape[0]
     impl = "auto" if cuda else "reference"
 
@@ -332,7 +361,7 @@ def render(res: dict, args: argparse.Namespace) -> str:
     lines = [
         f"# passkit-fusion end to end ({res['device']} x{args.world}, torch {res['torch']}, {time.strftime('%Y-%m-%d')})",
         "",
-        f"{args.layers}-layer Llama-8B-shaped stack, TP={args.world}, bf16, KV context {args.context}, "
+        f"{args.layers}-layer Llama-8B-shaped stack, TP={args.world}, bf16{' with FP8 linears (static scales)' if args.fp8 else ''}, KV context {args.context}, "
         f"CUDA-graph timed medians of {args.replays} replays; speedup = Inductor / variant.",
         "",
         "| tokens | Inductor (us) | "
@@ -440,6 +469,7 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--sp-min-tokens", type=int, default=None, help="sequence_parallel's min_tokens")
     ap.add_argument("--atp-min-tokens", type=int, default=None, help="async_tp's min_tokens")
+    ap.add_argument("--fp8", action="store_true", help="FP8 linears (static scales, torch._scaled_mm; CUDA)")
     ap.add_argument("--cpu", action="store_true", help="tiny smoke run on CPU (gloo, reference op)")
     args = ap.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
@@ -464,8 +494,9 @@ def main() -> None:
     if not args.cpu:
         for folder in filter(None, [os.environ.get("OUT"), str(HERE / "results")]):
             Path(folder).mkdir(parents=True, exist_ok=True)
-            (Path(folder) / f"fusion_e2e_w{args.world}.json").write_text(json.dumps(res, indent=2))
-            (Path(folder) / f"fusion_e2e_w{args.world}.md").write_text(md)
+            stem = f"fusion_e2e{'_fp8' if args.fp8 else ''}_w{args.world}"
+            (Path(folder) / f"{stem}.json").write_text(json.dumps(res, indent=2))
+            (Path(folder) / f"{stem}.md").write_text(md)
 
 
 if __name__ == "__main__":
