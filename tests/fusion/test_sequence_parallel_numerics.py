@@ -189,3 +189,18 @@ def test_with_async_tp_matches_eager_and_fuses_both_halves():
         # one static and one dynamic compile (3 ranges): no guard on T % 2, no recompile at 7
         assert rank["compiles"] == 4, records
     assert len({str(rank["records"]) for rank in ranks}) == 1
+
+
+def _with_async_tp_inductor_rank(rank: int, world_size: int) -> dict[str, Any]:
+    return _run(rank, world_size, [SP, ATP, "cleanup"], (MIN, 12, 9), "inductor", torch.float32)
+
+
+@pytest.mark.slow
+def test_with_async_tp_through_inductor():
+    """The composed graphs (the fused ops, the re-labelling after them) lowered by Inductor,
+    static and symbolic, run, match eager."""
+    for rank in gloo_world(_with_async_tp_inductor_rank, 2, timeout=400, env=NO_CACHES):
+        _check_calls(rank, 2)
+        for key in (None, "tokens >= 8, multiples of 2"):
+            assert rank["records"][key]["async_tp"][:2] == ("ran", 8)
+        assert rank["compiles"] == 4
