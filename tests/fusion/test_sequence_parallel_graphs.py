@@ -37,7 +37,7 @@ from test_matcher import (
 
 import passkit
 from passkit import CompileContext, TokenConstraint, TokenRange, verify
-from passkit_testing import check_pass, copy_graph_module, count_ops, fake_world, run_passes
+from passkit_testing import check_pass, copy_graph_module, count_ops, fake_world, resolve_passes, run_passes
 
 SP = {"name": "sequence_parallel", "min_tokens": 1}
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
@@ -288,3 +288,135 @@ def test_conformance():
             options_variants=[{"min_tokens": 1}, {"min_tokens": 2, "max_tokens": 4096}],
             sample=(llama_residual, Form(llama_residual, shape=(8, 64)).inputs()),
         )
+
+
+# ------------------------------------------------ composed with async_tp (test_mode) --
+
+ASYNC_TP = {"name": "async_tp", "implementation": "test_mode", "min_tokens": 1}
+AG_MM = "passkit_fusion.async_tp_all_gather_matmul.default"
+MM_RS = "passkit_fusion.async_tp_matmul_reduce_scatter.default"
+
+
+class _CaptureAfterAsyncTP(passkit.GraphPass):
+    """Keeps a copy of each specialization's graph after ``async_tp``, with its range."""
+
+    name = "capture_after_async_tp"
+    stage = passkit.Stage.POST
+    after = ("async_tp",)
+    graphs: list[tuple[Any, torch.fx.GraphModule]] = []
+
+    def run(self, gm, ctx):
+        self.graphs.append((ctx.token_range, copy_graph_module(gm)))
+        return passkit.PassResult()
+
+
+def _stack(group_name: str) -> torch.nn.Module:
+    """benchmarks/fusion_e2e.py's 2-D stack at its --cpu dims."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fusion_e2e.py"
+    spec = importlib.util.spec_from_file_location("fusion_e2e", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    torch.manual_seed(0)
+    model = module.Stack(2, 2, group_name, hidden=64, heads=4, kv_heads=2, inter=128, context=8)
+    model.causal_mask = module.causal_mask
+    return model.eval()
+
+
+def _sp_then_async_tp(model: str, dynamic: bool) -> torch.fx.GraphModule:
+    """The graph after ``sequence_parallel, async_tp`` (test mode): the static compile of 16
+    tokens, or the specialization of a dynamic compile for multiples of 2. The pipeline lints
+    and re-propagates fake values after each pass (``verify``)."""
+    _CaptureAfterAsyncTP.graphs = []
+    passes = [*resolve_passes([{**SP, "min_tokens": 8}, ASYNC_TP]), _CaptureAfterAsyncTP()]
+    pipeline = passkit.Pipeline(passkit.Config(on_error="raise", verify=True), passkit.get_plugins(), passes)
+    backend = passkit.Backend(mode="eager", pipeline=pipeline)
+    torch._dynamo.reset()
+    with fake_world(2) as world:
+        if model == "llama":  # 3-D: [1, S, H]
+            module = shard_functional(TinyLlama(LlamaConfig(kv_heads=4)).eval(), world.group, 0, 2)
+            inputs: tuple[Any, ...] = (torch.randint(0, 256, (1, 16)),)
+            dims = [[1]]
+        else:  # 2-D: [T, H], and a [T, context + T] mask
+            module = _stack(world.group_name)
+            inputs = (torch.randn(16, 64), module.causal_mask(16, 8, torch.device("cpu")))
+            dims = [[0], [0, 1]]
+        if dynamic:
+            for t, ds in zip(inputs, dims):
+                for d in ds:
+                    torch._dynamo.mark_dynamic(t, d)
+        with torch.no_grad():
+            torch.compile(module, backend=backend, fullgraph=True)(*inputs)
+    graphs = dict(_CaptureAfterAsyncTP.graphs)
+    if not dynamic:
+        return graphs[None]
+    (key,) = [k for k in graphs if k is not None and k.multiple_of == 2]
+    return graphs[key]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic"])
+@pytest.mark.parametrize("model", ["llama", "stack"])
+def test_async_tp_fuses_both_halves_after_sequence_parallel(model: str, dynamic: bool):
+    """Every column-parallel matmul (q/k/v, gate/up) fused with the all-gather before it,
+    every row-parallel one (o, down) with the reduce-scatter after it, with a static and with
+    a symbolic token count, 2-D (the e2e benchmark's stack) and 3-D (TinyLlama) alike."""
+    gm = _sp_then_async_tp(model, dynamic)
+    layers = 2
+    # TinyLlama: the embedding's reduce-scatter has no matmul before it; the e2e stack: the
+    # first layer's q/k/v read a norm of the (replicated) input, no gather. The last gather
+    # (final norm) is the output.
+    gathers = 2 * layers if model == "llama" else 2 * layers - 1
+    assert count_ops(gm, AG_MM) == gathers
+    assert count_ops(gm, MM_RS) == 2 * layers
+    assert count_ops(gm, ALL_GATHER) == 1
+    assert count_ops(gm, REDUCE_SCATTER) == (1 if model == "llama" else 0)
+    assert count_ops(gm, "aten.mm") == (0 if model == "llama" else 1)
+    if model == "llama":  # q, k, v in one op; gate, up in another
+        assert sorted(len(n.args[1]) for n in gm.graph.nodes if n.target is _op(AG_MM)) == [2, 2, 3, 3]
+    # symbolic: the re-labelling sits after the fused matmuls (and on the output's gather)
+    assert count_ops(gm, "aten.as_strided") == (
+        0 if not dynamic else (3 * layers + 2 * layers if model == "llama" else 2 * layers - 1) + 1
+    )
+
+
+def _op(name: str) -> Any:
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def test_matmul_on_the_symbolic_gather_reads_it_directly():
+    """``sequence_parallel`` alone: with a symbolic T the column-parallel matmul reads the
+    all-gather (``[2 * (T // 2), H]``) and its result is re-labelled ``[T, N]``; the norm's
+    other users still read the re-labelled gather."""
+
+    def fn(x, r, w, up):
+        h = funcol.all_reduce(x, "sum", dist.group.WORLD) + r
+        y = llama_norm(h, w)
+        return y @ up, y * 2
+
+    x, r, w = Form(llama_residual, shape=(8, 3, 64)).inputs()
+    up = torch.randn(64, 32, dtype=x.dtype)
+    _Capture.graphs = []
+    pipeline = passkit.Pipeline(passkit.Config(), passkit.get_plugins(), [_Capture()])
+    torch._dynamo.reset()
+    for t in (x, r):
+        torch._dynamo.mark_dynamic(t, 0)
+    with fake_world(2):
+        torch.compile(fn, backend=passkit.Backend(mode="eager", pipeline=pipeline), fullgraph=True)(
+            x, r, w, up
+        )
+        (gm,) = _Capture.graphs
+        result = SequenceParallel(min_tokens=1).run(
+            gm, CompileContext(world_size=2, token_range=TokenRange(4, None, 2))
+        )
+        assert verify.repropagate(gm) == []
+    assert result.matches == 1 and "1 matmul(s) re-routed to read the all-gather" in result.notes[0]
+    (gather,) = [n for n in gm.graph.nodes if n.target is torch.ops._c10d_functional.wait_tensor.default][1:]
+    (mm,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default]
+    assert mm.args[0] is gather  # all_gather -> mm
+    assert [u.target for u in mm.users] == [torch.ops.aten.as_strided.default]
+    assert {u.target for u in gather.users} == {torch.ops.aten.mm.default, torch.ops.aten.as_strided.default}
+    assert count_ops(gm, "aten.sym_size") == 0  # sizes come from the graph's inputs
+    gm.graph.lint()

@@ -58,6 +58,7 @@ def _run(
             label = dispatcher.plan.specializations[spec].label if spec is not None else None
             out["calls"][seq] = {"compiled": got, "eager": model(_ids(seq)), "range": label}
     out["records"] = _records(backend)
+    out["compiles"] = len(backend.reports)
     return out
 
 
@@ -158,3 +159,48 @@ def test_composes_with_allreduce_rmsnorm(order: str):
     ) or records[None]["sequence_parallel"][2] == [
         f"no all-reduce left: {SITES} site(s) taken by allreduce_rmsnorm"
     ]
+
+
+ATP = {"name": "async_tp", "implementation": "test_mode", "min_tokens": MIN}
+
+
+def _with_async_tp_rank(rank: int, world_size: int) -> dict[str, Any]:
+    return _run(rank, world_size, [SP, ATP, "cleanup"], (MIN, 12, 10, 7, 4), "eager", torch.float32)
+
+
+def test_with_async_tp_matches_eager_and_fuses_both_halves():
+    """``sequence_parallel`` then ``async_tp`` (test mode: the fused ops compute with
+    functional collectives, on gloo): eager's results at token counts inside the passes'
+    range (8 static, then 12 and 10 in the dynamic specialization for multiples of 2) and
+    outside (7, 4: compiled without them); in range, every column-parallel matmul is fused
+    with its all-gather and every row-parallel one with its reduce-scatter."""
+    ranks = gloo_world(_with_async_tp_rank, 2, timeout=300, env=NO_CACHES)
+    for rank in ranks:
+        _check_calls(rank, 2)
+        records = rank["records"]
+        for key in (None, "tokens >= 8, multiples of 2"):  # static 8 tokens; symbolic T
+            status, matches, notes = records[key]["async_tp"]
+            assert (status, matches) == ("ran", 8), (key, notes)
+            assert notes[0].startswith("4 all_gather -> matmul fused")
+            assert notes[1].startswith("4 matmul -> reduce_scatter fused")
+        # elsewhere (1..7; odd counts from 9: no sequence_parallel) nothing to fuse
+        assert all(rec["async_tp"][1] == 0 for k, rec in records.items() if k and "multiples" not in k)
+        assert {call["range"] for call in rank["calls"].values()} >= {"tokens >= 8, multiples of 2"}
+        # one static and one dynamic compile (3 ranges): no guard on T % 2, no recompile at 7
+        assert rank["compiles"] == 4, records
+    assert len({str(rank["records"]) for rank in ranks}) == 1
+
+
+def _with_async_tp_inductor_rank(rank: int, world_size: int) -> dict[str, Any]:
+    return _run(rank, world_size, [SP, ATP, "cleanup"], (MIN, 12, 9), "inductor", torch.float32)
+
+
+@pytest.mark.slow
+def test_with_async_tp_through_inductor():
+    """The composed graphs (the fused ops, the re-labelling after them) lowered by Inductor,
+    static and symbolic, run, match eager."""
+    for rank in gloo_world(_with_async_tp_inductor_rank, 2, timeout=400, env=NO_CACHES):
+        _check_calls(rank, 2)
+        for key in (None, "tokens >= 8, multiples of 2"):
+            assert rank["records"][key]["async_tp"][:2] == ("ran", 8)
+        assert rank["compiles"] == 4

@@ -15,7 +15,9 @@ ATen ops. Importing this module registers them (the plugin does, when passkit lo
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
+from ..collective import resolve_group
 from . import runtime
 
 AG_OP = "passkit_fusion::async_tp_all_gather_matmul"
@@ -81,7 +83,14 @@ def async_tp_matmul_reduce_scatter(
 
 @async_tp_matmul_reduce_scatter.register_fake
 def _rs_fake(A, B, reduce_op, scatter_dim, group_name, mode, max_tokens, timeout_s):
-    return runtime.unfused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
+    # The shape only, as the functional reduce_scatter_tensor's own meta computes it
+    # (size // W along the scatter dim). Not through funcol.reduce_scatter_tensor: its
+    # ``assert size % W == 0`` would put a guard ``Mod(T, W) == 0`` on a symbolic token count,
+    # constraining every specialization of the compile (odd counts would recompile).
+    out = torch.matmul(A, B)
+    world = dist.get_world_size(resolve_group(group_name))
+    dim = scatter_dim % out.dim()
+    return out.new_empty((*out.shape[:dim], out.shape[dim] // world, *out.shape[dim + 1 :]))
 
 
 def _check_mode(mode: str) -> None:

@@ -162,6 +162,7 @@ def summarize(sites: list[Site], rejected: list[Rejection], outcome: rewrite.Out
             f"+ all-gather: {outcome.sliced} residual(s) sliced (first), {outcome.sharded} already "
             f"sharded (middle), {outcome.no_residual} without residual; {outcome.gathered} sum(s) "
             f"gathered for other users (last); plan {plan_fingerprint(sites)}"
+            + (f"; {outcome.rerouted} matmul(s) re-routed to read the all-gather" if outcome.rerouted else "")
         )
         per_layer = Counter(_layer(s.module) for s in sites if s.module)
         if per_layer:

@@ -20,13 +20,29 @@ Symbolic token counts: the shard has ``T // W`` rows and the gather ``W * (T // 
 the shape environment cannot prove equal to ``T`` without a guard (and a guard added here
 would constrain every specialization sharing the environment). The gathered tensor is
 therefore re-labelled ``[T, H]`` with ``as_strided`` (no copy; exact because the token
-range of the compile guarantees ``T % W == 0``). Static token counts need no re-labelling:
-``all_gather -> (reshape ->) mm`` stays what torch's micro-pipeline TP matcher looks for.
+range of the compile guarantees ``T % W == 0``).
+
+Matmuls reading the gathered rows (``mm`` on the 2-D ``[T, H]`` tensor, directly or through
+reshapes such as 3-D ``[B, S, H] -> [B*S, H]``) are then re-routed to read the gathered tensor
+itself, and the re-labelling moves after them, onto their ``[W * (T // W), N]`` result::
+
+    g   = wait_tensor(all_gather_into_tensor(n, W, grp))   # [W*(T//W), H]
+    y   = mm(g, w)                                         # what torch's matcher fuses
+    y   = as_strided(y, [T, N], [N, 1])                    # symbolic T only
+
+so that ``all_gather -> mm`` is what torch's micro-pipeline TP matcher (``async_tp``) sees,
+for static and symbolic token counts, 2-D and 3-D alike. The other consumers keep reading
+the re-labelled (and reshaped) gather. On the reduce-scatter side the all-reduce input is
+taken 2-D where it is a reshape of a 2-D tensor (3-D: ``mm -> reshape [B, S, H]``), so the
+reduce-scatter reads the matmul itself (``mm -> reduce_scatter``). Symbolic sizes the rewrite
+needs are read from the graph's inputs (a SymInt placeholder, or ``sym_size`` of an input),
+never from a matmul's result, which would give it a second user and stop that fusion.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,6 +72,23 @@ class Shard:
     like: fx.Node
     """The replicated node the shard stands for (its shape is restored on gathers)."""
     site: int
+    shaped: fx.Node
+    """A node with ``like``'s shape (the site's all-reduce input), for its symbolic dims
+    when no graph input carries them."""
+
+
+@dataclasses.dataclass
+class Gathered:
+    """An all-gather the rewrite inserted, and the nodes standing for the replicated tensor."""
+
+    node: fx.Node
+    """``wait_tensor(all_gather_into_tensor(...))``: ``[W * (T // W), H]``"""
+    out: fx.Node
+    """What the replicated tensor's users read: ``node`` re-labelled and/or reshaped."""
+    tokens: Any
+    """``T``: an int, or the node of the symbolic token count when ``node`` is re-labelled."""
+    relabelled: bool
+    site: int
 
 
 @dataclasses.dataclass
@@ -67,6 +100,8 @@ class Outcome:
     no_residual: int = 0
     gathered: int = 0
     """residual sums gathered for users outside the sites (last sites, other users)"""
+    rerouted: int = 0
+    """matmuls re-routed to read an all-gather directly (see the module docstring)"""
 
 
 class Rewriter:
@@ -81,7 +116,11 @@ class Rewriter:
         vals = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         self.fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
         self.shards: dict[fx.Node, Shard] = {}
+        self.gathers: list[Gathered] = []
         self.dead: set[fx.Node] = set()
+        self.bypassed: set[fx.Node] = set()
+        """3-D views the rewrite read through (erased if nothing else reads them)"""
+        self._size_nodes: dict[Any, Any] = {}
         self.outcome = Outcome()
         self._site = 0
 
@@ -105,14 +144,71 @@ class Rewriter:
         val = node.meta["val"]
         if val.dim() == 2:
             return node
+        src = node.args[0] if node.target in _RESHAPES else None
+        src_val = src.meta.get("val") if isinstance(src, fx.Node) else None
+        rows = _product(val.shape[:-1])
+        if (
+            isinstance(src_val, torch.Tensor)
+            and src_val.dim() == 2
+            and _statically_equal(src_val.shape[0], rows)
+            and _statically_equal(src_val.shape[1], val.shape[-1])
+        ):
+            # reshape(reshape(y, [B, S, H]), [-1, H]) is y: read y (a matmul, for async_tp)
+            self.bypassed.add(node)
+            return src  # type: ignore[return-value]
         return self._call(aten.reshape.default, (node, [-1, val.shape[-1]]), like=node)
 
+    def _size(self, size: Any, fallback: fx.Node, dim: int) -> Any:
+        """``size`` as a graph argument: an int, or a node computing the SymInt: a SymInt
+        placeholder, ``sym_size`` of a graph input, a product of those, else
+        ``sym_size(fallback, dim)`` (inserted at the current insertion point)."""
+        if isinstance(size, int):
+            return size
+        expr = size.node.expr
+        if expr.is_number:
+            return int(expr)
+        found = self._from_inputs(expr)
+        if found is not None:
+            return found
+        return self._call(aten.sym_size.int, (fallback, dim))
+
+    def _from_inputs(self, expr: Any) -> Any:
+        if expr in self._size_nodes:
+            return self._size_nodes[expr]
+        found: Any = None
+        placeholders = list(self.graph.find_nodes(op="placeholder"))
+        first = next(n for n in self.graph.nodes if n.op != "placeholder")
+        for node in placeholders:
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymInt) and val.node.expr == expr:
+                found = node
+                break
+        if found is None:
+            for node in placeholders:
+                val = node.meta.get("val")
+                if not isinstance(val, torch.Tensor):
+                    continue
+                dims = [
+                    i for i, s in enumerate(val.shape) if isinstance(s, torch.SymInt) and s.node.expr == expr
+                ]
+                if dims:
+                    with self.graph.inserting_before(first):
+                        found = self._call(aten.sym_size.int, (node, dims[0]))
+                    break
+        if found is None and isinstance(expr, sympy.Mul):  # B * S with both dims dynamic
+            factors = [int(f) if f.is_number else self._from_inputs(f) for f in expr.args]
+            if all(f is not None for f in factors):
+                with self.graph.inserting_before(first):
+                    found = factors[0]
+                    for f in factors[1:]:
+                        found = self._call(operator.mul, (found, f))
+        self._size_nodes[expr] = found
+        return found
+
     def _sizes(self, node: fx.Node, shape: Sequence[Any]) -> list[Any]:
-        """``shape`` as reshape arguments: ints, and ``sym_size`` nodes of ``node`` for the
-        symbolic dims (``node``'s shape is ``shape``)."""
-        return [
-            s if isinstance(s, int) else self._call(aten.sym_size.int, (node, i)) for i, s in enumerate(shape)
-        ]
+        """``shape`` as reshape arguments: ints, and nodes for the symbolic dims (``node``'s
+        shape is ``shape``: the fallback)."""
+        return [self._size(s, node, i) for i, s in enumerate(shape)]
 
     # -- the rewrite --------------------------------------------------------------------
     def site(self, site: Site) -> None:
@@ -143,9 +239,9 @@ class Rewriter:
                 copy.meta = {k: v for k, v in node.meta.items() if k != "val"}
                 self._propagate(copy, node)
                 env[node] = copy
-            out = self._gather(Shard(env[site.out], g, w, x2, site.out, self._site))
+            out = self._gather(Shard(env[site.out], g, w, x2, site.out, self._site, site.x))
         site.out.replace_all_uses_with(out)
-        self.shards[site.total] = Shard(total, g, w, x2, site.total, self._site)
+        self.shards[site.total] = Shard(total, g, w, x2, site.total, self._site, site.x)
         self.dead.update(site.nodes)
         self._site += 1
 
@@ -169,19 +265,44 @@ class Rewriter:
         gathered = self._call(c10d.wait_tensor.default, (gathered,), like=shard.like)
         rows = gathered.meta["val"].shape[0]
         tokens = shard.rows.meta["val"].shape[0]
-        if not _statically_equal(rows, tokens):
+        out, relabelled = gathered, not _statically_equal(rows, tokens)
+        if relabelled:
             hidden = like.shape[-1]
-            t = self._call(aten.sym_size.int, (shard.rows, 0))
-            gathered = self._call(
-                aten.as_strided.default, (gathered, [t, hidden], [hidden, 1]), like=shard.like
+            tokens = self._size(tokens, shard.rows, 0)
+            out = self._call(
+                aten.as_strided.default, (gathered, [tokens, hidden], [hidden, 1]), like=shard.like
             )
         if like.dim() != 2:
-            sizes = self._sizes(_producer_with_shape(shard), like.shape)
-            gathered = self._call(aten.reshape.default, (gathered, sizes), like=shard.like)
-        return gathered
+            out = self._call(
+                aten.reshape.default, (out, self._sizes(shard.shaped, like.shape)), like=shard.like
+            )
+        self.gathers.append(Gathered(gathered, out, tokens, relabelled, shard.site))
+        return out
+
+    def _reroute_matmuls(self, gathered: Gathered) -> None:
+        """``mm(view of the re-labelled gather as [T, H], w)`` -> ``relabel(mm(gather, w))``:
+        the matmul reads the all-gather itself (see the module docstring)."""
+        self._site = gathered.site
+        views: list[fx.Node] = []
+        for mm, view in _matmuls_reading(gathered.out, gathered.node, gathered.tokens, views):
+            if view is gathered.node:
+                continue  # already all_gather -> mm
+            with self.graph.inserting_before(mm):
+                new = self._call(aten.mm.default, (gathered.node, mm.args[1]), like=mm)
+                if gathered.relabelled:
+                    n = new.meta["val"].shape[-1]
+                    new = self._call(aten.as_strided.default, (new, [gathered.tokens, n], [n, 1]), like=mm)
+            mm.replace_all_uses_with(new)
+            self.graph.erase_node(mm)
+            self.outcome.rerouted += 1
+        position = {n: i for i, n in enumerate(self.graph.nodes)}
+        erased: set[fx.Node] = set()
+        for node in sorted({*views, gathered.out}, key=position.__getitem__, reverse=True):
+            _erase_chain(self.graph, node, gathered.node, erased)
 
     def finish(self) -> None:
-        """Gather the sharded sums that other nodes still read, erase the replaced nodes."""
+        """Gather the sharded sums that other nodes still read, re-route the matmuls reading
+        gathers, erase the replaced nodes."""
         for total, shard in self.shards.items():
             outside = [u for u in total.users if u not in self.dead]
             if not outside:
@@ -192,22 +313,66 @@ class Rewriter:
             for user in outside:
                 user.replace_input_with(total, full)
             self.outcome.gathered += 1
+        for gathered in self.gathers:
+            self._reroute_matmuls(gathered)
         position = {n: i for i, n in enumerate(self.graph.nodes)}
         for node in sorted(self.dead, key=position.__getitem__, reverse=True):
             if not node.users:
+                self.graph.erase_node(node)
+        for node in [*self.bypassed, *(n for n in self._size_nodes.values() if isinstance(n, fx.Node))]:
+            if not node.users and node.op == "call_function":
                 self.graph.erase_node(node)
         from torch._inductor.pattern_matcher import stable_topological_sort
 
         stable_topological_sort(self.graph)
 
 
-def _producer_with_shape(shard: Shard) -> fx.Node:
-    """A node with ``shard.like``'s shape defined before the gather: ``rows`` is the 2-D view
-    of the site's all-reduce input, whose shape is the sum's; its argument is that input."""
-    rows = shard.rows
-    if rows.target is aten.reshape.default and isinstance(rows.args[0], fx.Node):
-        return rows.args[0]
-    return rows
+_RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+
+
+def _matmuls_reading(
+    node: fx.Node, gathered: fx.Node, tokens: Any, views: list[fx.Node]
+) -> list[tuple[fx.Node, fx.Node]]:
+    """``(mm, A)`` for the ``aten.mm`` nodes whose first operand ``A`` is ``node`` or a chain
+    of reshapes of it, ``A`` of ``gathered``'s hidden size and ``T`` rows: the re-labelled
+    gather, row for row. ``views`` collects the reshapes walked through."""
+    hidden = gathered.meta["val"].shape[-1]
+    rows = tokens.meta["val"] if isinstance(tokens, fx.Node) else tokens
+    found: list[tuple[fx.Node, fx.Node]] = []
+    val = node.meta.get("val")
+    if (
+        isinstance(val, torch.Tensor)
+        and val.dim() == 2
+        and _statically_equal(val.shape[0], rows)
+        and _statically_equal(val.shape[1], hidden)
+    ):
+        found += [(u, node) for u in node.users if u.target is aten.mm.default and u.args[0] is node]
+    for user in list(node.users):
+        if user.target in _RESHAPES and user.args[0] is node:
+            views.append(user)
+            found += _matmuls_reading(user, gathered, tokens, views)
+    return found
+
+
+def _erase_chain(graph: fx.Graph, node: fx.Node, stop: fx.Node, erased: set[fx.Node]) -> None:
+    """Erase ``node`` if unused, then its unused inputs up to ``stop`` (a view chain)."""
+    while node is not stop and node not in erased and not node.users and node.op == "call_function":
+        inputs = list(node.all_input_nodes)
+        graph.erase_node(node)
+        erased.add(node)
+        nxt = [
+            a for a in inputs if a.op == "call_function" and a.target in (*_RESHAPES, aten.as_strided.default)
+        ]
+        if len(nxt) != 1:
+            return
+        node = nxt[0]
+
+
+def _product(sizes: Sequence[Any]) -> Any:
+    out: Any = 1
+    for size in sizes:
+        out = out * size
+    return out
 
 
 def _statically_equal(a: Any, b: Any) -> bool:
