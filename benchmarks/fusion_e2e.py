@@ -75,7 +75,7 @@ class FP8Linear(nn.Module):
         w_scale = w.abs().max().clamp_min(1e-12) / 448.0
         self.register_buffer("weight", (w / w_scale).to(torch.float8_e4m3fn))
         self.register_buffer("w_scale", w_scale.reshape(()))
-        self.register_buffer("in_scale", torch.tensor(in_scale))
+        self.register_buffer("in_scale", torch.tensor(in_scale, device=w.device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = (x / self.in_scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
@@ -297,6 +297,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) ->
         for name, backend in backends.items()
         if name in compiled
     }
+    if "inductor" not in compiled:  # the baseline failed: report why instead of dying
+        args.tokens = []
     rows = []
     for tokens in args.tokens:
         x = torch.randn(tokens, hidden, device=device, dtype=dtype)
@@ -473,6 +475,8 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="tiny smoke run on CPU (gloo, reference op)")
     args = ap.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
+    if args.fp8 and args.cpu:
+        ap.error("--fp8 needs CUDA (torch._scaled_mm in bf16)")
     args.variants = ["inductor", *(v for v in args.variants.split(",") if v and v != "inductor")]
     unknown = set(args.variants) - set(VARIANTS)
     if unknown:
