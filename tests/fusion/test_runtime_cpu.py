@@ -229,8 +229,8 @@ def test_shipped_tables():
     for key, entry in table.entries.items():
         assert entry.rules, key
         assert entry.source.get("medians_us"), key  # provenance kept
-    assert table.lookup("NVIDIA H200", 2, 4096, BF16, 8192) == ONESHOT
-    assert table.lookup("NVIDIA H200", 2, 4096, BF16, 8193) == UNFUSED
+    assert table.lookup("NVIDIA H200", 2, 4096, BF16, 4096) == ONESHOT
+    assert table.lookup("NVIDIA H200", 2, 4096, BF16, 4097) == UNFUSED
     assert tables.lookup("cpu", 2, 4096, BF16, 1) == ONESHOT  # no entry: conservative
     assert tables.lookup("cpu", 8, 4096, BF16, 1) == UNFUSED
 
