@@ -60,7 +60,7 @@ class Setup:
 
 
 CPU = Setup("gloo", CPU_CONFIG, torch.float32, (4, 64, 33, 16, 128), 16, 32, 1e-4, "test_mode", "reference")
-GPU = Setup("nccl", GPU_CONFIG, torch.bfloat16, (4, 64, 1024, 4096, 4095), 256, 1024, 2e-2, "auto", "auto")
+GPU = Setup("nccl", GPU_CONFIG, torch.bfloat16, (4, 64, 1024, 4096, 4095), 1024, 2048, 2e-2, "auto", "auto")
 """Token counts from 4: the model's compiled graph holds for 4 tokens and more (dynamo
 guards on it; 1 to 3 tokens would compile again, statically)."""
 
