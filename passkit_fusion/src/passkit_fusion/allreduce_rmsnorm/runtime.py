@@ -520,19 +520,9 @@ def _run_fused(
     weight_bias: float,
     oneshot: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    workspace = site.workspace or _create_workspace_for_call(site)
-    norm_out = torch.empty_like(x)
-    residual_out = torch.empty_like(x)
-    workspace.api.run(
-        workspace.handle,
-        x=x,
-        residual=residual if residual is not None else torch.zeros_like(x),
-        gamma=_gamma(weight, x.dtype),
-        eps=eps,
-        weight_bias=weight_bias,
-        oneshot=oneshot,
-        norm_out=norm_out,
-        residual_out=residual_out,
+    norm_out, residual_out = torch.empty_like(x), torch.empty_like(x)
+    _launch(
+        site, x, residual, weight, eps, weight_bias, oneshot, norm_out=norm_out, residual_out=residual_out
     )
     return norm_out, residual_out
 
@@ -548,10 +538,30 @@ def _run_fused_fp8(
     need_norm_out: bool,
     oneshot: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    workspace = site.workspace or _create_workspace_for_call(site)
     quant_out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     norm_out = torch.empty_like(x) if need_norm_out else None
     residual_out = torch.empty_like(x)
+    outputs = {"norm_out": norm_out, "residual_out": residual_out, "quant_out": quant_out}
+    _launch(
+        site, x, residual, weight, eps, weight_bias, oneshot, **outputs, scale_factor=_scale_factor(scale)
+    )
+    return quant_out, norm_out, residual_out
+
+
+def _launch(
+    site: _Site,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    oneshot: bool,
+    **outputs: torch.Tensor | None,
+) -> None:
+    """One fused kernel call on ``site``'s workspace (created now if it has none), writing
+    into the given output buffers (``norm_out``, ``residual_out``, and for FP8 ``quant_out``
+    with its ``scale_factor``)."""
+    workspace = site.workspace or _create_workspace_for_call(site)
     workspace.api.run(
         workspace.handle,
         x=x,
@@ -560,12 +570,8 @@ def _run_fused_fp8(
         eps=eps,
         weight_bias=weight_bias,
         oneshot=oneshot,
-        norm_out=norm_out,
-        residual_out=residual_out,
-        quant_out=quant_out,
-        scale_factor=_scale_factor(scale),
+        **outputs,
     )
-    return quant_out, norm_out, residual_out
 
 
 def _scale_factor(scale: torch.Tensor) -> torch.Tensor:
