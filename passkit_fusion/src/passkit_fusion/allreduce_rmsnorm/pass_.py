@@ -37,6 +37,7 @@ from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, 
 
 from ..patterns import fp8 as fp8_patterns
 from ..patterns import graph as graph_patterns
+from ..patterns import notes as notes_patterns
 from ..patterns import rmsnorm as rmsnorm_patterns
 from ..tuning import tables
 from . import matcher, ops
@@ -256,17 +257,14 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
             f"{len(sites)} site(s) -> {impl} op: {with_res} with residual, {len(sites) - with_res} without"
             f"{fp8}; plan {plan_fingerprint(sites)}"
         )
-        per_layer = Counter(_layer(s.module) for s in sites if s.module)
-        if per_layer:
-            notes.append("per layer: " + ", ".join(f"{k}={v}" for k, v in per_layer.items()))
-    skipped = Counter(s.quant_skipped for s in sites if s.quant_skipped)
-    if skipped:
-        listed = "; ".join(f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in skipped.items())
-        notes.append(f"FP8 quantization left unfused at {sum(skipped.values())} site(s): {listed}")
-    if rejected:
-        reasons = Counter(r.reason for r in rejected)
-        listed = "; ".join(f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in reasons.items())
-        notes.append(f"{len(rejected)} candidate(s) rejected: {listed}")
+        if layers := notes_patterns.per_layer(s.module for s in sites):
+            notes.append(layers)
+    if skipped := [s.quant_skipped for s in sites if s.quant_skipped]:
+        notes.append(
+            f"FP8 quantization left unfused at {len(skipped)} site(s): {notes_patterns.counted(skipped)}"
+        )
+    if left := notes_patterns.rejected([r.reason for r in rejected]):
+        notes.append(left)
     if not sites and not rejected:
         notes.append("no all-reduce in the graph")
     return notes
@@ -280,9 +278,3 @@ def plan_fingerprint(sites: list[Site]) -> str:
         for s in sites
     ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]
-
-
-def _layer(module: str) -> str:
-    """``layers.0.post_attention_layernorm`` -> ``layers.0``; ``norm`` -> ``norm``."""
-    parent, _, _ = module.rpartition(".")
-    return parent or module

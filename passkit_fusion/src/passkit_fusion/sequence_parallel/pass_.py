@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 
 import pydantic
 import torch
@@ -30,6 +29,7 @@ from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, 
 from ..allreduce_rmsnorm import matcher
 from ..allreduce_rmsnorm.matcher import Rejection, Site, find_sites
 from ..patterns import marks
+from ..patterns import notes as notes_patterns
 from . import ops, rewrite
 
 NAME = "sequence_parallel"
@@ -164,13 +164,10 @@ def summarize(sites: list[Site], rejected: list[Rejection], outcome: rewrite.Out
             f"gathered for other users (last); plan {plan_fingerprint(sites)}"
             + (f"; {outcome.rerouted} matmul(s) re-routed to read the all-gather" if outcome.rerouted else "")
         )
-        per_layer = Counter(_layer(s.module) for s in sites if s.module)
-        if per_layer:
-            notes.append("per layer: " + ", ".join(f"{k}={v}" for k, v in per_layer.items()))
-    if rejected:
-        reasons = Counter(r.reason for r in rejected)
-        listed = "; ".join(f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in reasons.items())
-        notes.append(f"{len(rejected)} candidate(s) rejected: {listed}")
+        if layers := notes_patterns.per_layer(s.module for s in sites):
+            notes.append(layers)
+    if left := notes_patterns.rejected([r.reason for r in rejected]):
+        notes.append(left)
     if not sites and not rejected:
         notes.append("no all-reduce in the graph")
     return notes
@@ -182,8 +179,3 @@ def plan_fingerprint(sites: list[Site]) -> str:
         for s in sites
     ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]
-
-
-def _layer(module: str) -> str:
-    parent, _, _ = module.rpartition(".")
-    return parent or module
