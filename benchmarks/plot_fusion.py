@@ -55,18 +55,39 @@ def main() -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     ax = axes[2]
-    for world, color in ((2, "C0"), (4, "C2")):
-        rows = load(f"fusion_e2e_w{world}.json")["rows"]
+    e2e = load("fusion_e2e_w2.json")  # every variant in one run (format with "variants")
+    for i, variant in enumerate(v for v in e2e["variants"] if v != "inductor"):
+        rows = [r for r in e2e["rows"] if f"{variant}_us" in r]
         ax.plot(
-            [r["tokens"] for r in rows], [r["speedup"] for r in rows], color, marker="o", label=f"TP={world}"
+            [r["tokens"] for r in rows],
+            [r["inductor_us"] / r[f"{variant}_us"] for r in rows],
+            f"C{i}",
+            marker="o",
+            label=f"TP=2 {variant}",
         )
+    fp8 = load("fusion_e2e_fp8_w2.json")
+    ax.plot(
+        [r["tokens"] for r in fp8["rows"]],
+        [r["inductor_us"] / r["allreduce_rmsnorm_us"] for r in fp8["rows"]],
+        "C4",
+        marker="s",
+        label="TP=2 FP8 linears, allreduce_rmsnorm + quant",
+    )
+    old = load("fusion_e2e_w4.json")["rows"]  # 2026-11-22, allreduce_rmsnorm, one compile
+    ax.plot(
+        [r["tokens"] for r in old],
+        [r["speedup"] for r in old],
+        "C7--",
+        marker=".",
+        label="TP=4 allreduce_rmsnorm (11-22)",
+    )
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(0.99, color="r", lw=0.8, ls=":", label="0.99x (never slower)")
     ax.set(
         xscale="log",
         xlabel="tokens",
         ylabel="speedup vs torch.compile as is",
-        title="decode step, 8-layer Llama-8B shape, H200",
+        title="one step, 8-layer Llama-8B shape, H200",
     )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
