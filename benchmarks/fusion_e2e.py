@@ -256,6 +256,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) ->
     hidden = model.final_norm.weight.shape[0]
     impl = "auto" if cuda else "reference"
 
+    # every variant is a torch.compile of the same forward: each keeps its own cache entries
+    torch._dynamo.config.recompile_limit = 64
     compiled, compile_s, failed, backends = {}, {}, {}, {}
     for name in args.variants:
         torch._dynamo.reset()
