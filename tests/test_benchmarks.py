@@ -23,6 +23,8 @@ def test_fusion_e2e_cpu_smoke_run_shows_the_token_ranges():
             "1",
             "--max-tokens",
             "6",
+            "--variants",
+            "allreduce_rmsnorm,sp_async_tp",
         ],
         cwd=ROOT,
         env={**os.environ, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"},

@@ -355,6 +355,7 @@ def _compiled_mlp(rank: int, world: int) -> dict[str, Any]:
     return {"errors": errors, "stats": runtime.stats()}
 
 
+@pytest.mark.slow
 def test_compiled_mlp_matches_fp64_on_gloo():
     """The ops the pass leaves compute the MLP (test mode: functional collectives on gloo)
     at several token counts of one dynamic compile."""

@@ -682,7 +682,7 @@ def _cpu_rank(rank: int, world_size: int, odd_ranks: tuple[int, ...]) -> dict[st
     return out
 
 
-@pytest.fixture(scope="module", params=[4, 8], ids=["world4", "world8"])
+@pytest.fixture(scope="module", params=[4, pytest.param(8, marks=pytest.mark.slow)], ids=["world4", "world8"])
 def cpu_world(request) -> tuple[int, list[dict[str, Any]]]:
     world_size = request.param
     return world_size, gloo_world(_cpu_rank, world_size, args=(ODD_RANKS[world_size],), timeout=180)
