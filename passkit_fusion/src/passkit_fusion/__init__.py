@@ -1,10 +1,16 @@
 """passkit-fusion: fusion passes for distributed inference, as a passkit plugin.
 
-The pass ``allreduce_rmsnorm`` replaces ``all_reduce -> (add residual) -> RMSNorm`` in
-tensor-parallel graphs by ``torch.ops.passkit_fusion.allreduce_rmsnorm``, which runs
-flashinfer's fused kernel on CUDA (``passkit-fusion[flashinfer]``) or a torch reference.
-Enable it by name in a passkit config; passkit finds it through the ``passkit.passes``
-entry point. Nothing heavy is imported here: flashinfer is imported on the first fused call.
+* ``allreduce_rmsnorm``: ``all_reduce -> (add residual) -> RMSNorm [-> static FP8 quant]``
+  becomes one call of flashinfer's fused kernel (``passkit-fusion[flashinfer]``) or a torch
+  reference;
+* ``sequence_parallel``: the residual stream between tensor-parallel layers sharded along
+  tokens (reduce-scatter -> add -> RMSNorm on 1/W of the tokens -> all-gather);
+* ``async_tp``: all-gather -> matmul and matmul -> reduce-scatter become PyTorch's
+  symmetric-memory overlapped ops.
+
+Enable them by name in a passkit config; passkit finds them through the ``passkit.passes``
+entry point and runs each only on the token counts where it pays. Nothing heavy is imported
+here: flashinfer is imported on the first fused call.
 """
 
 from typing import Any
