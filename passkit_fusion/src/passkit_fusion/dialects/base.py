@@ -209,6 +209,8 @@ class Dialect:
     SCHEMAS: ClassVar[dict[str, str]] = {}
     """``{"ns::op": str(torch.ops.ns.op.default._schema)}`` for every op the dialect reads,
     exactly as the host registers it."""
+    ALL_REDUCE_OPS: ClassVar[tuple[str, ...]] = ()
+    """The ops :meth:`all_reduces` reads (rejected all at once when the dialect declines)."""
     HOST_FUSIONS: ClassVar[dict[str, str]] = {}
     """``{"ns::op": "which host fusion leaves it"}``: ops meaning the host already fused
     all-reduce + RMSNorm sites itself."""

@@ -41,6 +41,7 @@ class SGLangDialect(Dialect):
     name = "sglang"
     host = "SGLang 0.5.23"
     NAMESPACES = ("sglang",)
+    ALL_REDUCE_OPS = (_OUTPLACE, _INPLACE, _FLASHINFER)
     SCHEMAS: ClassVar[dict[str, str]] = {
         _OUTPLACE: "sglang::outplace_all_reduce(Tensor tensor, str group_name, str outplace_all_reduce_method) -> Tensor",
         _INPLACE: "sglang::inplace_all_reduce(Tensor(a0!) tensor, str group_name) -> ()",

@@ -28,6 +28,7 @@ class TorchDialect(Dialect):
     name = "torch"
     host = "PyTorch functional collectives (torch 2.11-2.13)"
     NAMESPACES = ("_c10d_functional",)
+    ALL_REDUCE_OPS = ("_c10d_functional::all_reduce",)
     SCHEMAS: ClassVar[dict[str, str]] = {
         "_c10d_functional::all_reduce": "_c10d_functional::all_reduce(Tensor input, str reduce_op, Any group_name) -> Tensor",
         "_c10d_functional::wait_tensor": "_c10d_functional::wait_tensor(Tensor tensor) -> Tensor",

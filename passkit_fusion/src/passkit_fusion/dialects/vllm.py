@@ -44,6 +44,7 @@ class VllmDialect(Dialect):
     name = "vllm"
     host = "vLLM 0.33.0"
     NAMESPACES = ("vllm", "vllm_ir")
+    ALL_REDUCE_OPS = (_ALL_REDUCE,)
     SCHEMAS: ClassVar[dict[str, str]] = {
         _ALL_REDUCE: "vllm::all_reduce(Tensor tensor, str group_name) -> Tensor",
         _REDUCE_SCATTER: "vllm::reduce_scatter(Tensor tensor, SymInt dim, SymInt world_size, str group_name) -> Tensor",
