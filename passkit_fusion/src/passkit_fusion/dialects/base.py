@@ -163,11 +163,12 @@ def functionalized(node: fx.Node, name: str) -> tuple[fx.Node, fx.Node]:
     value ``getitem(node, 1 + base index)``). Raises :class:`Declined` for a mutated view
     of a base or a new value nothing reads."""
     v2 = "_all_bases" in node.kwargs
+    label = str(op_name(node.args[0])).replace("::", ".")
     if v2:
         views = [k for k in node.kwargs if k.startswith(f"_{name}_") and k != f"_{name}_base_index"]
         index = node.kwargs.get(f"_{name}_base_index")
         if views or not isinstance(index, int):
-            raise Declined(f"{op_name(node.args[0])} mutates a view of its base tensor")
+            raise Declined(f"{label} mutates a view of its base tensor")
         source = node.kwargs["_all_bases"][index]
         out_index = 1 + index
     else:
@@ -175,7 +176,7 @@ def functionalized(node: fx.Node, name: str) -> tuple[fx.Node, fx.Node]:
         out_index = 1
     outs = [u for u in node.users if u.target is operator.getitem and u.args[1] == out_index]
     if not isinstance(source, fx.Node) or len(outs) != 1:
-        raise Declined(f"{op_name(node.args[0])}'s result is not read exactly once")
+        raise Declined(f"{label}'s result is not read exactly once")
     return source, outs[0]
 
 
