@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 import torch
 import torch.fx as fx
 from passkit_fusion.dialects import Dialect, check_schemas
+from passkit_fusion.dialects.base import node_op
 from passkit_fusion.dialects.sglang import SGLangDialect
 from passkit_fusion.dialects.torch import TorchDialect
 from passkit_fusion.dialects.vllm import VllmDialect
@@ -352,3 +354,79 @@ def test_in_place_all_reduce_on_a_view_is_declined() -> None:
         result = run_passes(fn, *inputs(), passes=[REFERENCE])
     result.assert_matches("allreduce_rmsnorm", 0)
     assert "sglang.inplace_all_reduce mutates a view of its base tensor" in notes(result, "allreduce_rmsnorm")
+
+
+# -- async_tp ------------------------------------------------------------------------------
+
+ASYNC_TP = {"name": "async_tp", "implementation": "test_mode", "min_tokens": 1}
+AG, RS = (
+    "passkit_fusion.async_tp_all_gather_matmul.default",
+    "passkit_fusion.async_tp_matmul_reduce_scatter.default",
+)
+
+
+def vllm_mlp(group: str):
+    """vLLM's sequence-parallel MLP: vllm.all_gather -> matmuls -> vllm.reduce_scatter, and
+    an all-gather along dim 1 that stays vLLM's."""
+
+    def fn(x, w1, w2):
+        a = vllm.all_gather(x, 0, 2, group)
+        h = torch.relu(a @ w1)
+        side = vllm.all_gather(x, 1, 2, group)
+        return vllm.reduce_scatter(h @ w2, 0, 2, group), side
+
+    return fn
+
+
+def sglang_mlp(group: str):
+    def fn(x, w1, w2):
+        a = torch.empty(x.shape[0] * 2, x.shape[1], dtype=x.dtype)
+        sglang.reg_all_gather_into_tensor(a, x, group)
+        h = torch.relu(a @ w1)
+        y = h @ w2
+        out = torch.empty(y.shape[0] // 2, y.shape[1], dtype=y.dtype)
+        sglang.reg_reduce_scatter_tensor(out, y, group)
+        gathered = torch.empty(x.shape[0] * 2, x.shape[1], dtype=x.dtype)  # feeds no matmul
+        sglang.reg_all_gather_into_tensor(gathered, x, group)
+        return out, gathered
+
+    return fn
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize(
+    ("block", "host_left", "expected"),
+    [
+        (
+            vllm_mlp,
+            {"vllm::all_gather": 1},
+            "2 host collective(s) (vllm dialect) read as torch's for its matcher: 2 fused, 0 put back",
+        ),
+        (
+            sglang_mlp,
+            {"sglang::reg_all_gather_into_tensor": 1},
+            "3 host collective(s) (sglang dialect) read as torch's for its matcher: 2 fused, 1 put back",
+        ),
+    ],
+    ids=["vllm", "sglang"],
+)
+def test_async_tp_fuses_host_collectives(block, host_left, expected) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, generator=g) for s in ((8, 64), (64, 128), (128, 64)))
+    with fake_world(2) as world:
+        result = run_passes(block(world.group_name), x, w1, w2, passes=[ASYNC_TP])
+    result.assert_matches("async_tp", 2)
+    after = op_counts(result.graph_after)
+    assert after[AG] == 1 and after[RS] == 1
+    host = Counter(node_op(n)[1] for n in result.graph_after.graph.nodes)
+    for op, n in host_left.items():  # left unfused: the host's op, put back
+        assert host[op] == n, host
+    assert after["_c10d_functional.all_gather_into_tensor.default"] == 0
+    assert (
+        "vllm.reduce_scatter.default" not in after and "sglang.reg_reduce_scatter_tensor.default" not in after
+    )
+    assert expected in notes(result, "async_tp")
+    if block is vllm_mlp:
+        assert "all_gather_1: vllm.all_gather along dim 1 (only dim 0 is rewritten)" in notes(
+            result, "async_tp"
+        )
