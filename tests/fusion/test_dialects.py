@@ -54,7 +54,7 @@ def native_add_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[
     h = x.float() + r.float()
     r = h.to(dtype)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
-    return w * h.to(dtype), r
+    return (h * w).to(dtype), r  # cast_x_before_out_mul=False, SGLang's default
 
 
 # -- the blocks, as each host's layers write them ---------------------------------------

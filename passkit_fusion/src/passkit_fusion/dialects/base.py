@@ -41,8 +41,6 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 
-from ..patterns.graph import Mismatch
-
 __all__ = [
     "AllReduce",
     "Collective",
@@ -54,12 +52,32 @@ __all__ = [
     "node_op",
     "op_name",
     "registered_schema",
+    "sole_user",
+    "val",
 ]
 
 
-class Declined(Mismatch):
+class Declined(Exception):
     """A dialect will not read a node (a schema that differs from the one it knows, an
-    argument it does not understand); the message is the report's reason."""
+    argument it does not understand, a norm the fused kernels compute differently); the
+    message is the report's reason. (Dialects sit below :mod:`passkit_fusion.patterns`,
+    whose matchers turn it into a rejection.)"""
+
+
+def val(node: fx.Node) -> torch.Tensor:
+    """The tensor (fake) value ``node`` carries; :class:`Declined` when it has none."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        raise Declined(f"{node.name} has no tensor metadata")
+    return value
+
+
+def sole_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def dtype_str(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,8 +264,8 @@ class Dialect:
 
     def match_norm(self, total: fx.Node) -> HostNorm | None:
         """The host's RMSNorm op reading ``total`` (the sum, or sum + residual), or None.
-        Raises :class:`~passkit_fusion.patterns.graph.Mismatch` for a norm op the fused
-        kernels would compute differently (no weight, a partial variance)."""
+        Raises :class:`Declined` for a norm op the fused kernels would compute differently
+        (no weight, a partial variance)."""
         return None
 
     def collectives(self, graph: fx.Graph) -> Iterator[Collective | tuple[fx.Node, str]]:

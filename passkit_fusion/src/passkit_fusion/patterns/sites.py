@@ -148,7 +148,7 @@ def candidates(
                 continue
             try:
                 yield match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8)
-            except Mismatch as exc:
+            except (Mismatch, Declined) as exc:
                 yield Rejection(found.anchor, str(exc))
 
 
@@ -218,10 +218,7 @@ def match_site(ar: AllReduce, dialect: Dialect, *, kernel_limits: bool = True, f
         norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
     _check_residual(result, residual, shape)
     hidden = _check_supported(dtype, shape, kernel_limits)
-    try:
-        group_name = dialect.torch_group_name(ar.group)
-    except Declined as exc:
-        raise Mismatch(str(exc)) from None
+    group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
     world_size = _world_size(group_name, kernel_limits)
     # the all-reduce, then the residual add (in fp32: the upcasts, the add, the rounding);
     # a host's fused add+norm op adds the residual itself (its nodes are the norm's)
