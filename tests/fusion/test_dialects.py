@@ -9,9 +9,11 @@ The host ops are stand-ins with the hosts' exact schemas (:mod:`host_ops`).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,6 @@ from typing import Any
 import host_ops
 import pytest
 import torch
-import torch.fx as fx
 from passkit_fusion.dialects import Dialect, check_schemas
 from passkit_fusion.dialects.base import node_op
 from passkit_fusion.dialects.sglang import SGLangDialect
@@ -291,35 +292,26 @@ _mylib.impl("reduce", lambda x, g: x.clone(), "CPU")
 torch.library.register_fake("mystack::reduce", lambda x, g: torch.empty_like(x), lib=_mylib)
 
 
-class MyStackDialect(Dialect):
-    """The ~20 lines a third party writes for its stack (see passkit_fusion/README.md)."""
-
-    name = "mystack"
-    host = "MyStack 1.0"
-    NAMESPACES = ("mystack",)
-    ALL_REDUCE_OPS = ("mystack::reduce",)
-    SCHEMAS = {"mystack::reduce": "mystack::reduce(Tensor x, str group) -> Tensor"}
-
-    def all_reduces(self, graph: fx.Graph):
-        for node, _, _ in self.ops_in(graph, self.ALL_REDUCE_OPS):
-            x, group = node.args
-            yield dialects.AllReduce(anchor=node, x=x, group=group, result=node, nodes=(node,))
-
-
-class MyStackPlugin:
-    @passkit.hookimpl
-    def passkit_fusion_dialects(self) -> list[type[Dialect]]:
-        return [MyStackDialect]
+def readme_dialect_plugin(groups: dict[str, Any]) -> types.ModuleType:
+    """The third-party dialect of passkit_fusion/README.md, run as written (a plugin module;
+    ``my_stack.groups`` maps its group names to objects with ``torch_group``)."""
+    readme = (Path(__file__).parents[2] / "passkit_fusion" / "README.md").read_text()
+    block = next(
+        b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "class MyStackDialect" in b
+    )
+    module = types.ModuleType("mystack_passkit_plugin")
+    module.my_stack = types.SimpleNamespace(groups=groups)  # type: ignore[attr-defined]
+    exec(compile(block, "passkit_fusion/README.md", "exec"), module.__dict__)
+    return module
 
 
 def test_third_party_dialect_through_the_hook() -> None:
     def fn(x, r, w, w2):
-        h = torch.ops.mystack.reduce(x @ w2, group) + r
+        h = torch.ops.mystack.reduce(x @ w2, "world") + r
         return native_norm(h, w), h
 
-    plugin = MyStackPlugin()
     with passkit.plugins.isolated(), fake_world(2) as world:
-        group = world.group_name
+        plugin = readme_dialect_plugin({"world": types.SimpleNamespace(torch_group=world.group)})
         passkit.register(plugin)
         assert [d.name for d in dialects.registered()] == ["torch", "vllm", "sglang", "mystack"]
         assert not passkit.get_plugins().failures
@@ -327,9 +319,12 @@ def test_third_party_dialect_through_the_hook() -> None:
         sp = run_passes(fn, *inputs(), passes=[SP])
     result.assert_matches("allreduce_rmsnorm", 1)
     assert "(1 in the mystack dialect)" in notes(result, "allreduce_rmsnorm")
+    (fused,) = result.graph_after.graph.find_nodes(
+        op="call_function", target=torch.ops.passkit_fusion.allreduce_rmsnorm.default
+    )
+    assert fused.args[5] == world.group_name  # "world" resolved by the plugin's resolve_group
     sp.assert_matches("sequence_parallel", 1)
-    without = [d.name for d in dialects.registered()]
-    assert "mystack" not in without
+    assert "mystack" not in [d.name for d in dialects.registered()]  # gone with the plugin
 
 
 def test_importing_the_dialects_imports_no_host() -> None:
@@ -430,3 +425,27 @@ def test_async_tp_fuses_host_collectives(block, host_left, expected) -> None:
         assert "all_gather_1: vllm.all_gather along dim 1 (only dim 0 is rewritten)" in notes(
             result, "async_tp"
         )
+
+
+# -- FP8 -----------------------------------------------------------------------------------
+
+
+def test_fp8_quant_after_host_norm_ops_is_fused() -> None:
+    """vLLM IR norms followed by a static FP8 quantization (FP8 checkpoints): the FP8 variant."""
+
+    def fn(x, r, w, w2, s):
+        y = vllm.all_reduce(x @ w2, group)
+        out, r = vllm_ir.fused_add_rms_norm(y, r, w, EPS)
+        q1 = (out / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        z = vllm_ir.rms_norm(vllm.all_reduce(x @ w2 * 0.5, group), w, EPS)
+        q2 = (z / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q1, q2, r
+
+    scale = torch.tensor([0.05])
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), scale, passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 2)
+    after = op_counts(result.graph_after)
+    assert after["passkit_fusion.allreduce_rmsnorm_fp8.default"] == 2
+    assert "2 with FP8 quant (div=2)" in notes(result, "allreduce_rmsnorm")
