@@ -449,3 +449,10 @@ def test_fp8_quant_after_host_norm_ops_is_fused() -> None:
     after = op_counts(result.graph_after)
     assert after["passkit_fusion.allreduce_rmsnorm_fp8.default"] == 2
     assert "2 with FP8 quant (div=2)" in notes(result, "allreduce_rmsnorm")
+
+
+def test_schema_check_command_names_a_missing_host(capsys) -> None:
+    from passkit_fusion.dialects.__main__ import main
+
+    assert main(["nohost"]) == 2
+    assert "nohost: not installed (known hosts: vllm, sglang)" in capsys.readouterr().out
