@@ -456,3 +456,23 @@ def test_schema_check_command_names_a_missing_host(capsys) -> None:
 
     assert main(["nohost"]) == 2
     assert "nohost: not installed (known hosts: vllm, sglang)" in capsys.readouterr().out
+
+
+def test_host_norm_ops_the_kernel_computes_differently_are_rejected() -> None:
+    def fn(x, r, w, w2):
+        y = vllm.all_reduce(x @ w2, group)
+        out, r2 = vllm_ir.fused_add_rms_norm(y, r, w, EPS)  # y is read again below
+        z = vllm.all_reduce(x @ w2 * 0.5, group)
+        partial = vllm_ir.rms_norm(z, w, EPS, 32)  # variance over part of the hidden dim
+        u = vllm.all_reduce(x @ w2 * 0.25, group)
+        unweighted = vllm_ir.rms_norm(u, None, EPS)
+        return out, r2, y, partial, unweighted
+
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 0)
+    assert notes(result, "allreduce_rmsnorm") == (
+        "3 candidate(s) rejected: all-reduce result is also used outside the residual add; "
+        "RMSNorm over part of the hidden dim (variance_size); RMSNorm without a weight"
+    )

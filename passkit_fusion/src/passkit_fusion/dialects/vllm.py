@@ -93,6 +93,8 @@ class VllmDialect(Dialect):
                 a, b = arg(user, 0, "x"), arg(user, 1, "x_residual")
                 if total not in (a, b) or a is b:
                     continue
+                if len(total.users) != 1:  # the op outputs the sum with the residual only
+                    raise Declined("all-reduce result is also used outside the residual add")
                 weight, eps = self._weight_eps(user, 2, 3, 4, total)
                 outs = {u.args[1]: u for u in user.users if u.target is operator.getitem}
                 if len(outs) != len(user.users) or 0 not in outs:
