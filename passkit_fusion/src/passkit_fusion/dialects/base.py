@@ -228,6 +228,10 @@ class Dialect:
     SCHEMAS: ClassVar[dict[str, str]] = {}
     """``{"ns::op": str(torch.ops.ns.op.default._schema)}`` for every op the dialect reads,
     exactly as the host registers it."""
+    PACKAGE: ClassVar[str | None] = None
+    """The host's importable package (``"vllm"``), for :meth:`version_note`."""
+    VERSIONS: ClassVar[tuple[str, ...]] = ()
+    """The host versions whose schemas :attr:`SCHEMAS` holds."""
     ALL_REDUCE_OPS: ClassVar[tuple[str, ...]] = ()
     """The ops :meth:`all_reduces` reads (rejected all at once when the dialect declines)."""
     HOST_FUSIONS: ClassVar[dict[str, str]] = {}
@@ -298,6 +302,21 @@ class Dialect:
                 label = f"{self.HOST_FUSIONS[qualified]} ({qualified})"
                 found[label] = found.get(label, 0) + 1
         return found
+
+    def version_note(self) -> str | None:
+        """A note when the running host (already imported: never imported here) is another
+        version than :attr:`VERSIONS`: matching goes on wherever the schemas still agree
+        (best effort; a changed schema declines)."""
+        import sys
+
+        module = sys.modules.get(self.PACKAGE) if self.PACKAGE else None
+        found = getattr(module, "__version__", None)
+        if not self.VERSIONS or not isinstance(found, str) or found in self.VERSIONS:
+            return None
+        return (
+            f"{self.name} dialect: written for {self.PACKAGE} {', '.join(self.VERSIONS)}, running "
+            f"{found}: sites matched where the ops' schemas agree"
+        )
 
     def ops_in(self, graph: fx.Graph, names: Iterable[str]) -> Iterator[tuple[fx.Node, Any, bool]]:
         """``(node, op, functionalized)`` for the graph's calls of the ops ``names``."""

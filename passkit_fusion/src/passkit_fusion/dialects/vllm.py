@@ -43,6 +43,8 @@ class VllmDialect(Dialect):
     name = "vllm"
     host = "vLLM 0.33.0"
     NAMESPACES = ("vllm", "vllm_ir")
+    PACKAGE = "vllm"
+    VERSIONS = ("0.33.0",)
     ALL_REDUCE_OPS = (_ALL_REDUCE,)
     SCHEMAS: ClassVar[dict[str, str]] = {
         _ALL_REDUCE: "vllm::all_reduce(Tensor tensor, str group_name) -> Tensor",

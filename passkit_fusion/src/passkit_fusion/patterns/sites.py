@@ -165,14 +165,22 @@ def find_sites(
 
 
 def host_fusion_note(graph: fx.Graph, dialects: Sequence[Dialect] | None = None) -> str | None:
-    """``"host already fused N site(s): vLLM's fuse_allreduce_rms (...)"``, or None."""
+    """``"host already fused: N site(s) by vLLM's fuse_allreduce_rms (...)"`` and, for a host
+    of another version than its dialect's, a line saying so; None when neither applies."""
     found: dict[str, int] = {}
+    versions: list[str] = []
     for dialect in _present(graph, dialects):
         for label, n in dialect.host_fusions(graph).items():
             found[label] = found.get(label, 0) + n
-    if not found:
-        return None
-    return "host already fused: " + ", ".join(f"{n} site(s) by {label}" for label, n in found.items())
+        if note := dialect.version_note():
+            versions.append(note)
+    lines = versions
+    if found:
+        lines = [
+            "host already fused: " + ", ".join(f"{n} site(s) by {label}" for label, n in found.items()),
+            *lines,
+        ]
+    return "; ".join(lines) if lines else None
 
 
 def _present(graph: fx.Graph, dialects: Sequence[Dialect] | None) -> list[Dialect]:
