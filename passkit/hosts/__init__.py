@@ -93,4 +93,12 @@ def __getattr__(name: str) -> ModuleType:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["HOSTS", "Host", "HostError", "HostVersionWarning", "check_version", "installed_version", "series_of"]
+__all__ = [
+    "HOSTS",
+    "Host",
+    "HostError",
+    "HostVersionWarning",
+    "check_version",
+    "installed_version",
+    "series_of",
+]

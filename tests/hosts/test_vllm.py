@@ -33,9 +33,10 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from passkit_testing.worlds import gloo_world  # noqa: E402
+
 import passkit  # noqa: E402
 import passkit.hosts.vllm  # noqa: E402
-from passkit_testing.worlds import gloo_world  # noqa: E402
 
 HIDDEN, INTERMEDIATE = 64, 128
 ENDPOINTS = [8, 64]
@@ -54,7 +55,12 @@ class SiteCensus(passkit.GraphPass):
     """Counts, in the graph vLLM hands passkit, vLLM's collectives and IR norm ops."""
 
     name = "vllm_site_census"
-    TARGETS = ("vllm.all_reduce", "vllm_ir.fused_add_rms_norm", "vllm_ir.rms_norm", "_c10d_functional.all_reduce")
+    TARGETS = (
+        "vllm.all_reduce",
+        "vllm_ir.fused_add_rms_norm",
+        "vllm_ir.rms_norm",
+        "_c10d_functional.all_reduce",
+    )
 
     def run(self, gm, ctx):
         found = {t: 0 for t in self.TARGETS}
@@ -148,7 +154,7 @@ def _block_class() -> type:
             self.norm2 = RMSNorm(HIDDEN, eps=1e-5)
 
         def forward(self, x: torch.Tensor, residual: torch.Tensor):
-            x = -(-x)  # what the example plugin's fold_double_neg removes
+            x = torch.neg(torch.neg(x))  # what the example plugin's fold_double_neg removes
             h, _ = self.up1(x)
             h, _ = self.down1(torch.nn.functional.silu(h))
             h, residual = self.norm1(h, residual)
@@ -308,9 +314,12 @@ def test_a_third_party_pass_runs_inside_vllm_and_dumps_work_there(block_run):
 def test_vllm_dialect_schemas_match_the_real_ops():
     """The stand-in ops of the default suite (tests/fusion/host_ops.py) are registered from
     these schemas: a drift of vLLM's ops fails here."""
-    import vllm.distributed.parallel_state  # noqa: F401  (registers vllm::all_reduce...)
-    import vllm.model_executor.layers.layernorm  # noqa: F401  (registers vllm_ir::*)
+    import importlib
+
     from passkit_fusion.dialects import check_schemas
+
+    importlib.import_module("vllm.distributed.parallel_state")  # registers vllm::all_reduce...
+    importlib.import_module("vllm.model_executor.layers.layernorm")  # registers vllm_ir::*
     from passkit_fusion.dialects.vllm import VllmDialect
 
     assert check_schemas(VllmDialect) == []
@@ -412,7 +421,9 @@ def test_a_range_straddling_a_bound_is_not_split_again_and_the_note_says_where(c
     (report,) = custom_pass.reports
     assert report["small_only"].status == "skipped"
     assert report["noop_elimination"].status == "ran"
-    assert any("add [8] to compilation_config.compile_ranges_endpoints" in n for n in report.notes), report.notes
+    assert any("add [8] to compilation_config.compile_ranges_endpoints" in n for n in report.notes), (
+        report.notes
+    )
 
 
 def test_the_installed_vllm_is_a_supported_version():
