@@ -311,6 +311,23 @@ def test_a_third_party_pass_runs_inside_vllm_and_dumps_work_there(block_run):
         assert len(list(folder.glob("graph_*/report.json"))) == len(RANGES)
 
 
+@pytest.mark.slow
+def test_sequence_parallel_runs_only_in_vllm_compiles_of_multiples_of_the_world_size(tmp_path):
+    """vLLM's ranges hold every token count, so a pass constrained to multiples of 2 runs only
+    in its single-size compiles (``compile_sizes``: size 4 here) and is skipped, with why,
+    in the ranges; where it runs, every site is rewritten and the block still equals eager."""
+    passes = ["vllm_site_census", {"name": "sequence_parallel", "min_tokens": 1}]
+    for result in _run_block(tmp_path, {"passes": passes}):
+        for report, vllm_range in zip(result["reports"], RANGES, strict=True):
+            sp = _records(report)["sequence_parallel"]
+            if vllm_range == "(4, 4)":
+                assert (sp["status"], sp["matches"]) == ("ran", SITES_PER_GRAPH), sp
+            else:
+                assert sp["status"] == "skipped", sp
+                assert "multiples of 2; this compile serves tokens" in sp["reason"], sp
+        assert all(d < 1e-5 for d in result["diffs"].values()), result["diffs"]
+
+
 def test_vllm_dialect_schemas_match_the_real_ops():
     """The stand-in ops of the default suite (tests/fusion/host_ops.py) are registered from
     these schemas: a drift of vLLM's ops fails here."""
