@@ -290,6 +290,11 @@ def test_every_vllm_all_reduce_site_is_fused_and_the_block_equals_eager(block_ru
         for report in result["reports"]:
             fusion = _records(report)["allreduce_rmsnorm"]
             assert fusion["status"] == "ran", fusion
+            # the adapter says which fusion handles the sites: vLLM's own is off here
+            assert (
+                "vLLM's fuse_allreduce_rms is off: passkit's allreduce_rmsnorm is the pass fusing"
+                in (report["notes"][0])
+            ), report["notes"]
             assert fusion["matches"] == _notes(_records(report)["vllm_site_census"])["vllm.all_reduce"]
             matched += fusion["matches"]
         assert matched == SITES_PER_GRAPH * len(RANGES)
