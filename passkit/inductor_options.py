@@ -37,13 +37,17 @@ def compile_patches(mode: str | None = None, options: Mapping[str, Any] | None =
     if mode is not None and not isinstance(mode, str):
         raise ConfigError(f"torch.compile mode must be a string, one of {list(MODES)}; got {mode!r}")
     if options is not None and not isinstance(options, Mapping):
-        raise ConfigError(f"torch.compile options must be a dict of Inductor options, got {type(options).__name__}")
+        raise ConfigError(
+            f"torch.compile options must be a dict of Inductor options, got {type(options).__name__}"
+        )
     if mode is not None:
         from torch._inductor import list_mode_options
 
         known_modes = list(list_mode_options())
         if mode not in known_modes:
-            raise ConfigError(f"torch.compile mode={mode!r} is not a mode{suggest(mode, known_modes)}: one of {known_modes}")
+            raise ConfigError(
+                f"torch.compile mode={mode!r} is not a mode{suggest(mode, known_modes)}: one of {known_modes}"
+            )
     if options:
         _check_names(options, "torch.compile options")
     import torch
@@ -56,7 +60,9 @@ def compile_patches(mode: str | None = None, options: Mapping[str, Any] | None =
 
 
 def merge_patches(
-    compile_options: Mapping[str, Any], backend_options: Mapping[str, Any], pipeline_patches: Mapping[str, Any]
+    compile_options: Mapping[str, Any],
+    backend_options: Mapping[str, Any],
+    pipeline_patches: Mapping[str, Any],
 ) -> dict[str, Any]:
     """One compile's config patches: torch.compile's, the backend's ``inductor_config``,
     then the pipeline's custom passes (composed after a pass already in the same slot)."""

@@ -132,7 +132,9 @@ class Backend:
         self.last_dispatcher = specialize.Dispatcher(
             planned,
             compile_spec,
-            fallback=lambda: self._compile_in(tracing, self.pipeline.for_range(ANY_SIZE), spare, example_inputs, patches),
+            fallback=lambda: self._compile_in(
+                tracing, self.pipeline.for_range(ANY_SIZE), spare, example_inputs, patches
+            ),
             at_first_call=self.pipeline.config.compile_at == "first_call",
         )
         return self.last_dispatcher
@@ -238,7 +240,9 @@ def _default_backend() -> Backend:
     return Backend()
 
 
-def passkit_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **compile_options: Any) -> CompiledFn:
+def passkit_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **compile_options: Any
+) -> CompiledFn:
     """The named backend ``"passkit"``: config from ``passkit.toml``/pyproject/environment,
     resolved once per process at the first compile. ``compile_options``: torch.compile's
     ``mode`` / ``options``."""

@@ -112,7 +112,9 @@ def plan(
     once (a report note), or None when nothing asks for ranges."""
     ctx = CompileContext.detect(example_inputs, mode=mode)
     runnable = [p for p in pipeline.passes if p.skip_reason(ctx) is None]
-    constraints: dict[str, TokenConstraint | None] = {p.name: p.checked_token_constraint(ctx) for p in runnable}
+    constraints: dict[str, TokenConstraint | None] = {
+        p.name: p.checked_token_constraint(ctx) for p in runnable
+    }
     relations = pipeline.relations
     for p in runnable:  # a pass acting on another's rewrite needs one of them able to run
         if p.name in relations.depends_on and not any(d in constraints for d in relations.depends_on[p.name]):

@@ -248,7 +248,9 @@ def plan_specializations(
             pieces = specs.setdefault(key, [])
             if pieces and pieces[-1].hi is not None and pieces[-1].hi + 1 == piece.lo:
                 pieces[-1] = TokenRange(pieces[-1].lo, piece.hi)  # adjacent: one range
-            elif not any(r.lo <= piece.lo and (r.hi is None or (piece.hi or math.inf) <= r.hi) for r in pieces):
+            elif not any(
+                r.lo <= piece.lo and (r.hi is None or (piece.hi or math.inf) <= r.hi) for r in pieces
+            ):
                 pieces.append(piece)
             reasons = left_out.setdefault(key, {})
             for n, why in dropped.items():
