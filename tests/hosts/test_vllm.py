@@ -462,3 +462,23 @@ def test_importing_passkit_hosts_vllm_does_not_import_vllm():
 
     code = "import sys, passkit, passkit.hosts.vllm; assert 'vllm' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_config_files_and_the_cli_work_the_same_in_vllms_environment(clean_env):
+    import json
+    import subprocess
+    import sys
+
+    clean_env.joinpath("passkit.toml").write_text(
+        'passes = ["cleanup", {name = "fuse_addcmul", min_numel = 8}]\n'
+    )
+    custom_pass = passkit.hosts.vllm.post_grad_pass()  # no arguments: passkit.toml decides
+    assert custom_pass.pipeline.names() == ["cleanup", "fuse_addcmul"]
+    assert custom_pass.pipeline.passes[1].options.min_numel == 8
+    cli = [sys.executable, "-m", "passkit.cli"]
+    subprocess.run([*cli, "check", "passkit.toml"], check=True, cwd=clean_env, capture_output=True)
+    listed = subprocess.run(
+        [*cli, "list", "--json"], check=True, cwd=clean_env, capture_output=True, text=True
+    )
+    names = {p["name"] for p in json.loads(listed.stdout)["passes"]}
+    assert {"cleanup", "fold_double_neg", "allreduce_rmsnorm", "sequence_parallel"} <= names
