@@ -432,6 +432,24 @@ class Pipeline:
         self._finish(report, None)
         return report
 
+    def record_not_run(self, reason: str, mode: Mode = "inductor") -> Report:
+        """Report a compile the host ran without calling the pipeline (e.g. vLLM asked
+        ``is_applicable_for_range`` and was told no pass applies): every pass skipped, with
+        why (its token constraint, else ``reason``)."""
+        ctx = CompileContext(mode=mode, token_range=self.current_range())
+        report = Report(
+            graph_id=next(_graph_ids),
+            pipeline_uuid=self.uuid()[:12],
+            mode=mode,
+            token_range=self._range_label(),
+            notes=[self.note] if self.note else [],
+        )
+        for p in self.passes:
+            why = _outside_range(p, ctx) or reason
+            report.records.append(PassRecord(name=p.name, stage=p.stage.value, reason=why))
+        self._finish(report, None)
+        return report
+
     def _finish(self, report: Report, dumper: Dumper | None) -> None:
         self._open = None
         self.reports.append(report)
