@@ -24,6 +24,10 @@ from .errors import PluginError
 from .pass_base import Pass
 
 ENTRY_POINT_GROUP = "passkit.passes"
+HOOKSPECS_GROUP = "passkit.hookspecs"
+"""Entry points naming modules of extra hook specifications (made with ``passkit.hookspec``)
+that a distribution adds to passkit's plugin manager before any plugin loads, so that
+plugins can implement them (e.g. passkit-fusion's ``passkit_fusion_dialects``)."""
 CORE_DISTRIBUTION = "passkit"
 
 
@@ -51,7 +55,7 @@ class PluginFailure:
     distribution: str | None
     version: str | None
     stage: str
-    """``import``, ``validate``, ``register`` or ``duplicate``."""
+    """``hookspecs``, ``import``, ``validate``, ``register`` or ``duplicate``."""
     error: str
     detail: str = ""
 
@@ -88,6 +92,18 @@ class PluginSet:
         self.failures: list[PluginFailure] = []
         self.passes: dict[str, PassInfo] = {}
         self._strict = False
+        self._add_extra_hookspecs()
+
+    def _add_extra_hookspecs(self) -> None:
+        """Add the hook specifications of the ``passkit.hookspecs`` entry points; one that
+        fails to import is recorded as a failure (stage ``hookspecs``), the others load."""
+        for ep in importlib.metadata.entry_points(group=HOOKSPECS_GROUP):
+            dist = getattr(ep, "dist", None)
+            info = PluginInfo(ep.name, dist.name if dist else None, dist.version if dist else None, ep.value)
+            try:
+                self.pm.add_hookspecs(ep.load())
+            except Exception as exc:
+                self.failures.append(self._failure(info, "hookspecs", exc))
 
     @property
     def hook(self) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import pydantic
 import torch
@@ -26,10 +27,11 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from ..allreduce_rmsnorm import matcher
-from ..allreduce_rmsnorm.matcher import Rejection, Site, find_sites
+from .. import dialects
 from ..patterns import marks
 from ..patterns import notes as notes_patterns
+from ..patterns import sites as sites_patterns
+from ..patterns.sites import Rejection, Site, find_sites, host_fusion_note
 from . import ops, rewrite
 
 NAME = "sequence_parallel"
@@ -63,9 +65,13 @@ class SequenceParallel(GraphPass):
     before = ("async_tp",)
     Options = SequenceParallelOptions
     requires = Requirements(min_world_size=2)
-    source_files = (matcher.__file__, rewrite.__file__, ops.__file__, marks.__file__)
+    source_files = (sites_patterns.__file__, rewrite.__file__, ops.__file__, marks.__file__)
 
     options: SequenceParallelOptions
+
+    def identity(self) -> dict[str, Any]:
+        """The pass's identity plus the dialects it reads graphs with (third parties' too)."""
+        return {**super().identity(), "dialects": [d.identity() for d in dialects.registered()]}
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
         """Multiples of the world size (a validity condition: every rank gets the same
@@ -116,6 +122,8 @@ class SequenceParallel(GraphPass):
         if not taken and not rejected:
             fused = len(gm.graph.find_nodes(op="call_function", target=_fused_op()))
             notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
+        if host := host_fusion_note(gm.graph):
+            notes.append(host)
         return PassResult(modified=bool(taken), matches=len(taken), notes=notes)
 
     def _problem(self, site: Site, ctx: CompileContext, symbol: object) -> str | None:
