@@ -54,6 +54,9 @@ HOST = "sglang"
 
 PIECEWISE_TARGET = "sglang.srt.compilation.backend.SGLangBackend.configure_post_pass"
 """Hooked (after): where SGLang's piecewise backend installs its post-grad pass manager."""
+COMPILE_TARGET = "sglang.srt.compilation.backend.CompilerManager.compile"
+"""Hooked (around): one piece's compile; an Inductor cache hit (SGLang's ranks share one
+cache folder) gets a report restored from passkit's report cache."""
 TORCH_COMPILE_TARGET = "sglang.srt.compilation.torch_compile_decoration.patch_model"
 """Hooked (around): where ``--enable-torch-compile`` wraps the model in ``torch.compile``."""
 CPU_TORCH_COMPILE_TARGET = "sglang.srt.model_executor.cpu_graph_runner.patch_model"
@@ -61,6 +64,7 @@ CPU_TORCH_COMPILE_TARGET = "sglang.srt.model_executor.cpu_graph_runner.patch_mod
 
 REQUIRED_API = (
     ("sglang.srt.compilation.backend", "SGLangBackend.configure_post_pass"),
+    ("sglang.srt.compilation.backend", "CompilerManager.compile"),
     ("sglang.srt.compilation.pass_manager", "PostGradPassManager.add"),
     ("sglang.srt.compilation.inductor_pass", "pass_context"),
     ("sglang.srt.compilation.inductor_pass", "SGLangInductorPass"),
@@ -193,6 +197,31 @@ class SGLangAdapter:
             list(sizes) or "none",
         )
 
+    def reported_compile(
+        self, compile_fn: Callable[[], Any], pipeline: Pipeline, gm: Any, example_inputs: Sequence[Any]
+    ) -> Any:
+        """Run ``compile_fn`` (one compile of ``gm`` with ``pipeline``); when Inductor serves
+        it from its cache (no pass runs), record a report restored from passkit's report
+        cache, as :class:`passkit.Backend` does."""
+        from .. import report_cache
+        from ..integration import _cache_hits
+
+        before, hits = len(pipeline.reports), _cache_hits()
+        compiled = compile_fn()
+        try:
+            cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs)
+        except Exception:  # a graph passkit cannot key: no restored report, nothing else lost
+            logs.log.debug("passkit: no report-cache key for an SGLang compile", exc_info=True)
+            return compiled
+        new = pipeline.reports[before:]
+        if new:
+            report_cache.save(cache_key, new)
+        elif _cache_hits() > hits:
+            restored = report_cache.load(cache_key)
+            records = [r for old in restored for r in old.records] if restored else []
+            pipeline.record_cache_hit("inductor", records)
+        return compiled
+
     # -- --enable-torch-compile ----------------------------------------------------------
     def compiled_forward(self, forward: Callable[..., Any], num_tokens: int | None) -> Callable[..., Any]:
         """Wrap the ``torch.compile``'d ``forward`` SGLang compiles for ``num_tokens`` tokens
@@ -262,6 +291,21 @@ def _after_configure_post_pass(result: Any, backend: Any, *args: Any, **kwargs: 
         adapter.attach(backend)
 
 
+def _around_compile(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    adapter = _adapter_for_compile()
+    if adapter is None or not adapter.pipeline.enabled:
+        return original(*args, **kwargs)
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    manager = bound.arguments["inductor_config"].get("post_grad_custom_post_pass")
+    ours = [p for p in getattr(manager, "passes", ()) if getattr(p, "adapter", None) is adapter]
+    if not ours:  # this backend was configured before passkit was installed
+        return original(*args, **kwargs)
+    pipeline = adapter.for_shape(bound.arguments.get("runtime_shape"), ours[0].capture_sizes)
+    return adapter.reported_compile(
+        lambda: original(*args, **kwargs), pipeline, bound.arguments["graph"], bound.arguments["example_inputs"]
+    )
+
+
 def _around_patch_model(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     adapter = _adapter_for_compile()
     if adapter is None or not adapter.pipeline.enabled:
@@ -297,6 +341,7 @@ def _register_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(PIECEWISE_TARGET, _after_configure_post_pass, HookType.AFTER)
+    HookRegistry.register(COMPILE_TARGET, _around_compile, HookType.AROUND)
     HookRegistry.register(TORCH_COMPILE_TARGET, _around_patch_model, HookType.AROUND)
     if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") == "1":
         HookRegistry.register(CPU_TORCH_COMPILE_TARGET, _around_patch_model, HookType.AROUND)

@@ -465,6 +465,10 @@ def test_the_cache_key_changes_with_passkits_config(world):
         for index, key in device["cache_keys"].items():
             assert narrowed["cache_keys"][index] != key
             assert again["cache_keys"][index] == key  # the same config: the same key (a hit)
+        # the hit ran no pass: its report says so and restores what the passes did
+        (hit,) = again["reports"]
+        assert hit["cache_hit"] and hit["restored"]
+        assert _records(hit)["fuse_addcmul"]["matches"] == 1
 
 
 def test_passes_outside_sglangs_range_skip_with_the_reason(world):
@@ -496,12 +500,18 @@ def test_allreduce_rmsnorm_matches_every_sglang_all_reduce_site(world):
             sites = sum(_records(r)["sglang_probe"]["matches"] for r in reports)
             fused = sum(_records(r)["allreduce_rmsnorm"]["matches"] for r in reports)
             assert sites == 2 and fused == sites, (scenario, sites, fused)
+        device = [n for r in rank["device"]["reports"] for n in _records(r)["allreduce_rmsnorm"]["notes"]]
+        assert any("2 in the sglang dialect" in n for n in device), device
 
 
 @pytest.mark.skipif(not HAVE_DIALECTS, reason="passkit_fusion.dialects not installed")
 def test_sglang_dialect_schemas_match_the_real_ops():
-    _cpu_stand_ins()
-    import sglang.srt.distributed.parallel_state  # noqa: F401  (registers torch.ops.sglang.*)
-    from passkit_fusion.dialects import check_schemas
+    """passkit-fusion's sglang dialect (and the default suite's stand-in ops) declare
+    these schemas: a drift of SGLang's collectives fails here."""
+    import importlib
 
-    assert check_schemas("sglang") == {} or not check_schemas("sglang")
+    from passkit_fusion.dialects import check_schemas
+    from passkit_fusion.dialects.sglang import SGLangDialect
+
+    importlib.import_module("sglang.srt.distributed.parallel_state")  # registers sglang::*
+    assert check_schemas(SGLangDialect) == []
