@@ -440,9 +440,10 @@ def plugin() -> None:
         return
     try:
         version = check_version(HOST)
-        check_api(version)
         logs.register_with_torch()
-        _active = SGLangAdapter(build_pipeline(config), version)
+        pipeline = build_pipeline(config)
+        check_api(version)
+        _active = SGLangAdapter(pipeline, version)
     except PasskitError as exc:
         _fail(exc)
         return
