@@ -302,7 +302,10 @@ def _around_compile(original: Callable[..., Any], *args: Any, **kwargs: Any) -> 
         return original(*args, **kwargs)
     pipeline = adapter.for_shape(bound.arguments.get("runtime_shape"), ours[0].capture_sizes)
     return adapter.reported_compile(
-        lambda: original(*args, **kwargs), pipeline, bound.arguments["graph"], bound.arguments["example_inputs"]
+        lambda: original(*args, **kwargs),
+        pipeline,
+        bound.arguments["graph"],
+        bound.arguments["example_inputs"],
     )
 
 

@@ -86,7 +86,9 @@ def test_range_notes_say_what_the_compile_serves(pipeline_of):
     assert "general-shape compile (serves the CUDA-graph capture sizes 1..1024)" in notes[0]
     assert "small applies to part of this range only" in notes[1]
     assert "compile_ranges is not used inside SGLang" in notes[2]
-    assert host.range_notes(pipeline_of("small"), TokenRange(8, 8, 8), 8) == ["SGLang compile for runtime shape 8"]
+    assert host.range_notes(pipeline_of("small"), TokenRange(8, 8, 8), 8) == [
+        "SGLang compile for runtime shape 8"
+    ]
 
 
 def test_the_adapter_keeps_one_pipeline_per_shape_and_reports_in_one_list(pipeline_of):
