@@ -296,8 +296,10 @@ def _around_compile(original: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     if adapter is None or not adapter.pipeline.enabled:
         return original(*args, **kwargs)
     bound = inspect.signature(original).bind(*args, **kwargs)
-    manager = bound.arguments["inductor_config"].get("post_grad_custom_post_pass")
-    ours = [p for p in getattr(manager, "passes", ()) if getattr(p, "adapter", None) is adapter]
+    slots = bound.arguments["inductor_config"]
+    manager, pre = slots.get("post_grad_custom_post_pass"), slots.get("post_grad_custom_pre_pass")
+    candidates = [*getattr(manager, "passes", ()), pre, getattr(pre, "second", None)]
+    ours = [p for p in candidates if getattr(p, "adapter", None) is adapter]
     if not ours:  # this backend was configured before passkit was installed
         return original(*args, **kwargs)
     pipeline = adapter.for_shape(bound.arguments.get("runtime_shape"), ours[0].capture_sizes)
