@@ -34,8 +34,11 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import logging
 import os
+import pathlib
 import sys
+import tempfile
 import time
 import types
 from typing import Any
@@ -79,8 +82,6 @@ def _cpu_stand_ins() -> None:
 def _model_dir() -> str:
     """A local model folder with only a ``config.json`` (what SGLang's server args read;
     no weights are loaded, nothing is fetched)."""
-    import tempfile
-
     folder = tempfile.mkdtemp(prefix="passkit-sglang-model-")
     config = {
         "architectures": ["LlamaForCausalLM"],
@@ -303,6 +304,12 @@ def _world(rank: int, world_size: int, passes: str) -> dict[str, Any]:
 
     # -- the plugin door: SGLang's loader finds passkit's entry point, config from the env
     os.environ["PASSKIT_PASSES"] = passes
+    dumps = tempfile.mkdtemp(prefix=f"passkit-sglang-dumps-{rank}-")
+    os.environ["PASSKIT_DUMP_DIR"] = dumps
+    logged: list[str] = []  # TORCH_LOGS=passkit (the world's env) sets the logger's level
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("passkit").addHandler(handler)
     passkit.register(_ProbePlugin(), name="sglang-probe")
     from sglang.srt.compilation.backend import SGLangBackend
     from sglang.srt.plugins import load_plugins
@@ -346,6 +353,8 @@ def _world(rank: int, world_size: int, passes: str) -> dict[str, Any]:
         "cache_keys": run["cache_keys"],
         "manager_uuid": run["manager_uuid"],
         "seconds": run["seconds"],
+        "logged_reports": sum("passkit report" in m for m in logged),
+        "dumped": sorted(str(p.relative_to(dumps)) for p in pathlib.Path(dumps).rglob("*") if p.is_file()),
     }
 
     # -- the cache key follows passkit's config (explicit API: install() swaps the pipeline)
@@ -403,7 +412,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         WORLD,
         args=(_passes(),),
         timeout=1200,
-        env={"SGLANG_CACHE_DIR": str(cache), "PASSKIT_CACHE_DIR": str(cache / "passkit")},
+        env={
+            "SGLANG_CACHE_DIR": str(cache),
+            "PASSKIT_CACHE_DIR": str(cache / "passkit"),
+            "TORCH_LOGS": "passkit",
+        },
     )
     if os.environ.get("SGLANG_TEST_WORLD_JSON"):  # for a look at what the ranks saw
         with open(os.environ["SGLANG_TEST_WORLD_JSON"], "w") as f:
@@ -435,6 +448,14 @@ def test_a_report_per_piecewise_compile_with_sglangs_range(world):
                 assert report["token_range"] == f"tokens {CAPTURE_SIZES[0]}..{CAPTURE_SIZES[-1]}"
                 assert "SGLang general-shape compile" in report["notes"][0]
                 assert _records(report)["sglang_probe"]["status"] == "ran"
+
+
+def test_logs_and_dumps_work_inside_sglang(world):
+    for rank in world:
+        device = rank["device"]
+        assert device["logged_reports"] >= 2  # the cpu and device compiles' reports, logged
+        assert any(name.endswith("allreduce_rmsnorm.after.py") for name in device["dumped"]), device["dumped"]
+        assert any(name.endswith("report.json") for name in device["dumped"]), device["dumped"]
 
 
 def test_numerics_equal_eager(world):
