@@ -9,17 +9,20 @@ The host ops are stand-ins with the hosts' exact schemas (:mod:`host_ops`).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
+import types
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import host_ops
 import pytest
 import torch
-import torch.fx as fx
 from passkit_fusion.dialects import Dialect, check_schemas
+from passkit_fusion.dialects.base import node_op
 from passkit_fusion.dialects.sglang import SGLangDialect
 from passkit_fusion.dialects.torch import TorchDialect
 from passkit_fusion.dialects.vllm import VllmDialect
@@ -52,7 +55,7 @@ def native_add_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[
     h = x.float() + r.float()
     r = h.to(dtype)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
-    return w * h.to(dtype), r
+    return (h * w).to(dtype), r  # cast_x_before_out_mul=False, SGLang's default
 
 
 # -- the blocks, as each host's layers write them ---------------------------------------
@@ -289,35 +292,26 @@ _mylib.impl("reduce", lambda x, g: x.clone(), "CPU")
 torch.library.register_fake("mystack::reduce", lambda x, g: torch.empty_like(x), lib=_mylib)
 
 
-class MyStackDialect(Dialect):
-    """The ~20 lines a third party writes for its stack (see passkit_fusion/README.md)."""
-
-    name = "mystack"
-    host = "MyStack 1.0"
-    NAMESPACES = ("mystack",)
-    ALL_REDUCE_OPS = ("mystack::reduce",)
-    SCHEMAS = {"mystack::reduce": "mystack::reduce(Tensor x, str group) -> Tensor"}
-
-    def all_reduces(self, graph: fx.Graph):
-        for node, _, _ in self.ops_in(graph, self.ALL_REDUCE_OPS):
-            x, group = node.args
-            yield dialects.AllReduce(anchor=node, x=x, group=group, result=node, nodes=(node,))
-
-
-class MyStackPlugin:
-    @passkit.hookimpl
-    def passkit_fusion_dialects(self) -> list[type[Dialect]]:
-        return [MyStackDialect]
+def readme_dialect_plugin(groups: dict[str, Any]) -> types.ModuleType:
+    """The third-party dialect of passkit_fusion/README.md, run as written (a plugin module;
+    ``my_stack.groups`` maps its group names to objects with ``torch_group``)."""
+    readme = (Path(__file__).parents[2] / "passkit_fusion" / "README.md").read_text()
+    block = next(
+        b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "class MyStackDialect" in b
+    )
+    module = types.ModuleType("mystack_passkit_plugin")
+    module.my_stack = types.SimpleNamespace(groups=groups)  # type: ignore[attr-defined]
+    exec(compile(block, "passkit_fusion/README.md", "exec"), module.__dict__)
+    return module
 
 
 def test_third_party_dialect_through_the_hook() -> None:
     def fn(x, r, w, w2):
-        h = torch.ops.mystack.reduce(x @ w2, group) + r
+        h = torch.ops.mystack.reduce(x @ w2, "world") + r
         return native_norm(h, w), h
 
-    plugin = MyStackPlugin()
     with passkit.plugins.isolated(), fake_world(2) as world:
-        group = world.group_name
+        plugin = readme_dialect_plugin({"world": types.SimpleNamespace(torch_group=world.group)})
         passkit.register(plugin)
         assert [d.name for d in dialects.registered()] == ["torch", "vllm", "sglang", "mystack"]
         assert not passkit.get_plugins().failures
@@ -325,9 +319,12 @@ def test_third_party_dialect_through_the_hook() -> None:
         sp = run_passes(fn, *inputs(), passes=[SP])
     result.assert_matches("allreduce_rmsnorm", 1)
     assert "(1 in the mystack dialect)" in notes(result, "allreduce_rmsnorm")
+    (fused,) = result.graph_after.graph.find_nodes(
+        op="call_function", target=torch.ops.passkit_fusion.allreduce_rmsnorm.default
+    )
+    assert fused.args[5] == world.group_name  # "world" resolved by the plugin's resolve_group
     sp.assert_matches("sequence_parallel", 1)
-    without = [d.name for d in dialects.registered()]
-    assert "mystack" not in without
+    assert "mystack" not in [d.name for d in dialects.registered()]  # gone with the plugin
 
 
 def test_importing_the_dialects_imports_no_host() -> None:
@@ -352,3 +349,141 @@ def test_in_place_all_reduce_on_a_view_is_declined() -> None:
         result = run_passes(fn, *inputs(), passes=[REFERENCE])
     result.assert_matches("allreduce_rmsnorm", 0)
     assert "sglang.inplace_all_reduce mutates a view of its base tensor" in notes(result, "allreduce_rmsnorm")
+
+
+# -- async_tp ------------------------------------------------------------------------------
+
+ASYNC_TP = {"name": "async_tp", "implementation": "test_mode", "min_tokens": 1}
+AG, RS = (
+    "passkit_fusion.async_tp_all_gather_matmul.default",
+    "passkit_fusion.async_tp_matmul_reduce_scatter.default",
+)
+
+
+def vllm_mlp(group: str):
+    """vLLM's sequence-parallel MLP: vllm.all_gather -> matmuls -> vllm.reduce_scatter, and
+    an all-gather along dim 1 that stays vLLM's."""
+
+    def fn(x, w1, w2):
+        a = vllm.all_gather(x, 0, 2, group)
+        h = torch.relu(a @ w1)
+        side = vllm.all_gather(x, 1, 2, group)
+        return vllm.reduce_scatter(h @ w2, 0, 2, group), side
+
+    return fn
+
+
+def sglang_mlp(group: str):
+    def fn(x, w1, w2):
+        a = torch.empty(x.shape[0] * 2, x.shape[1], dtype=x.dtype)
+        sglang.reg_all_gather_into_tensor(a, x, group)
+        h = torch.relu(a @ w1)
+        y = h @ w2
+        out = torch.empty(y.shape[0] // 2, y.shape[1], dtype=y.dtype)
+        sglang.reg_reduce_scatter_tensor(out, y, group)
+        gathered = torch.empty(x.shape[0] * 2, x.shape[1], dtype=x.dtype)  # feeds no matmul
+        sglang.reg_all_gather_into_tensor(gathered, x, group)
+        return out, gathered
+
+    return fn
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize(
+    ("block", "host_left", "expected"),
+    [
+        (
+            vllm_mlp,
+            {"vllm::all_gather": 1},
+            "2 host collective(s) (vllm dialect) read as torch's for its matcher: 2 fused, 0 put back",
+        ),
+        (
+            sglang_mlp,
+            {"sglang::reg_all_gather_into_tensor": 1},
+            "3 host collective(s) (sglang dialect) read as torch's for its matcher: 2 fused, 1 put back",
+        ),
+    ],
+    ids=["vllm", "sglang"],
+)
+def test_async_tp_fuses_host_collectives(block, host_left, expected) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, generator=g) for s in ((8, 64), (64, 128), (128, 64)))
+    with fake_world(2) as world:
+        result = run_passes(block(world.group_name), x, w1, w2, passes=[ASYNC_TP])
+    result.assert_matches("async_tp", 2)
+    after = op_counts(result.graph_after)
+    assert after[AG] == 1 and after[RS] == 1
+    host = Counter(node_op(n)[1] for n in result.graph_after.graph.nodes)
+    for op, n in host_left.items():  # left unfused: the host's op, put back
+        assert host[op] == n, host
+    assert after["_c10d_functional.all_gather_into_tensor.default"] == 0
+    assert (
+        "vllm.reduce_scatter.default" not in after and "sglang.reg_reduce_scatter_tensor.default" not in after
+    )
+    assert expected in notes(result, "async_tp")
+    if block is vllm_mlp:
+        assert "all_gather_1: vllm.all_gather along dim 1 (only dim 0 is rewritten)" in notes(
+            result, "async_tp"
+        )
+
+
+# -- FP8 -----------------------------------------------------------------------------------
+
+
+def test_fp8_quant_after_host_norm_ops_is_fused() -> None:
+    """vLLM IR norms followed by a static FP8 quantization (FP8 checkpoints): the FP8 variant."""
+
+    def fn(x, r, w, w2, s):
+        y = vllm.all_reduce(x @ w2, group)
+        out, r = vllm_ir.fused_add_rms_norm(y, r, w, EPS)
+        q1 = (out / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        z = vllm_ir.rms_norm(vllm.all_reduce(x @ w2 * 0.5, group), w, EPS)
+        q2 = (z / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q1, q2, r
+
+    scale = torch.tensor([0.05])
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), scale, passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 2)
+    after = op_counts(result.graph_after)
+    assert after["passkit_fusion.allreduce_rmsnorm_fp8.default"] == 2
+    assert "2 with FP8 quant (div=2)" in notes(result, "allreduce_rmsnorm")
+
+
+def test_schema_check_command_names_a_missing_host(capsys) -> None:
+    from passkit_fusion.dialects.__main__ import main
+
+    assert main(["nohost"]) == 2
+    assert "nohost: not installed (known hosts: vllm, sglang)" in capsys.readouterr().out
+
+
+def test_host_norm_ops_the_kernel_computes_differently_are_rejected() -> None:
+    def fn(x, r, w, w2):
+        y = vllm.all_reduce(x @ w2, group)
+        out, r2 = vllm_ir.fused_add_rms_norm(y, r, w, EPS)  # y is read again below
+        z = vllm.all_reduce(x @ w2 * 0.5, group)
+        partial = vllm_ir.rms_norm(z, w, EPS, 32)  # variance over part of the hidden dim
+        u = vllm.all_reduce(x @ w2 * 0.25, group)
+        unweighted = vllm_ir.rms_norm(u, None, EPS)
+        return out, r2, y, partial, unweighted
+
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 0)
+    assert notes(result, "allreduce_rmsnorm") == (
+        "3 candidate(s) rejected: all-reduce result is also used outside the residual add; "
+        "RMSNorm over part of the hidden dim (variance_size); RMSNorm without a weight"
+    )
+
+
+def test_another_host_version_is_named_and_matched_by_schema(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.34.1"))
+    with fake_world(2) as world:
+        result = run_passes(vllm_native(world.group_name), *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 1)
+    assert (
+        "vllm dialect: written for vllm 0.33.0, running 0.34.1: sites matched where the ops' schemas agree"
+        in notes(result, "allreduce_rmsnorm")
+    )

@@ -290,6 +290,11 @@ def test_every_vllm_all_reduce_site_is_fused_and_the_block_equals_eager(block_ru
         for report in result["reports"]:
             fusion = _records(report)["allreduce_rmsnorm"]
             assert fusion["status"] == "ran", fusion
+            # the adapter says which fusion handles the sites: vLLM's own is off here
+            assert (
+                "vLLM's fuse_allreduce_rms is off: passkit's allreduce_rmsnorm is the pass fusing"
+                in (report["notes"][0])
+            ), report["notes"]
             assert fusion["matches"] == _notes(_records(report)["vllm_site_census"])["vllm.all_reduce"]
             matched += fusion["matches"]
         assert matched == SITES_PER_GRAPH * len(RANGES)
@@ -309,6 +314,23 @@ def test_a_third_party_pass_runs_inside_vllm_and_dumps_work_there(block_run):
         assert len(diffs) == len(RANGES), diffs
         assert "neg" in diffs[0].read_text()
         assert len(list(folder.glob("graph_*/report.json"))) == len(RANGES)
+
+
+@pytest.mark.slow
+def test_sequence_parallel_runs_only_in_vllm_compiles_of_multiples_of_the_world_size(tmp_path):
+    """vLLM's ranges hold every token count, so a pass constrained to multiples of 2 runs only
+    in its single-size compiles (``compile_sizes``: size 4 here) and is skipped, with why,
+    in the ranges; where it runs, every site is rewritten and the block still equals eager."""
+    passes = ["vllm_site_census", {"name": "sequence_parallel", "min_tokens": 1}]
+    for result in _run_block(tmp_path, {"passes": passes}):
+        for report, vllm_range in zip(result["reports"], RANGES, strict=True):
+            sp = _records(report)["sequence_parallel"]
+            if vllm_range == "(4, 4)":
+                assert (sp["status"], sp["matches"]) == ("ran", SITES_PER_GRAPH), sp
+            else:
+                assert sp["status"] == "skipped", sp
+                assert "multiples of 2; this compile serves tokens" in sp["reason"], sp
+        assert all(d < 1e-5 for d in result["diffs"].values()), result["diffs"]
 
 
 def test_vllm_dialect_schemas_match_the_real_ops():
@@ -440,3 +462,23 @@ def test_importing_passkit_hosts_vllm_does_not_import_vllm():
 
     code = "import sys, passkit, passkit.hosts.vllm; assert 'vllm' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_config_files_and_the_cli_work_the_same_in_vllms_environment(clean_env):
+    import json
+    import subprocess
+    import sys
+
+    clean_env.joinpath("passkit.toml").write_text(
+        'passes = ["cleanup", {name = "fuse_addcmul", min_numel = 8}]\n'
+    )
+    custom_pass = passkit.hosts.vllm.post_grad_pass()  # no arguments: passkit.toml decides
+    assert custom_pass.pipeline.names() == ["cleanup", "fuse_addcmul"]
+    assert custom_pass.pipeline.passes[1].options.min_numel == 8
+    cli = [sys.executable, "-m", "passkit.cli"]
+    subprocess.run([*cli, "check", "passkit.toml"], check=True, cwd=clean_env, capture_output=True)
+    listed = subprocess.run(
+        [*cli, "list", "--json"], check=True, cwd=clean_env, capture_output=True, text=True
+    )
+    names = {p["name"] for p in json.loads(listed.stdout)["passes"]}
+    assert {"cleanup", "fold_double_neg", "allreduce_rmsnorm", "sequence_parallel"} <= names

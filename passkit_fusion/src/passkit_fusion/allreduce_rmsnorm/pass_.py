@@ -120,6 +120,7 @@ class AllReduceRMSNorm(GraphPass):
         return "reference" if self.options.implementation == "reference" else "flashinfer"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
         position = {node: float(i) for i, node in enumerate(gm.graph.nodes)}
         sites: list[Site] = []
         rejected: list[Rejection] = []
@@ -141,7 +142,7 @@ class AllReduceRMSNorm(GraphPass):
             from ..patterns.marks import taken_note
 
             notes = [taken_note(gm.graph) or notes[0]]
-        if host := host_fusion_note(gm.graph):
+        if host:
             notes.append(host)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
 

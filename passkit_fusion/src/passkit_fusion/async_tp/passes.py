@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from . import ops, runtime, torch_api
+from . import host, ops, runtime, torch_api
 
 _ADVICE = "set implementation='test_mode' to rewrite graphs without running the fused ops"
 _C10D = "_c10d_functional"
@@ -75,11 +75,21 @@ class AsyncTP(GraphPass):
     name = "async_tp"
     stage = Stage.POST
     after = ("sequence_parallel",)
+    depends_on = ("sequence_parallel",)
+    """With sequence_parallel enabled, its all-gathers and reduce-scatters are what this
+    pass fuses: it runs only in sequence_parallel's token ranges (no compile for odd counts
+    where it would find nothing); enabled alone, it fuses the collectives the model has."""
     Options = AsyncTPOptions
     requires = Requirements(min_world_size=2)
-    source_files = (ops.__file__, runtime.__file__, torch_api.__file__)
+    source_files = (ops.__file__, runtime.__file__, torch_api.__file__, host.__file__)
 
     options: AsyncTPOptions
+
+    def identity(self) -> dict[str, Any]:
+        """The pass's identity plus the dialects it reads graphs with (third parties' too)."""
+        from .. import dialects
+
+        return {**super().identity(), "dialects": [d.identity() for d in dialects.registered()]}
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
         """``min_tokens..max_tokens`` unless ``restrict_tokens`` is off."""
@@ -105,6 +115,7 @@ class AsyncTP(GraphPass):
         graph = gm.graph
         test = self.options.implementation == "test_mode"
         _views_around_matmuls_to_reshapes(graph)
+        hosts = host.to_torch(graph)
         found = _candidates(graph)
         groups = sorted({c.group for c in found} | _collective_groups(graph))
         if not test:
@@ -119,11 +130,12 @@ class AsyncTP(GraphPass):
         left = [c for c in found if c.node in alive]
         for c in left:
             c.why_not = _why_left(c)
+        host.settle(graph, hosts)  # the host's ops back where torch fused nothing
         wrapped = self._retarget(graph, ag_op, rs_op)
         if ctx.mode == "eager":
             _drop_layout_hints(graph)
         _fill_meta(graph)
-        notes = _summarize(fused, left, preexisting, wrapped, groups, self.options)
+        notes = _summarize(fused, left, preexisting, wrapped, groups, self.options) + host.notes(hosts)
         return PassResult(modified=wrapped > 0, matches=len(fused), notes=notes)
 
     def _retarget(self, graph: fx.Graph, ag_op: Any, rs_op: Any) -> int:

@@ -41,8 +41,6 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 
-from ..patterns.graph import Mismatch
-
 __all__ = [
     "AllReduce",
     "Collective",
@@ -54,12 +52,32 @@ __all__ = [
     "node_op",
     "op_name",
     "registered_schema",
+    "sole_user",
+    "val",
 ]
 
 
-class Declined(Mismatch):
+class Declined(Exception):
     """A dialect will not read a node (a schema that differs from the one it knows, an
-    argument it does not understand); the message is the report's reason."""
+    argument it does not understand, a norm the fused kernels compute differently); the
+    message is the report's reason. (Dialects sit below :mod:`passkit_fusion.patterns`,
+    whose matchers turn it into a rejection.)"""
+
+
+def val(node: fx.Node) -> torch.Tensor:
+    """The tensor (fake) value ``node`` carries; :class:`Declined` when it has none."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        raise Declined(f"{node.name} has no tensor metadata")
+    return value
+
+
+def sole_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def dtype_str(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +228,10 @@ class Dialect:
     SCHEMAS: ClassVar[dict[str, str]] = {}
     """``{"ns::op": str(torch.ops.ns.op.default._schema)}`` for every op the dialect reads,
     exactly as the host registers it."""
+    PACKAGE: ClassVar[str | None] = None
+    """The host's importable package (``"vllm"``), for :meth:`version_note`."""
+    VERSIONS: ClassVar[tuple[str, ...]] = ()
+    """The host versions whose schemas :attr:`SCHEMAS` holds."""
     ALL_REDUCE_OPS: ClassVar[tuple[str, ...]] = ()
     """The ops :meth:`all_reduces` reads (rejected all at once when the dialect declines)."""
     HOST_FUSIONS: ClassVar[dict[str, str]] = {}
@@ -226,10 +248,11 @@ class Dialect:
         whose registered schema differs from the expected one."""
         problems: dict[str, str] = {}
         for node in graph.nodes:
-            op, qualified, _ = node_op(node)
+            _, qualified, _ = node_op(node)
             if qualified is None or qualified not in self.SCHEMAS or qualified in problems:
                 continue
-            found = str(op._schema) if hasattr(op, "_schema") else registered_schema(qualified)
+            found = registered_schema(qualified)  # the default overload's (vLLM IR's
+            # maybe_inplace overload shares its signature under another name)
             expected = self.SCHEMAS[qualified]
             if found != expected:
                 problems[qualified] = (
@@ -246,8 +269,8 @@ class Dialect:
 
     def match_norm(self, total: fx.Node) -> HostNorm | None:
         """The host's RMSNorm op reading ``total`` (the sum, or sum + residual), or None.
-        Raises :class:`~passkit_fusion.patterns.graph.Mismatch` for a norm op the fused
-        kernels would compute differently (no weight, a partial variance)."""
+        Raises :class:`Declined` for a norm op the fused kernels would compute differently
+        (no weight, a partial variance)."""
         return None
 
     def collectives(self, graph: fx.Graph) -> Iterator[Collective | tuple[fx.Node, str]]:
@@ -279,6 +302,21 @@ class Dialect:
                 label = f"{self.HOST_FUSIONS[qualified]} ({qualified})"
                 found[label] = found.get(label, 0) + 1
         return found
+
+    def version_note(self) -> str | None:
+        """A note when the running host (already imported: never imported here) is another
+        version than :attr:`VERSIONS`: matching goes on wherever the schemas still agree
+        (best effort; a changed schema declines)."""
+        import sys
+
+        module = sys.modules.get(self.PACKAGE) if self.PACKAGE else None
+        found = getattr(module, "__version__", None)
+        if not self.VERSIONS or not isinstance(found, str) or found in self.VERSIONS:
+            return None
+        return (
+            f"{self.name} dialect: written for {self.PACKAGE} {', '.join(self.VERSIONS)}, running "
+            f"{found}: sites matched where the ops' schemas agree"
+        )
 
     def ops_in(self, graph: fx.Graph, names: Iterable[str]) -> Iterator[tuple[fx.Node, Any, bool]]:
         """``(node, op, functionalized)`` for the graph's calls of the ops ``names``."""

@@ -41,6 +41,8 @@ class SGLangDialect(Dialect):
     name = "sglang"
     host = "SGLang 0.5.23"
     NAMESPACES = ("sglang",)
+    PACKAGE = "sglang"
+    VERSIONS = ("0.5.23",)
     ALL_REDUCE_OPS = (_OUTPLACE, _INPLACE, _FLASHINFER)
     SCHEMAS: ClassVar[dict[str, str]] = {
         _OUTPLACE: "sglang::outplace_all_reduce(Tensor tensor, str group_name, str outplace_all_reduce_method) -> Tensor",

@@ -15,8 +15,7 @@ from typing import ClassVar
 import torch
 import torch.fx as fx
 
-from ..patterns.graph import same_shape, sole_user, val
-from .base import AllReduce, Dialect
+from .base import AllReduce, Dialect, sole_user, val
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -60,5 +59,9 @@ def _in_place_copy(wait: fx.Node) -> fx.Node | None:
     copy = sole_user(wait)
     if copy is None or copy.target is not aten.copy.default or copy.args[1] is not wait:
         return None
-    same = val(copy).dtype == val(wait).dtype and same_shape(val(copy).shape, val(wait).shape)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    a, b = val(copy), val(wait)
+    same = a.dtype == b.dtype and a.dim() == b.dim()
+    same = same and all(statically_known_true(x == y) for x, y in zip(a.shape, b.shape))
     return copy if same else None

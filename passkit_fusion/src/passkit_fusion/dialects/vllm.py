@@ -28,8 +28,7 @@ from typing import Any, ClassVar
 import torch.distributed as dist
 import torch.fx as fx
 
-from ..patterns.graph import Mismatch, dtype_str, val
-from .base import AllReduce, Collective, Dialect, HostNorm, arg, node_op
+from .base import AllReduce, Collective, Declined, Dialect, HostNorm, arg, dtype_str, node_op, val
 
 _ALL_REDUCE = "vllm::all_reduce"
 _ALL_GATHER = "vllm::all_gather"
@@ -44,6 +43,8 @@ class VllmDialect(Dialect):
     name = "vllm"
     host = "vLLM 0.33.0"
     NAMESPACES = ("vllm", "vllm_ir")
+    PACKAGE = "vllm"
+    VERSIONS = ("0.33.0",)
     ALL_REDUCE_OPS = (_ALL_REDUCE,)
     SCHEMAS: ClassVar[dict[str, str]] = {
         _ALL_REDUCE: "vllm::all_reduce(Tensor tensor, str group_name) -> Tensor",
@@ -94,14 +95,16 @@ class VllmDialect(Dialect):
                 a, b = arg(user, 0, "x"), arg(user, 1, "x_residual")
                 if total not in (a, b) or a is b:
                     continue
+                if len(total.users) != 1:  # the op outputs the sum with the residual only
+                    raise Declined("all-reduce result is also used outside the residual add")
                 weight, eps = self._weight_eps(user, 2, 3, 4, total)
                 outs = {u.args[1]: u for u in user.users if u.target is operator.getitem}
                 if len(outs) != len(user.users) or 0 not in outs:
-                    raise Mismatch("vllm_ir.fused_add_rms_norm's outputs are not read through getitem")
+                    raise Declined("vllm_ir.fused_add_rms_norm's outputs are not read through getitem")
                 x_arg = 0 if a is total else 1
                 residual = b if a is total else a
                 if val(residual).dtype != val(total).dtype:
-                    raise Mismatch(
+                    raise Declined(
                         f"residual is {dtype_str(val(residual).dtype)} but the all-reduce is {dtype_str(val(total).dtype)}"
                     )
                 nodes = (user, *outs.values())
@@ -115,13 +118,13 @@ class VllmDialect(Dialect):
     def _weight_eps(node: fx.Node, w: int, e: int, v: int, total: fx.Node) -> tuple[fx.Node, float]:
         weight, eps = arg(node, w, "weight"), arg(node, e, "epsilon")
         if arg(node, v, "variance_size") is not None:
-            raise Mismatch("RMSNorm over part of the hidden dim (variance_size)")
+            raise Declined("RMSNorm over part of the hidden dim (variance_size)")
         if not isinstance(weight, fx.Node):
-            raise Mismatch("RMSNorm without a weight")
+            raise Declined("RMSNorm without a weight")
         if not isinstance(eps, (int, float)):
-            raise Mismatch("the norm's epsilon is not a constant")
+            raise Declined("the norm's epsilon is not a constant")
         if val(weight).dtype != val(total).dtype:
-            raise Mismatch(
+            raise Declined(
                 f"norm weight is {dtype_str(val(weight).dtype)} but activations are {dtype_str(val(total).dtype)} "
                 "(the kernel reads the weight in the activation dtype)"
             )

@@ -148,7 +148,7 @@ def candidates(
                 continue
             try:
                 yield match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8)
-            except Mismatch as exc:
+            except (Mismatch, Declined) as exc:
                 yield Rejection(found.anchor, str(exc))
 
 
@@ -165,14 +165,22 @@ def find_sites(
 
 
 def host_fusion_note(graph: fx.Graph, dialects: Sequence[Dialect] | None = None) -> str | None:
-    """``"host already fused N site(s): vLLM's fuse_allreduce_rms (...)"``, or None."""
+    """``"host already fused: N site(s) by vLLM's fuse_allreduce_rms (...)"`` and, for a host
+    of another version than its dialect's, a line saying so; None when neither applies."""
     found: dict[str, int] = {}
+    versions: list[str] = []
     for dialect in _present(graph, dialects):
         for label, n in dialect.host_fusions(graph).items():
             found[label] = found.get(label, 0) + n
-    if not found:
-        return None
-    return "host already fused: " + ", ".join(f"{n} site(s) by {label}" for label, n in found.items())
+        if note := dialect.version_note():
+            versions.append(note)
+    lines = versions
+    if found:
+        lines = [
+            "host already fused: " + ", ".join(f"{n} site(s) by {label}" for label, n in found.items()),
+            *lines,
+        ]
+    return "; ".join(lines) if lines else None
 
 
 def _present(graph: fx.Graph, dialects: Sequence[Dialect] | None) -> list[Dialect]:
@@ -218,10 +226,7 @@ def match_site(ar: AllReduce, dialect: Dialect, *, kernel_limits: bool = True, f
         norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
     _check_residual(result, residual, shape)
     hidden = _check_supported(dtype, shape, kernel_limits)
-    try:
-        group_name = dialect.torch_group_name(ar.group)
-    except Declined as exc:
-        raise Mismatch(str(exc)) from None
+    group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
     world_size = _world_size(group_name, kernel_limits)
     # the all-reduce, then the residual add (in fp32: the upcasts, the add, the rounding);
     # a host's fused add+norm op adds the residual itself (its nodes are the norm's)

@@ -63,6 +63,9 @@ class SequenceParallel(GraphPass):
     name = NAME
     stage = Stage.POST
     before = ("async_tp",)
+    shares_sites_with = ("allreduce_rmsnorm",)
+    """The same all-reduce + add + RMSNorm sites (the same matcher): where both apply, the
+    one configured first takes them, and the other is left out of that token range."""
     Options = SequenceParallelOptions
     requires = Requirements(min_world_size=2)
     source_files = (sites_patterns.__file__, rewrite.__file__, ops.__file__, marks.__file__)
@@ -102,6 +105,7 @@ class SequenceParallel(GraphPass):
         return None
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
         sites, rejected = find_sites(gm.graph, kernel_limits=False)
         symbol = rewrite.token_symbol(gm.graph)
         taken: list[Site] = []
@@ -122,7 +126,7 @@ class SequenceParallel(GraphPass):
         if not taken and not rejected:
             fused = len(gm.graph.find_nodes(op="call_function", target=_fused_op()))
             notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
-        if host := host_fusion_note(gm.graph):
+        if host:
             notes.append(host)
         return PassResult(modified=bool(taken), matches=len(taken), notes=notes)
 
