@@ -487,3 +487,21 @@ def test_another_host_version_is_named_and_matched_by_schema(monkeypatch) -> Non
         "vllm dialect: written for vllm 0.33.0, running 0.34.1: sites matched where the ops' schemas agree"
         in notes(result, "allreduce_rmsnorm")
     )
+
+
+def test_torch_all_reduce_then_vllm_ir_norms() -> None:
+    """vLLM on CPU: its all-reduce traces as torch's functional one, its norms as vLLM IR."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        y = funcol.all_reduce(x @ w2, "sum", group)
+        out, r = vllm_ir.fused_add_rms_norm(y, r, w, EPS)
+        return vllm_ir.rms_norm(funcol.all_reduce(out @ w2, "sum", group), w, EPS), r
+
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+        sp = run_passes(fn, *inputs(), passes=[SP])
+    result.assert_matches("allreduce_rmsnorm", 2)
+    sp.assert_matches("sequence_parallel", 2)
+    assert op_counts(result.graph_after).get("vllm_ir.fused_add_rms_norm.default", 0) == 0

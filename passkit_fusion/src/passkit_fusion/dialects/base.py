@@ -115,12 +115,8 @@ class HostNorm:
     nodes: tuple[fx.Node, ...]
     """The op and its output nodes, replaced with the site."""
     residual: fx.Node | None = None
+    """``fused_add``: the residual the op adds to the sum."""
     total: fx.Node | None = None
-    x_arg: int = 0
-    """``fused_add``: the argument position of the sum (the residual is the other one)."""
-    residual_arg: int = 1
-    out_index: int = 0
-    total_index: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -101,7 +101,6 @@ class VllmDialect(Dialect):
                 outs = {u.args[1]: u for u in user.users if u.target is operator.getitem}
                 if len(outs) != len(user.users) or 0 not in outs:
                     raise Declined("vllm_ir.fused_add_rms_norm's outputs are not read through getitem")
-                x_arg = 0 if a is total else 1
                 residual = b if a is total else a
                 if val(residual).dtype != val(total).dtype:
                     raise Declined(
@@ -110,7 +109,7 @@ class VllmDialect(Dialect):
                 nodes = (user, *outs.values())
                 return HostNorm(
                     "fused_add", user, weight, eps, 0.0, outs[0], nodes,
-                    residual=residual, total=outs.get(1), x_arg=x_arg, residual_arg=1 - x_arg,
+                    residual=residual, total=outs.get(1),
                 )  # fmt: skip
         return None
 

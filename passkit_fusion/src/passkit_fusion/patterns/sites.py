@@ -135,7 +135,8 @@ def candidates(
     disjoint, and a later site sees the earlier one's outputs where it used its nodes,
     e.g. as its residual). ``dialects``: default every registered one.
     ``kernel_limits``, ``fp8``: see :func:`match_site`."""
-    for dialect in _present(graph, dialects):
+    present = _present(graph, dialects)
+    for dialect in present:
         problems = dialect.schema_problems(graph)
         if problems:  # never read arguments at positions the op may no longer have
             reason = "; ".join(problems.values())
@@ -147,7 +148,7 @@ def candidates(
                 yield Rejection(*found)
                 continue
             try:
-                yield match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8)
+                yield match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present)
             except (Mismatch, Declined) as exc:
                 yield Rejection(found.anchor, str(exc))
 
@@ -199,15 +200,26 @@ def _namespace(node: fx.Node) -> str | None:
     return qualified.partition("::")[0] if qualified else None
 
 
-def match_site(ar: AllReduce, dialect: Dialect, *, kernel_limits: bool = True, fp8: bool = False) -> Site:
+def match_site(
+    ar: AllReduce,
+    dialect: Dialect,
+    *,
+    kernel_limits: bool = True,
+    fp8: bool = False,
+    norms: Sequence[Dialect] = (),
+) -> Site:
     """The site starting at the all-reduce ``ar`` (read by ``dialect``); raises
-    :class:`Mismatch` with the reason if none.
+    :class:`Mismatch` (or :class:`~passkit_fusion.dialects.Declined`) with the reason if none.
+
+    ``norms``: the dialects whose norm ops may follow the all-reduce besides ``dialect``'s
+    (vLLM on CPU: torch's all-reduce, vLLM IR's norms).
 
     ``kernel_limits=False`` drops the fused kernel's own limits (hidden size, world sizes
     2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``).
     ``fp8=True`` also matches a static FP8 quantization of the norm output."""
     result = ar.result
-    host_norm = dialect.match_norm(result)
+    readers = [dialect, *(d for d in norms if d is not dialect)]
+    host_norm = _host_norm(result, readers)
     residual: fx.Node | None = None
     rest: tuple[fx.Node, ...] = ()
     if host_norm is not None and host_norm.kind == "fused_add":
@@ -216,7 +228,7 @@ def match_site(ar: AllReduce, dialect: Dialect, *, kernel_limits: bool = True, f
         total = result
     else:
         total, residual, rest = _residual_add(result)
-        host_norm = dialect.match_norm(total) if residual is not None and not rest else None
+        host_norm = _host_norm(total, readers) if residual is not None and not rest else None
     dtype, shape = val(result).dtype, val(result).shape
     if host_norm is not None:
         norm = RMSNorm(host_norm.weight, host_norm.weight_bias, host_norm.eps, host_norm.out, host_norm.nodes)
@@ -264,6 +276,14 @@ def match_site(ar: AllReduce, dialect: Dialect, *, kernel_limits: bool = True, f
         host_group=ar.group,
         host_norm=host_norm,
     )
+
+
+def _host_norm(total: fx.Node, dialects: Sequence[Dialect]) -> HostNorm | None:
+    for dialect in dialects:
+        found = dialect.match_norm(total)
+        if found is not None:
+            return found
+    return None
 
 
 # ---------------------------------------------------------------------------------------
