@@ -22,7 +22,9 @@ What runs on this CPU machine, and what does not:
   ``GroupCoordinator.all_reduce`` sends CPU tensors down its ``input_.is_cpu`` branch
   (``torch.distributed.all_reduce``, traced as torch's functional all-reduce) before any
   setting is read, so no switch makes a CPU run emit ``sglang.outplace_all_reduce``;
-  :func:`_device_path` runs the branch SGLang takes under ``torch.compile`` on a GPU.
+  :func:`_device_path` runs the branch SGLang takes under ``torch.compile`` on a GPU, and
+  registers SGLang's own Python implementation of ``sglang::outplace_all_reduce`` for CPU
+  tensors (SGLang registers it for the platform's device only, CUDA in this wheel).
 * Not run: CUDA-graph capture and replay, SGLang's GPU kernels, flashinfer (passkit's
   ``allreduce_rmsnorm`` runs its reference implementation), per-shape compiles (SGLang
   0.5.23's ``CUDAPiecewiseBackend`` has an empty ``compile_sizes``: every piece compiles once,
