@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 import time
@@ -298,14 +299,15 @@ def _max_error(got: Any, want: Any) -> float:
     return max(float((a - b).abs().max()) for a, b in zip(got, want))
 
 
-def _world(rank: int, world_size: int, passes: str) -> dict[str, Any]:
+def _world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
     _cpu_stand_ins()
     start = time.perf_counter()
     tp = _sglang_groups(rank, world_size)
     out: dict[str, Any] = {"setup_s": time.perf_counter() - start}
 
-    # -- the plugin door: SGLang's loader finds passkit's entry point, config from the env
-    os.environ["PASSKIT_PASSES"] = passes
+    # -- the plugin door: SGLang's loader finds passkit's entry point; the config is a
+    # passkit.toml in the working directory (plus PASSKIT_DUMP_DIR from the environment)
+    os.chdir(config_dir)
     dumps = tempfile.mkdtemp(prefix=f"passkit-sglang-dumps-{rank}-")
     os.environ["PASSKIT_DUMP_DIR"] = dumps
     logged: list[str] = []  # TORCH_LOGS=passkit (the world's env) sets the logger's level
@@ -398,21 +400,25 @@ def _world(rank: int, world_size: int, passes: str) -> dict[str, Any]:
 # the world, once per module
 
 
-def _passes() -> str:
-    passes = ["sglang_probe", "fuse_addcmul"]
+def _config() -> str:
+    """passkit.toml of the world: the test's probe, the example plugin's pass and (with the
+    dialects) passkit-fusion's allreduce_rmsnorm with its reference implementation."""
+    passes = ['"sglang_probe"', '"fuse_addcmul"']
     if HAVE_DIALECTS:
-        passes.append("allreduce_rmsnorm:implementation=reference")
-    return ",".join(passes)
+        passes.append('{name = "allreduce_rmsnorm", implementation = "reference"}')
+    return f"passes = [{', '.join(passes)}]\n"
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     cache = tmp_path_factory.mktemp("sglang-cache")
+    config_dir = tmp_path_factory.mktemp("sglang-config")
+    (config_dir / "passkit.toml").write_text(_config())
     start = time.perf_counter()
     results = gloo_world(
         _world,
         WORLD,
-        args=(_passes(),),
+        args=(str(config_dir),),
         timeout=1200,
         env={
             "SGLANG_CACHE_DIR": str(cache),
@@ -538,3 +544,17 @@ def test_sglang_dialect_schemas_match_the_real_ops():
 
     importlib.import_module("sglang.srt.distributed.parallel_state")  # registers sglang::*
     assert check_schemas(SGLangDialect) == []
+
+
+def test_config_files_and_the_cli_work_the_same_in_sglangs_environment(clean_env):
+    clean_env.joinpath("passkit.toml").write_text(
+        'passes = ["cleanup", {name = "fuse_addcmul", min_numel = 8}]\n'
+    )
+    cli = [sys.executable, "-m", "passkit.cli"]
+    subprocess.run([*cli, "check", "passkit.toml"], check=True, cwd=clean_env, capture_output=True)
+    listed = subprocess.run(
+        [*cli, "list", "--json"], check=True, cwd=clean_env, capture_output=True, text=True
+    )
+    found = json.loads(listed.stdout)
+    assert {"cleanup", "fuse_addcmul", "allreduce_rmsnorm"} <= {p["name"] for p in found["passes"]}
+    assert not found["failures"], found["failures"]
