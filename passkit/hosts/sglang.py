@@ -232,8 +232,16 @@ class SGLangAdapter:
         pipeline = self.for_shape(num_tokens)
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            from ..integration import _cache_hits
+
+            before, hits = len(pipeline.reports), _cache_hits()
             with _inductor_patch(pipeline):
-                return forward(*args, **kwargs)
+                result = forward(*args, **kwargs)
+            if len(pipeline.reports) == before and _cache_hits() > hits:
+                # compiled from Inductor's cache: no pass ran (torch.compile hides the graph,
+                # so passkit's report cache cannot say what they did when it was built)
+                pipeline.record_cache_hit("inductor")
+            return result
 
         run.__wrapped__ = forward  # type: ignore[attr-defined]
         run.passkit_pipeline = pipeline  # type: ignore[attr-defined]

@@ -126,6 +126,20 @@ def test_enable_torch_compile_forward_runs_inside_passkits_inductor_patch(pipeli
         assert not hasattr(forward, "passkit_pipeline")  # not installed: untouched
 
 
+def test_an_enable_torch_compile_cache_hit_gets_a_report(pipeline_of):
+    from torch._dynamo.utils import counters
+
+    adapter = host.SGLangAdapter(pipeline_of("everywhere"), "0.5.23")
+
+    def served_from_cache():
+        counters["inductor"]["fxgraph_cache_hit"] += 1
+
+    adapter.compiled_forward(served_from_cache, 8)()
+    adapter.compiled_forward(lambda: None, 8)()  # a call that compiles nothing: no report
+    (report,) = adapter.reports
+    assert report.cache_hit and report.token_range == "tokens 8, multiples of 8"
+
+
 @pytest.mark.skipif(not NO_SGLANG, reason="SGLang is installed here")
 def test_the_entry_point_with_passes_but_no_sglang_fails_clearly(clean_env, monkeypatch, caplog):
     monkeypatch.setenv("PASSKIT_PASSES", "cleanup")

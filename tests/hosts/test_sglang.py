@@ -25,10 +25,11 @@ What runs on this CPU machine, and what does not:
   :func:`_device_path` runs the branch SGLang takes under ``torch.compile`` on a GPU, and
   registers SGLang's own Python implementation of ``sglang::outplace_all_reduce`` for CPU
   tensors (SGLang registers it for the platform's device only, CUDA in this wheel).
+* Per-shape compiles: SGLang 0.5.23's ``CUDAPiecewiseBackend`` has an empty
+  ``compile_sizes`` (every piece compiles once, for the general shape); :func:`_compile_sizes`
+  fills it, and SGLang's own code then compiles those sizes apart (``runtime_shape=n``).
 * Not run: CUDA-graph capture and replay, SGLang's GPU kernels, flashinfer (passkit's
-  ``allreduce_rmsnorm`` runs its reference implementation), per-shape compiles (SGLang
-  0.5.23's ``CUDAPiecewiseBackend`` has an empty ``compile_sizes``: every piece compiles once,
-  for the general shape).
+  ``allreduce_rmsnorm`` runs its reference implementation).
 """
 
 from __future__ import annotations
@@ -251,10 +252,25 @@ class _ProbePlugin:
         return [SGLangProbe]
 
 
+def _compile_sizes(backend: Any, sizes: list[int]) -> None:
+    """Give each piece of ``backend`` the per-shape compiles of ``sizes``: what SGLang's
+    ``CUDAPiecewiseBackend`` does for its ``compile_sizes`` (a set SGLang 0.5.23 leaves
+    empty, so that its own runs compile the general shape only)."""
+    for piece in vars(backend.split_gm).values():
+        if hasattr(piece, "concrete_size_entries"):
+            piece.compile_sizes |= set(sizes)
+            piece.to_be_compiled_sizes |= set(sizes)
+            for n in sizes:
+                piece.concrete_size_entries[n].need_to_compile = True
+
+
 def _compile_and_run(
-    block: torch.nn.Module, inputs: list[tuple[torch.Tensor, torch.Tensor]]
+    block: torch.nn.Module,
+    inputs: list[tuple[torch.Tensor, torch.Tensor]],
+    per_shape: list[tuple[torch.Tensor, torch.Tensor]] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
-    """Compile ``block`` as SGLang's piecewise CUDA-graph runner does and run ``inputs``."""
+    """Compile ``block`` as SGLang's piecewise CUDA-graph runner does and run ``inputs``
+    (the general-shape compile); then compile the sizes of ``per_shape`` apart and run them."""
     from sglang.srt.compilation.backend import SGLangBackend
     from sglang.srt.compilation.compilation_config import CompilationConfig
     from sglang.srt.compilation.compile import install_torch_compiled
@@ -275,7 +291,9 @@ def _compile_and_run(
     start = time.perf_counter()
     with torch.no_grad(), enable_tc_piecewise_cuda_graph(), enable_torch_compile_warmup():
         outputs = [block(x.clone(), r.clone()) for x, r in inputs]
-    (backend,) = backends
+        (backend,) = backends
+        _compile_sizes(backend, [x.shape[0] for x, _ in per_shape])
+        shape_outputs = [block(x.clone(), r.clone()) for x, r in per_shape]
     keys = {
         str(index): handle[0]
         for (shape, index, _), handle in backend.compiler_manager.cache.items()
@@ -284,6 +302,7 @@ def _compile_and_run(
     manager = backend.post_grad_pass_manager
     return {
         "outputs": outputs,
+        "shape_outputs": shape_outputs,
         "seconds": time.perf_counter() - start,
         "cache_keys": keys,
         "manager_passes": [type(p).__name__ for p in manager.passes],
@@ -332,7 +351,7 @@ def _world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
         return out
 
     torch.manual_seed(1 + rank)  # inputs differ per rank (a real all-reduce), weights do not
-    inputs = [(torch.randn(n, HIDDEN), torch.randn(n, HIDDEN)) for n in (8, 16)]
+    inputs = [(torch.randn(n, HIDDEN), torch.randn(n, HIDDEN)) for n in (8, 16, 4)]
     eager = _block()
     with torch.no_grad():
         want = [eager(x.clone(), r.clone()) for x, r in inputs]
@@ -350,9 +369,10 @@ def _world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
     # -- the device path: sglang.outplace_all_reduce in the graphs, as on GPUs
     _device_path(tp)
     since = len(adapter.reports)
-    run = _compile_and_run(_block(), inputs)
+    run = _compile_and_run(_block(), inputs, per_shape=[inputs[0]])
     out["device"] = {
         "error": max(_max_error(g, w) for g, w in zip(run["outputs"], want)),
+        "shape_error": _max_error(run["shape_outputs"][0], want[0]),
         "reports": _reports(adapter, since),
         "cache_keys": run["cache_keys"],
         "manager_uuid": run["manager_uuid"],
@@ -363,9 +383,10 @@ def _world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
 
     # -- the cache key follows passkit's config (explicit API: install() swaps the pipeline)
     narrowed = host.install(passes=[{"name": "sglang_probe", "max_tokens": CAPTURE_SIZES[0]}])
-    run = _compile_and_run(_block(), inputs)
+    run = _compile_and_run(_block(), inputs, per_shape=[inputs[2], inputs[0]])
     out["narrowed"] = {
         "error": max(_max_error(g, w) for g, w in zip(run["outputs"], want)),
+        "shape_error": max(_max_error(g, w) for g, w in zip(run["shape_outputs"], [want[2], want[0]])),
         "reports": _reports(narrowed, 0),
         "cache_keys": run["cache_keys"],
     }
@@ -376,20 +397,22 @@ def _world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
     # -- --enable-torch-compile: torch.compile(max-autotune-no-cudagraphs) per batch size
     from sglang.srt.compilation import torch_compile_decoration
 
-    host.install(adapter.pipeline.config)
-    block = _block()
-    x, r = inputs[0]
+    tc = host.install(adapter.pipeline.config)
+    errors, wrapped = [], []
     start = time.perf_counter()
-    with (
-        torch.no_grad(),
-        torch_compile_decoration.patch_model(block, True, num_tokens=x.shape[0], tp_group=tp) as forward,
-    ):
-        got = forward(x.clone(), r.clone())
-        pipeline = getattr(forward, "passkit_pipeline", None)
+    for index in (1, 0):
+        block = _block()
+        x, r = inputs[index]
+        with (
+            torch.no_grad(),
+            torch_compile_decoration.patch_model(block, True, num_tokens=x.shape[0], tp_group=tp) as forward,
+        ):
+            errors.append(_max_error(forward(x.clone(), r.clone()), want[index]))
+            wrapped.append(getattr(forward, "passkit_pipeline", None) is not None)
     out["torch_compile"] = {
-        "error": _max_error(got, want[0]),
-        "wrapped": pipeline is not None,
-        "reports": [r.to_dict() for r in host.active().reports],
+        "error": max(errors),
+        "wrapped": all(wrapped),
+        "reports": _reports(tc, 0),
         "seconds": time.perf_counter() - start,
     }
     host.uninstall()
@@ -447,15 +470,20 @@ def test_the_plugin_door_enables_the_configured_passes(world):
         assert rank["cpu"]["manager_passes"] == ["SGLangPass"]
 
 
+GENERAL = f"tokens {CAPTURE_SIZES[0]}..{CAPTURE_SIZES[-1]}"
+
+
 def test_a_report_per_piecewise_compile_with_sglangs_range(world):
     for rank in world:
-        for scenario in ("cpu", "device"):
-            reports = rank[scenario]["reports"]
-            assert reports, scenario
-            for report in reports:
-                assert report["token_range"] == f"tokens {CAPTURE_SIZES[0]}..{CAPTURE_SIZES[-1]}"
-                assert "SGLang general-shape compile" in report["notes"][0]
-                assert _records(report)["sglang_probe"]["status"] == "ran"
+        assert [r["token_range"] for r in rank["cpu"]["reports"]] == [GENERAL]
+        # the device run also compiles 8 tokens apart, as for a size in SGLang's compile_sizes
+        general, shape = rank["device"]["reports"]
+        assert general["token_range"] == GENERAL
+        assert "SGLang general-shape compile" in general["notes"][0]
+        assert shape["token_range"] == "tokens 8, multiples of 8"
+        assert shape["notes"][0] == "SGLang compile for runtime shape 8"
+        for report in (*rank["cpu"]["reports"], general, shape):
+            assert _records(report)["sglang_probe"]["status"] == "ran"
 
 
 def test_logs_and_dumps_work_inside_sglang(world):
@@ -470,21 +498,23 @@ def test_numerics_equal_eager(world):
     for rank in world:
         for scenario in ("cpu", "device", "narrowed", "torch_compile"):
             assert rank[scenario]["error"] < 1e-4, (scenario, rank[scenario]["error"])
+        for scenario in ("device", "narrowed"):  # the per-shape compiles
+            assert rank[scenario]["shape_error"] < 1e-4, (scenario, rank[scenario]["shape_error"])
 
 
 def test_host_all_reduce_sites_reach_passkit(world):
     for rank in world:
-        cpu = [n for rep in rank["cpu"]["reports"] for n in _records(rep)["sglang_probe"]["notes"]]
-        device = [n for rep in rank["device"]["reports"] for n in _records(rep)["sglang_probe"]["notes"]]
-        assert sum(int(n.split("=")[1]) for n in cpu if n.startswith("_c10d_functional.all_reduce")) == 2
-        assert sum(int(n.split("=")[1]) for n in device if n.startswith("sglang.outplace_all_reduce")) == 2
+        for report in rank["cpu"]["reports"]:  # SGLang on CPU: torch's functional all-reduce
+            assert _records(report)["sglang_probe"]["notes"] == ["_c10d_functional.all_reduce=2"]
+        for report in rank["device"]["reports"]:  # SGLang's GPU branch: its own op
+            assert _records(report)["sglang_probe"]["notes"] == ["sglang.outplace_all_reduce=2"]
 
 
 def test_a_third_party_pass_runs_inside(world):
     for rank in world:
         for scenario in ("cpu", "device"):
-            matches = sum(_records(r)["fuse_addcmul"]["matches"] for r in rank[scenario]["reports"])
-            assert matches == 1, scenario
+            for report in rank[scenario]["reports"]:
+                assert _records(report)["fuse_addcmul"]["matches"] == 1, scenario
 
 
 def test_the_cache_key_changes_with_passkits_config(world):
@@ -501,34 +531,46 @@ def test_the_cache_key_changes_with_passkits_config(world):
 
 
 def test_passes_outside_sglangs_range_skip_with_the_reason(world):
+    """The probe narrowed to 1..4 tokens: SGLang's general compile (4..16) and its compile
+    for 8 tokens skip it (SGLang is told no pass applies, passkit still reports), the
+    compile for 4 tokens runs it."""
     for rank in world:
-        reports = rank["narrowed"]["reports"]
-        assert reports
-        for report in reports:
+        general, four, eight = rank["narrowed"]["reports"]
+        assert (four["token_range"], eight["token_range"]) == (
+            "tokens 4, multiples of 4",
+            "tokens 8, multiples of 8",
+        )
+        assert _records(four)["sglang_probe"]["status"] == "ran"
+        for report in (general, eight):
             record = _records(report)["sglang_probe"]
             assert record["status"] == "skipped"
-            assert "applies to tokens 1..4" in record["reason"]
-            assert f"tokens {CAPTURE_SIZES[0]}..{CAPTURE_SIZES[-1]}" in record["reason"]
+            assert f"applies to tokens 1..4; this compile serves {report['token_range']}" == record["reason"]
 
 
 def test_enable_torch_compile_path_runs_passkit_per_batch_size(world):
     for rank in world:
         tc = rank["torch_compile"]
         assert tc["wrapped"]
-        assert tc["reports"], "no passkit report from the torch.compile path"
-        for report in tc["reports"]:
-            assert report["token_range"].startswith("tokens 8")
-            assert _records(report)["fuse_addcmul"]["matches"] == 1
+        reports = tc["reports"]
+        assert [r["token_range"] for r in reports] == [
+            "tokens 16, multiples of 16",
+            "tokens 8, multiples of 8",
+        ]
+        assert reports[0]["notes"] == ["SGLang compile for runtime shape 16"]
+        for report in reports:  # 8 tokens may be served by the cache the per-shape compile filled
+            assert report["cache_hit"] or _records(report)["fuse_addcmul"]["matches"] == 1
 
 
 @pytest.mark.skipif(not HAVE_DIALECTS, reason="passkit_fusion.dialects not installed")
 def test_allreduce_rmsnorm_matches_every_sglang_all_reduce_site(world):
     for rank in world:
-        for scenario in ("cpu", "device"):
-            reports = rank[scenario]["reports"]
-            sites = sum(_records(r)["sglang_probe"]["matches"] for r in reports)
-            fused = sum(_records(r)["allreduce_rmsnorm"]["matches"] for r in reports)
-            assert sites == 2 and fused == sites, (scenario, sites, fused)
+        for scenario in ("cpu", "device", "torch_compile"):
+            for report in rank[scenario]["reports"]:
+                if report["cache_hit"]:
+                    continue
+                sites = _records(report)["sglang_probe"]["matches"]
+                fused = _records(report)["allreduce_rmsnorm"]["matches"]
+                assert sites == 2 and fused == sites, (scenario, report["token_range"], sites, fused)
         device = [n for r in rank["device"]["reports"] for n in _records(r)["allreduce_rmsnorm"]["notes"]]
         assert any("2 in the sglang dialect" in n for n in device), device
 
