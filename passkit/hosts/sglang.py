@@ -3,7 +3,7 @@
 SGLang loads every distribution in the ``sglang.srt.plugins`` entry-point group in each of
 its processes before the engine starts (``SGLANG_PLUGINS`` restricts them). passkit
 declares one, :func:`plugin`: when the passkit config (``passkit.toml``, ``[tool.passkit]``,
-``PASSKIT_PASSES``...) enables passes, it registers two hooks with SGLang's
+``PASSKIT_PASSES``...) enables passes, it registers its hooks with SGLang's
 ``HookRegistry``; with no pass enabled it registers nothing and imports nothing of SGLang's
 compile stack.
 
@@ -16,6 +16,9 @@ compile stack.
   to a passkit :class:`~passkit.TokenRange`, passes whose token constraint does not hold
   there are skipped with the reason in the report, and SGLang's ``is_applicable_for_shape``
   is answered from the constraints (:func:`applies`). passkit never splits ranges itself.
+  Around ``CompilerManager.compile`` (one piece, one shape): a compile Inductor serves from
+  its cache runs no pass, so its report is restored from passkit's report cache (SGLang's
+  ranks share one Inductor cache folder).
 * Around ``torch_compile_decoration.patch_model`` (``--enable-torch-compile``: plain
   ``torch.compile`` of the model per captured batch size, mode ``max-autotune-no-cudagraphs``,
   Inductor's global config): the compiled forward it yields runs inside an Inductor config
