@@ -76,7 +76,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/core_overhead.py", *session.posargs)
 
 
-HOSTS = {"vllm": "vllm==0.33.0"}
+HOSTS = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23"}
 """Host name -> the release ``nox -s hosts`` installs; its tests are ``tests/hosts/test_<host>.py``.
 Adding a host: one entry here, its adapter in ``passkit/hosts/`` and its test file."""
 

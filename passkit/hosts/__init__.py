@@ -1,9 +1,10 @@
 """passkit inside serving stacks ("hosts") that run their own compile pipeline.
 
-One module per host (``passkit.hosts.vllm``), loaded on first attribute access: importing
-passkit, or this package, never imports a host, and nothing here runs unless a user calls a
-host's adapter. :data:`HOSTS` says which versions of each host passkit was tested with;
-:func:`check_version` is how an adapter treats any other version.
+One module per host (``passkit.hosts.vllm``, ``passkit.hosts.sglang``), loaded on first
+attribute access: importing passkit, or this package, never imports a host, and nothing here
+runs unless a user calls a host's adapter (or a host loads passkit's entry point).
+:data:`HOSTS` says which versions of each host passkit was tested with; :func:`check_version`
+is how an adapter treats any other version.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Host:
 
 HOSTS: dict[str, Host] = {
     "vllm": Host("vllm", ("0.33",), "passkit.hosts.vllm"),
+    "sglang": Host("sglang", ("0.5",), "passkit.hosts.sglang"),
 }
 """The hosts passkit has adapters for, by name."""
 
