@@ -7,6 +7,23 @@ these without a traceback.
 
 from __future__ import annotations
 
+ECHO_LIMIT = 200
+"""The most characters of a user's value an error message repeats (see :func:`cut`)."""
+
+
+def cut(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``str(value)`` for an error message: whole when short, else its start and its length
+    (``'aaaa…' (5000 characters)``), so that no message grows with the input."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
+def cut_repr(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``repr(value)``, cut like :func:`cut`."""
+    return cut(repr(value), limit)
+
 
 class PasskitError(Exception):
     """Base class of every error passkit raises on purpose."""
@@ -18,6 +35,16 @@ class ConfigError(PasskitError, ValueError):
 
 class PluginError(PasskitError):
     """A plugin failed to load, validate or register its passes (strict mode)."""
+
+
+class PluginHookError(PluginError):
+    """A plugin's hookimpl raised at compile or CLI time, with ``strict_plugins`` or
+    ``on_error="raise"`` (otherwise it is disabled and recorded; see :mod:`passkit.hooks`).
+    The plugin's exception is the ``__cause__``."""
+
+    def __init__(self, message: str, *, plugin: str, distribution: str | None, hook: str):
+        super().__init__(message)
+        self.plugin, self.distribution, self.hook = plugin, distribution, hook
 
 
 class OrderError(ConfigError):

@@ -18,12 +18,12 @@ import json
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.fx
 
-from . import logs
+from . import hooks, logs
 from .config import Config, load_config, suggest
 from .context import CompileContext, Mode
 from .dump import Dumper
@@ -167,6 +167,16 @@ class PipelinePlan:
     def skip(self, name: str, reason: str) -> None:
         self.get(name)
         self.skipped[name] = reason
+
+    def checkpoint(self) -> Callable[[], None]:
+        """A function that puts the plan back as it is now (undoes a plugin hook that
+        changed it, then raised)."""
+        passes, skipped = list(self.passes), dict(self.skipped)
+
+        def undo() -> None:
+            self.passes, self.skipped = list(passes), dict(skipped)
+
+        return undo
 
     def set_options(self, name: str, **options: Any) -> None:
         old = self.get(name)
@@ -315,7 +325,7 @@ class Pipeline:
         report = self._report_for(gm.graph, stage, mode)
         ctx = CompileContext.from_graph(gm, mode=mode, token_range=self.current_range())
         plan = PipelinePlan([p for p in self.passes if p.stage == stage])
-        self.plugins.hook.passkit_configure_pipeline(plan=plan, context=ctx)
+        self._hook("passkit_configure_pipeline", report, None, plan.checkpoint, plan=plan, context=ctx)
         dumper = Dumper(self.config.dump_dir, report.graph_id) if self.config.dump_dir else None
         for p in plan.passes:
             record = self._run_one(p, gm, ctx, plan, report, dumper)
@@ -352,9 +362,9 @@ class Pipeline:
             record.reason = reason
             logs.log.info("passkit: %s skipped: %s", p.name, reason)
             return record
-        veto = self.plugins.hook.passkit_before_pass(pass_=p, gm=gm, context=ctx)
-        if veto:
-            record.status, record.reason = "vetoed", str(veto)
+        veto = self._hook("passkit_before_pass", report, p, None, pass_=p, gm=gm, context=ctx)
+        if veto and veto[0]:
+            record.status, record.reason = "vetoed", str(veto[0])
             return record
         graph = gm.graph
         record.nodes_before = count_nodes(graph)
@@ -381,7 +391,7 @@ class Pipeline:
         record.nodes_after = count_nodes(graph)
         if dumper:
             dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
-        self.plugins.hook.passkit_after_pass(pass_=p, gm=gm, result=result, record=record)
+        self._hook("passkit_after_pass", report, p, None, pass_=p, gm=gm, result=result, record=record)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record
 
@@ -401,7 +411,7 @@ class Pipeline:
         record.nodes_before = record.nodes_after = count_nodes(gm.graph)
         if dumper:
             record.reproducer = str(dumper.reproducer(index, p, before_code, exc))
-        self.plugins.hook.passkit_pass_failed(pass_=p, gm=gm, error=exc, record=record)
+        self._hook("passkit_pass_failed", report, p, None, pass_=p, gm=gm, error=exc, record=record)
         logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
         if self.config.on_error == "raise":
             ran = [r.name for r in report.records if r.status == "ran"]
@@ -436,11 +446,33 @@ class Pipeline:
         self._open = None
         self.reports.append(report)
         RECENT_REPORTS.append(report)
+        self._hook("passkit_report", report, None, None, report=report)  # before the dump: its failure is in it
         if dumper:
             dumper.report(report)
         logs.log.info("%s", report.format())
         logs.artifact("passkit_report", report.to_json)
-        self.plugins.hook.passkit_report(report=report)
+
+    def _hook(
+        self,
+        hook: str,
+        into: Report,
+        p: Pass | None,
+        checkpoint: Any,
+        /,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call a plugin hook for this compile, each hookimpl isolated (:mod:`passkit.hooks`):
+        one that raises is recorded on ``into`` and disabled, or raises a named error with
+        ``strict_plugins`` / ``on_error = "raise"``."""
+        return hooks.call(
+            self.plugins,
+            hook,
+            kwargs,
+            strict=self.config.strict_plugins or self.config.on_error == "raise",
+            during=f"pass {p.name!r}" if p is not None else f"the compile of graph {into.graph_id}",
+            record=into.hook_failures,
+            checkpoint=checkpoint,
+        )
 
 
 def _outside_range(p: Pass, ctx: CompileContext) -> str | None:

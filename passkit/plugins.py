@@ -4,7 +4,8 @@ Plugins come from the ``passkit.passes`` entry-point group (loaded once per proc
 from :func:`register` (in-process). Each plugin loads in isolation: an import error, a
 hookimpl that fails validation, a registration hook that raises or a duplicate pass name is
 recorded as a :class:`PluginFailure` naming the plugin's distribution and version, and the
-other plugins load (``strict_plugins`` raises instead).
+other plugins load (``strict_plugins`` raises instead). Hooks called later (at compile and
+CLI time) are isolated too, by :mod:`passkit.hooks`, through :meth:`PluginSet.call`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import hooks, hookspecs
 from .errors import PluginError
 from .pass_base import Pass
 
@@ -87,11 +88,26 @@ class PluginSet:
         self.plugins: list[PluginInfo] = []
         self.failures: list[PluginFailure] = []
         self.passes: dict[str, PassInfo] = {}
+        self.hook_failures: list[hooks.HookFailure] = []
+        """Hookimpls that raised when called (each then disabled), oldest first."""
+        self.disabled_hooks: set[tuple[str, int]] = set()
+        """``(hook name, id(plugin object))`` of the hookimpls disabled after raising."""
+        self._info: dict[int, PluginInfo] = {}
         self._strict = False
 
     @property
     def hook(self) -> Any:
+        """pluggy's hook relay (calls are not isolated: use :meth:`call`)."""
         return self.pm.hook
+
+    def call(self, hook: str, strict: bool = False, **kwargs: Any) -> list[Any]:
+        """Call ``hook`` with ``kwargs``, each plugin's hookimpl in isolation (see
+        :func:`passkit.hooks.call`); returns the non-``None`` results."""
+        return hooks.call(self, hook, kwargs, strict=strict)
+
+    def info_of(self, plugin: object) -> PluginInfo | None:
+        """The :class:`PluginInfo` a registered plugin object was added with."""
+        return self._info.get(id(plugin))
 
     # -- loading ---------------------------------------------------------------------
     def _fail(self, failure: PluginFailure) -> None:
@@ -104,6 +120,7 @@ class PluginSet:
         try:
             self.pm.register(plugin, name=info.name)
             self.pm.check_pending()
+            _reject_wrappers(self.pm, plugin)
         except Exception as exc:  # pluggy.PluginValidationError and friends
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
@@ -132,6 +149,7 @@ class PluginSet:
                 continue
             self.passes[cls.name] = PassInfo(cls, info)
         self.plugins.append(info)
+        self._info[id(plugin)] = info
         return True
 
     @staticmethod
@@ -172,6 +190,18 @@ class PluginSet:
                 continue
             self.add(plugin, info)
         self._strict = False
+
+
+def _reject_wrappers(pm: pluggy.PluginManager, plugin: object) -> None:
+    """passkit calls each hookimpl on its own (to isolate it), so hook wrappers, which wrap
+    the others, are not supported."""
+    for caller in pm.get_hookcallers(plugin) or []:
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.hookwrapper or getattr(impl, "wrapper", False)):
+                raise TypeError(
+                    f"hookimpl {caller.name} is a hook wrapper; passkit hooks do not support "
+                    f"wrapper=True / hookwrapper=True"
+                )
 
 
 def _check_pass_list(result: Any) -> list[type[Pass]]:
