@@ -311,7 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     if args.command not in handlers:  # its plugin's passkit_cli_commands raised midway
-        print(f"passkit {args.command}: error: the plugin adding this command failed (see above)", file=sys.stderr)
+        print(
+            f"passkit {args.command}: error: the plugin adding this command failed (see above)",
+            file=sys.stderr,
+        )
         return 2
     try:
         return int(handlers[args.command](args) or 0)

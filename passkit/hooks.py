@@ -45,7 +45,7 @@ class HookFailure:
     """``ExceptionType: message`` (a long message is cut)."""
     during: str | None = None
     """What passkit was doing (``"pass 'cleanup'"``, ``"compile of graph 3"``), if known."""
-    detail: str = ""
+    detail: str = dataclasses.field(default="", compare=False, repr=False)
     """The last frames of the traceback (in ``passkit list --json`` and logs, not reports)."""
 
     @property
@@ -131,7 +131,9 @@ def _during(during: str | None) -> str:
     return f" during {during}" if during else ""
 
 
-def _failure(plugins: PluginSet, hook: str, plugin: object, exc: BaseException, during: str | None) -> HookFailure:
+def _failure(
+    plugins: PluginSet, hook: str, plugin: object, exc: BaseException, during: str | None
+) -> HookFailure:
     info = plugins.info_of(plugin)
     return HookFailure(
         hook=hook,

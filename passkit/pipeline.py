@@ -446,7 +446,9 @@ class Pipeline:
         self._open = None
         self.reports.append(report)
         RECENT_REPORTS.append(report)
-        self._hook("passkit_report", report, None, None, report=report)  # before the dump: its failure is in it
+        self._hook(
+            "passkit_report", report, None, None, report=report
+        )  # before the dump: its failure is in it
         if dumper:
             dumper.report(report)
         logs.log.info("%s", report.format())
