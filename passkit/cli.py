@@ -17,6 +17,7 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -191,11 +192,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _working_directory_importable() -> None:
+    """Put the working directory first on ``sys.path``, as ``python -m``, pytest and
+    uvicorn do (the ``passkit`` script's own folder is there instead)."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """Resolve ``module:function``; the function returns ``(model_or_fn, example_args)``."""
     if ":" not in target:
         raise PasskitError(f"target {target!r} must look like 'package.module:function'")
     mod_name, _, attr = target.partition(":")
+    _working_directory_importable()
     try:
         module = importlib.import_module(mod_name)
     except ImportError as exc:

@@ -25,8 +25,19 @@ def cut_repr(value: object, limit: int = ECHO_LIMIT) -> str:
     return cut(repr(value), limit)
 
 
+MESSAGE_LIMIT = 2000
+"""The longest message a :class:`PasskitError` carries; longer ones are cut (a safety net:
+the messages cut the values they echo, see :func:`cut`)."""
+
+
 class PasskitError(Exception):
     """Base class of every error passkit raises on purpose."""
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MESSAGE_LIMIT:
+            message = args[0]
+            args = (f"{message[: MESSAGE_LIMIT - 60]}… (message cut: {len(message)} characters)",)
+        super().__init__(*args)
 
 
 class ConfigError(PasskitError, ValueError):

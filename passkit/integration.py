@@ -15,6 +15,7 @@ Inductor's global config is never changed: the pipeline goes in through ``compil
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, cast
@@ -25,6 +26,7 @@ import torch.fx
 from . import logs, report_cache, specialize
 from .config import Config
 from .context import Mode
+from .errors import PasskitError
 from .pass_base import Stage
 from .pipeline import Pipeline, _register_custom_pass_type, build_pipeline
 from .report import Report
@@ -180,7 +182,12 @@ def passkit_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     """The named backend ``"passkit"``: config from ``passkit.toml``/pyproject/environment,
     resolved once per process at the first compile."""
     with _default_lock:
-        b = _default_backend()
+        try:
+            b = _default_backend()
+        except PasskitError as exc:  # a bad config: name it, not 40 lines of Dynamo
+            from .dynamo_errors import surface
+
+            surface(exc, inspect.currentframe(), "backend 'passkit' cannot start")
     return b(gm, example_inputs)
 
 

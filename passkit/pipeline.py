@@ -27,7 +27,7 @@ from . import hooks, logs
 from .config import Config, load_config, suggest
 from .context import CompileContext, Mode
 from .dump import Dumper
-from .errors import ConfigError, OrderError, PassFailedError
+from .errors import ConfigError, OrderError, PassFailedError, cut_repr
 from .graph_utils import count_nodes, graph_code, restore, snapshot
 from .pass_base import Pass, PassResult, Stage, validate_options
 from .plugins import PluginSet, get_plugins
@@ -71,7 +71,7 @@ def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
 
 def unknown_pass_message(name: str, plugins: PluginSet) -> str:
     installed = sorted(plugins.passes)
-    msg = f"unknown pass {name!r} in passes{suggest(name, installed)}. "
+    msg = f"unknown pass {cut_repr(name)} in passes{suggest(name, installed)}. "
     msg += f"Installed passes: {', '.join(installed) or '(none)'}."
     if plugins.failures:
         msg += " Plugins that failed to load (see `passkit list`): "

@@ -112,8 +112,11 @@ class AsyncTP(GraphPass):
                 torch_api.enable_group(group)
         ag_op, rs_op = torch_api.fused_ops()
         preexisting = _count(graph, (ag_op, rs_op))
-        with torch_api.forced_matching() if test else contextlib.nullcontext():
-            torch_api.run_torch_pass(graph)
+        if found or not torch_api.has_matchers():
+            # with no candidate torch's pass only logs "async TP found no matching
+            # all-gather/reduce-scatter patterns" (once per rank); our note says it per graph
+            with torch_api.forced_matching() if test else contextlib.nullcontext():
+                torch_api.run_torch_pass(graph)
         alive = set(graph.nodes)
         fused = [c for c in found if c.node not in alive]
         left = [c for c in found if c.node in alive]
