@@ -29,9 +29,11 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..collective import spans_hosts
 from . import ops, runtime, torch_api
 
 _ADVICE = "set implementation='test_mode' to rewrite graphs without running the fused ops"
+_SYMM_MEM = "symmetric memory (async_tp)"
 _C10D = "_c10d_functional"
 
 
@@ -104,6 +106,9 @@ class AsyncTP(GraphPass):
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         graph = gm.graph
         test = self.options.implementation == "test_mode"
+        across = [r for g in sorted(_collective_groups(graph)) if (r := spans_hosts(g, _SYMM_MEM))]
+        if across:  # decided from the hosts the group's ranks exchanged: the same on every rank
+            return PassResult.unchanged("; ".join(across))
         _views_around_matmuls_to_reshapes(graph)
         found = _candidates(graph)
         groups = sorted({c.group for c in found} | _collective_groups(graph))
