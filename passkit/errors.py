@@ -20,6 +20,16 @@ def cut(value: object, limit: int = ECHO_LIMIT) -> str:
     return f"{text[:limit]}… ({len(text)} characters)"
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message`` for a report or an error, the message cut (:func:`cut`); never
+    raises (an exception whose ``str()`` fails is described by its type)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<str() of the exception raised>"
+    return f"{type(exc).__name__}: {cut(text)}"
+
+
 def cut_repr(value: object, limit: int = ECHO_LIMIT) -> str:
     """``repr(value)``, cut like :func:`cut`."""
     return cut(repr(value), limit)

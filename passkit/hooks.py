@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import logs
-from .errors import PluginHookError, cut
+from .errors import PluginHookError, describe
 
 if TYPE_CHECKING:
     from .plugins import PluginSet
@@ -140,7 +140,14 @@ def _failure(
         plugin=info.name if info else str(plugins.pm.get_name(plugin)),
         distribution=info.distribution if info else None,
         version=info.version if info else None,
-        error=f"{type(exc).__name__}: {cut(str(exc))}",
+        error=describe(exc),
         during=during,
-        detail="".join(traceback.format_exception(exc, limit=-3)),
+        detail=_traceback(exc),
     )
+
+
+def _traceback(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(exc, limit=-3))
+    except Exception:  # an exception whose str() raises
+        return ""

@@ -27,7 +27,7 @@ from . import hooks, logs
 from .config import Config, load_config, suggest
 from .context import CompileContext, Mode
 from .dump import Dumper
-from .errors import ConfigError, OrderError, PassFailedError, cut_repr
+from .errors import ConfigError, OrderError, PassFailedError, cut_repr, describe
 from .graph_utils import count_nodes, graph_code, restore, snapshot
 from .pass_base import Pass, PassResult, Stage, validate_options
 from .plugins import PluginSet, get_plugins
@@ -407,7 +407,7 @@ class Pipeline:
         before_code: str,
     ) -> PassRecord:
         record.status = "failed"
-        record.reason = f"{type(exc).__name__}: {exc}"
+        record.reason = describe(exc)
         record.nodes_before = record.nodes_after = count_nodes(gm.graph)
         if dumper:
             record.reproducer = str(dumper.reproducer(index, p, before_code, exc))
@@ -488,9 +488,15 @@ def _outside_range(p: Pass, ctx: CompileContext) -> str | None:
 
 
 def _as_result(value: Any, p: Pass) -> PassResult:
-    if isinstance(value, PassResult):
-        return value
-    raise TypeError(f"pass {p.name!r}: run() must return a PassResult, got {type(value).__name__}")
+    if not isinstance(value, PassResult):
+        raise TypeError(f"pass {p.name!r}: run() must return a PassResult, got {type(value).__name__}")
+    matches, notes = value.matches, value.notes
+    if isinstance(matches, bool) or not isinstance(matches, int) or matches < 0:
+        raise TypeError(f"pass {p.name!r}: PassResult.matches must be an int >= 0, got {cut_repr(matches)}")
+    if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
+        raise TypeError(f"pass {p.name!r}: PassResult.notes must be a list of str, got {cut_repr(notes)}")
+    value.modified, value.notes = bool(value.modified), list(notes)
+    return value
 
 
 def _function_identity(fn: Any) -> str:

@@ -14,14 +14,13 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import threading
-import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pluggy
 
 from . import hooks, hookspecs
-from .errors import PluginError
+from .errors import PluginError, describe
 from .pass_base import Pass
 
 ENTRY_POINT_GROUP = "passkit.passes"
@@ -155,8 +154,8 @@ class PluginSet:
     @staticmethod
     def _failure(info: PluginInfo, stage: str, exc: BaseException | str) -> PluginFailure:
         if isinstance(exc, BaseException):
-            err = f"{type(exc).__name__}: {exc}"
-            detail = "".join(traceback.format_exception(exc, limit=-3))
+            err = describe(exc)
+            detail = hooks._traceback(exc)
         else:
             err, detail = exc, ""
         return PluginFailure(info.name, info.distribution, info.version, stage, err, detail)
