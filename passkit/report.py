@@ -55,6 +55,9 @@ class Report:
     hook_failures: list[HookFailure] = dataclasses.field(default_factory=list)
     """Plugin hookimpls that raised during this compile (each disabled afterwards; the
     compile went on without it)."""
+    compile_s: float | None = None
+    """Wall-clock seconds of this graph's whole compile (tracing, passes, code generation),
+    when passkit's backend compiled it."""
 
     def __getitem__(self, name: str) -> PassRecord:
         for rec in self.records:
@@ -86,6 +89,7 @@ class Report:
             "restored": self.restored,
             "notes": list(self.notes),
             "hook_failures": [f.to_dict() for f in self.hook_failures],
+            "compile_s": self.compile_s,
             "total_ms": round(self.total_ms, 3),
             "passes": [r.to_dict() for r in self.records],
         }
@@ -108,6 +112,7 @@ class Report:
             restored=bool(data.get("restored", False)),
             notes=list(data.get("notes", [])),
             hook_failures=[HookFailure.from_dict(f) for f in data.get("hook_failures", [])],
+            compile_s=data.get("compile_s"),
         )
 
     def format(self) -> str:
@@ -130,7 +135,8 @@ class Report:
             lines.append(
                 f"{r.name:<24} {r.stage:<15} {r.status:<8} {r.matches:>7} {r.ms:>9.2f} {nodes:>13}  {note}"
             )
-        lines.append(f"total {self.total_ms:.2f} ms")
+        compiled = f"; whole compile {self.compile_s:.2f} s" if self.compile_s is not None else ""
+        lines.append(f"total {self.total_ms:.2f} ms{compiled}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
