@@ -509,9 +509,8 @@ class Pipeline:
         self._open = None
         self.reports.append(report)
         RECENT_REPORTS.append(report)
-        self._hook(
-            "passkit_report", report, None, None, report=report
-        )  # before the dump: its failure is in it
+        # before the dump and the log: a failure of the hook is in the report they show
+        self._hook("passkit_report", report, None, None, report=report)
         if dumper:
             dumper.report(report)
         logs.log.info("%s", report.format())
