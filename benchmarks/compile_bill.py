@@ -51,7 +51,9 @@ def build_model(args: argparse.Namespace, rank: int, world: int):
     import torch
 
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    device = torch.device(args.device, rank if args.device == "cuda" else 0) if args.device == "cuda" else "cpu"
+    device = (
+        torch.device(args.device, rank if args.device == "cuda" else 0) if args.device == "cuda" else "cpu"
+    )
     torch.manual_seed(0)
     if args.model == "hf-llama":
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -71,7 +73,9 @@ def build_model(args: argparse.Namespace, rank: int, world: int):
     from passkit_fusion.model import LlamaConfig as TinyConfig
     from passkit_fusion.model import TinyLlama, shard_functional
 
-    cfg = TinyConfig(hidden=args.hidden, layers=args.layers, intermediate=2 * args.hidden, heads=4, kv_heads=2)
+    cfg = TinyConfig(
+        hidden=args.hidden, layers=args.layers, intermediate=2 * args.hidden, heads=4, kv_heads=2
+    )
     model = TinyLlama(cfg).to(device=device, dtype=dtype).eval()
     if world > 1:
         import torch.distributed as dist
@@ -167,7 +171,11 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     )
     lines = [head]
     for row in rows:
-        base = next(r for r in rows if r["world"] == row["world"] and r["cache"] == row["cache"] and r["variant"] == "inductor")
+        base = next(
+            r
+            for r in rows
+            if r["world"] == row["world"] and r["cache"] == row["cache"] and r["variant"] == "inductor"
+        )
         lines.append(
             f"| {row['world']} | {row['cache']} | {row['variant']} | {row['compiles']} | "
             f"{row['first_call_s']:.2f} | {row['first_call_s'] / base['first_call_s']:.2f}x | "
@@ -177,7 +185,9 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--model", choices=["tiny", "hf-llama"], default="tiny")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2])

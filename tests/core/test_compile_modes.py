@@ -119,11 +119,20 @@ def test_a_users_custom_pass_is_composed_not_overwritten():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"mode": "reduce_overhead"}, "mode='reduce_overhead' is not a mode (did you mean 'reduce-overhead'?)"),
-        ({"options": {"max_autotun": True}}, "'max_autotun' is not an Inductor option (did you mean 'max_autotune'"),
+        (
+            {"mode": "reduce_overhead"},
+            "mode='reduce_overhead' is not a mode (did you mean 'reduce-overhead'?)",
+        ),
+        (
+            {"options": {"max_autotun": True}},
+            "'max_autotun' is not an Inductor option (did you mean 'max_autotune'",
+        ),
         ({"options": {"max_autotune": "yes"}}, "Unexpected type of attr max_autotune"),
         ({"options": {"post_grad_custom_post_pass": 3}}, "holds 3, not a graph pass"),
-        ({"options": {"epilogue_fusion": True}}, "'epilogue_fusion' is set twice: torch.compile(options=...) gives True"),
+        (
+            {"options": {"epilogue_fusion": True}},
+            "'epilogue_fusion' is set twice: torch.compile(options=...) gives True",
+        ),
     ],
 )
 def test_bad_modes_and_options_are_named(kwargs, message):
@@ -224,7 +233,11 @@ def test_plan_merges_ranges_a_dependent_or_site_sharing_pass_would_split():
     taken = dict(specs[1].left_out)["same_sites"]
     assert "its sites are taken by rewrites, which runs first here" in taken
     # the dispatch table has no rule that changes nothing
-    assert [(r.lo, r.hi, r.divisors) for r in rules] == [(1, 2047, ()), (2048, 4096, (2,)), (4097, None, (2,))]
+    assert [(r.lo, r.hi, r.divisors) for r in rules] == [
+        (1, 2047, ()),
+        (2048, 4096, (2,)),
+        (4097, None, (2,)),
+    ]
 
 
 def test_the_configured_order_decides_who_takes_shared_sites():
@@ -261,7 +274,9 @@ def test_a_dependent_pass_skips_a_graph_its_dependency_left_unchanged():
     f(torch.randn(11, 4))
     even = next(r for r in b.reports if r.token_range == "tokens >= 8, multiples of 2")
     assert even["rewrites"].status == "ran" and not even["rewrites"].modified
-    assert even["acts_on_rewrite"].reason == "acts on the rewrite of rewrites, which did not change this graph"
+    assert (
+        even["acts_on_rewrite"].reason == "acts on the rewrite of rewrites, which did not change this graph"
+    )
     assert ActsOnRewrite.runs == []
 
 
