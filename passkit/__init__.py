@@ -13,8 +13,10 @@ from .errors import (
     PassFailedError,
     PasskitError,
     PluginError,
+    PluginHookError,
     VerificationError,
 )
+from .hooks import HookFailure
 from .hookspecs import hookimpl, hookspec
 from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
@@ -30,6 +32,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "GraphPass",
+    "HookFailure",
     "NoOptions",
     "OrderError",
     "Pass",
@@ -43,6 +46,7 @@ __all__ = [
     "Pipeline",
     "PipelinePlan",
     "PluginError",
+    "PluginHookError",
     "Report",
     "Requirements",
     "Stage",

@@ -125,7 +125,10 @@ class AllReduceRMSNorm(GraphPass):
         sites: list[Site] = []
         rejected: list[Rejection] = []
         needs_sort = False
+        multi_host = _groups_across_hosts(gm.graph)
         for found in candidates(gm.graph, fp8=self.options.fuse_fp8_quant):
+            if isinstance(found, Site) and found.group_name in multi_host:
+                found = Rejection(found.all_reduce, multi_host[found.group_name])
             if isinstance(found, Site) and (unprofitable := self._never_pays(found)):
                 found = Rejection(found.all_reduce, unprofitable)
             if isinstance(found, Rejection):
@@ -224,6 +227,29 @@ class AllReduceRMSNorm(GraphPass):
             if not node.users:  # an empty norm_out
                 graph.erase_node(node)
         return needs_sort
+
+
+def _groups_across_hosts(graph: fx.Graph) -> dict[str, str]:
+    """The all-reduce groups of ``graph`` whose ranks are on more than one host, with the
+    reason (flashinfer's IPC workspaces map peer GPUs' memory: one host only). Decided from
+    the host list the group's ranks exchange (the same on every rank; see
+    :mod:`passkit_fusion.collective.hosts`); the reference op declines too, as it stands in
+    for flashinfer's."""
+    from ..collective import spans_hosts
+
+    names = sorted(
+        {
+            str(node.args[2])
+            for node in graph.find_nodes(
+                op="call_function", target=torch.ops._c10d_functional.all_reduce.default
+            )
+        }
+    )
+    out = {}
+    for name in names:
+        if reason := spans_hosts(name, "flashinfer's IPC workspaces (allreduce_rmsnorm)"):
+            out[name] = reason
+    return out
 
 
 def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Node, bool]:

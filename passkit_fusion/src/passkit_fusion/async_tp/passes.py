@@ -29,9 +29,11 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..collective import spans_hosts
 from . import host, ops, runtime, torch_api
 
 _ADVICE = "set implementation='test_mode' to rewrite graphs without running the fused ops"
+_SYMM_MEM = "symmetric memory (async_tp)"
 _C10D = "_c10d_functional"
 
 
@@ -114,6 +116,9 @@ class AsyncTP(GraphPass):
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         graph = gm.graph
         test = self.options.implementation == "test_mode"
+        across = [r for g in sorted(_collective_groups(graph)) if (r := spans_hosts(g, _SYMM_MEM))]
+        if across:  # decided from the hosts the group's ranks exchanged: the same on every rank
+            return PassResult.unchanged("; ".join(across))
         _views_around_matmuls_to_reshapes(graph)
         hosts = host.to_torch(graph)
         found = _candidates(graph)
@@ -123,8 +128,11 @@ class AsyncTP(GraphPass):
                 torch_api.enable_group(group)
         ag_op, rs_op = torch_api.fused_ops()
         preexisting = _count(graph, (ag_op, rs_op))
-        with torch_api.forced_matching() if test else contextlib.nullcontext():
-            torch_api.run_torch_pass(graph)
+        if found or not torch_api.has_matchers():
+            # with no candidate torch's pass only logs "async TP found no matching
+            # all-gather/reduce-scatter patterns" (once per rank); our note says it per graph
+            with torch_api.forced_matching() if test else contextlib.nullcontext():
+                torch_api.run_torch_pass(graph)
         alive = set(graph.nodes)
         fused = [c for c in found if c.node not in alive]
         left = [c for c in found if c.node in alive]

@@ -62,29 +62,9 @@ def agree(
     (naming the first field that differs and which ranks hold which value). ``describe``
     is added to the messages (e.g. ``"hidden=4096, dtype=bfloat16"``).
     """
-    plan = dict(plan)
-    if is_fake_group(group) or dist.get_world_size(group) == 1:
-        return [plan]
-    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-    store, rank, world = group_store(group), dist.get_rank(group), dist.get_world_size(group)
+    plans = exchange(group, step, plan, timeout_s=timeout_s, describe=describe)
     name = group.group_name
-    _calls[(name, step)] += 1
-    call = _calls[(name, step)]
-    keys = [f"{_PREFIX}/{step}/{call}/{r}" for r in range(world)]
-    store.set(keys[rank], json.dumps({"plan": plan}, sort_keys=True, default=str))
-    store.set(f"{_PREFIX}/last/{rank}", f"{step} #{call}")
     where = f"process group {name!r}, step {step!r}" + (f" ({describe})" if describe else "")
-    _wait(store, keys, timeout_s, where, name, step)
-    answers = [json.loads(v) for v in store.multi_get(keys)]
-    if call > 1:
-        store.delete_key(f"{_PREFIX}/{step}/{call - 1}/{rank}")
-    failed = {r: a["error"] for r, a in enumerate(answers) if "error" in a}
-    if failed:
-        listed = "; ".join(f"rank {r}: {msg}" for r, msg in failed.items())
-        raise RankAgreementError(
-            f"passkit_fusion: {where}: {listed}", group=name, step=step, ranks=list(failed)
-        )
-    plans = [a["plan"] for a in answers]
     difference = compare_plans(plans)
     if difference:
         differing = [r for r, p in enumerate(plans) if p != plans[0]]
@@ -97,6 +77,43 @@ def agree(
             ranks=differing,
         )
     return plans
+
+
+def exchange(
+    group: dist.ProcessGroup,
+    step: str,
+    value: Mapping[str, Any],
+    *,
+    timeout_s: float | None = None,
+    describe: str = "",
+) -> list[dict[str, Any]]:
+    """Every rank's ``value`` (JSON-serialisable), in rank order of ``group``: the same list
+    on every rank, so a decision taken from it is the same on every rank. The wait, the
+    failures and the errors are :func:`agree`'s; the values may differ (a rank's host).
+    Only the ranks of ``group`` take part: other groups' ranks are never waited for."""
+    value = dict(value)
+    if is_fake_group(group) or dist.get_world_size(group) == 1:
+        return [value]
+    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    store, rank, world = group_store(group), dist.get_rank(group), dist.get_world_size(group)
+    name = group.group_name
+    _calls[(name, step)] += 1
+    call = _calls[(name, step)]
+    keys = [f"{_PREFIX}/{step}/{call}/{r}" for r in range(world)]
+    store.set(keys[rank], json.dumps({"plan": value}, sort_keys=True, default=str))
+    store.set(f"{_PREFIX}/last/{rank}", f"{step} #{call}")
+    where = f"process group {name!r}, step {step!r}" + (f" ({describe})" if describe else "")
+    _wait(store, keys, timeout_s, where, name, step)
+    answers = [json.loads(v) for v in store.multi_get(keys)]
+    if call > 1:
+        store.delete_key(f"{_PREFIX}/{step}/{call - 1}/{rank}")
+    failed = {r: a["error"] for r, a in enumerate(answers) if "error" in a}
+    if failed:
+        listed = "; ".join(f"rank {r}: {msg}" for r, msg in failed.items())
+        raise RankAgreementError(
+            f"passkit_fusion: {where}: {listed}", group=name, step=step, ranks=list(failed)
+        )
+    return [a["plan"] for a in answers]
 
 
 def report_failure(group: dist.ProcessGroup, reason: str) -> None:
