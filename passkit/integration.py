@@ -96,6 +96,10 @@ class Backend:
         (``torch.compile(m, backend=passkit.backend(...), mode="reduce-overhead")``): each
         token-range specialization gets them as ``backend="inductor"`` would."""
         patches = self._compile_patches(mode, options)
+        if self.mode == "inductor":  # as backend="inductor" does: Triton's compile workers
+            from torch._inductor.async_compile import maybe_warm_pool  # start while we plan
+
+            maybe_warm_pool()
         if not self.pipeline.enabled:
             return self._compile(self.pipeline, gm, example_inputs, patches)
         planned = specialize.plan(self.pipeline, gm, example_inputs, self.mode)
