@@ -39,7 +39,7 @@ from ..patterns import fp8 as fp8_patterns
 from ..patterns import graph as graph_patterns
 from ..patterns import notes as notes_patterns
 from ..patterns import rmsnorm as rmsnorm_patterns
-from ..tuning import tables
+from ..tuning import decisions, tables
 from . import matcher, ops
 from .matcher import Rejection, Site, candidates
 
@@ -63,7 +63,7 @@ class AllReduceRMSNormOptions(pydantic.BaseModel):
     """also fuse a static per-tensor float8_e4m3fn quantization of the norm output (flashinfer's FP8 patterns); the bf16/fp16 norm output is still written when something else reads it"""
 
 
-class AllReduceRMSNorm(GraphPass):
+class AllReduceRMSNorm(decisions.Tunable, GraphPass):
     """Fuse all-reduce (sum) + optional residual add + RMSNorm into one flashinfer kernel.
 
     The kernel is flashinfer's ``allreduce_fusion`` with pattern ``kARResidualRMSNorm``,
@@ -88,7 +88,11 @@ class AllReduceRMSNorm(GraphPass):
         on this GPU at this world size and dtype: there the fused kernel beats NCCL +
         Inductor's add+RMSNorm; above, the sizes compile without the pass. The hidden size
         is not known before the graph is seen, so the bound is the largest over the
-        table's hidden sizes (per hidden size, the op's table still decides per call)."""
+        table's hidden sizes (per hidden size, the op's table still decides per call).
+        A measured or stored fuse decision for this graph (:mod:`..tuning.decisions`)
+        replaces the table's bound unless ``max_tokens`` is set."""
+        if (applied := self.decided(ctx)) is not None:
+            return applied.constraint
         if not self.options.restrict_tokens:
             return None
         if self.options.max_tokens is not None:
@@ -99,7 +103,7 @@ class AllReduceRMSNorm(GraphPass):
         return TokenConstraint(max_tokens=bound) if bound else None
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
-        unmet = super().skip_reason(ctx)
+        unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet or self.options.implementation == "reference":
             return unmet
         if importlib.util.find_spec("flashinfer") is None:
@@ -107,6 +111,11 @@ class AllReduceRMSNorm(GraphPass):
         if ctx.device != "cuda":
             return f"flashinfer's fused kernel needs CUDA tensors (graph is on {ctx.device}) — {_ADVICE}"
         return None
+
+    @classmethod
+    def unrestricted(cls, options: dict, max_tokens: int) -> dict:
+        """Every count up to ``max_tokens`` (the workspace sized for it, unless set)."""
+        return {"max_tokens": max_tokens, **options, "restrict_tokens": False}
 
     @property
     def impl(self) -> str:
@@ -135,6 +144,8 @@ class AllReduceRMSNorm(GraphPass):
             from ..patterns.marks import taken_note
 
             notes = [taken_note(gm.graph) or notes[0]]
+        if decided := self.decision_note(ctx):
+            notes.append(decided)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
 
     def _never_pays(self, site: Site) -> str | None:

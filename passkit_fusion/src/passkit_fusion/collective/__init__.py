@@ -3,7 +3,8 @@
 * :mod:`.groups`: process groups by name, the device their collectives use, their store.
 * :mod:`.agreement`: :func:`agree`, the bounded-wait exchange through which ranks check
   that they took the same decision before a collective step; a missing, late or diverging
-  rank becomes a :class:`RankAgreementError` on every rank instead of a hang.
+  rank becomes a :class:`RankAgreementError` on every rank instead of a hang;
+  :func:`exchange`, the same for values that may differ per rank (timings).
 * :mod:`.teardown`: steps that may block on a GPU or a peer (waiting for the device before
   freeing memory shared with other ranks) run with a time limit and are skipped, with a
   log line, when they cannot finish.
@@ -19,6 +20,7 @@ from .agreement import (
     RankAgreementError,
     agree,
     compare_plans,
+    exchange,
     plan_fingerprint,
     report_failure,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "bounded",
     "collective_device",
     "compare_plans",
+    "exchange",
     "group_store",
     "is_fake_group",
     "plan_fingerprint",

@@ -63,28 +63,9 @@ def agree(
     is added to the messages (e.g. ``"hidden=4096, dtype=bfloat16"``).
     """
     plan = dict(plan)
-    if is_fake_group(group) or dist.get_world_size(group) == 1:
-        return [plan]
-    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-    store, rank, world = group_store(group), dist.get_rank(group), dist.get_world_size(group)
-    name = group.group_name
-    _calls[(name, step)] += 1
-    call = _calls[(name, step)]
-    keys = [f"{_PREFIX}/{step}/{call}/{r}" for r in range(world)]
-    store.set(keys[rank], json.dumps({"plan": plan}, sort_keys=True, default=str))
-    store.set(f"{_PREFIX}/last/{rank}", f"{step} #{call}")
+    plans = exchange(group, step, plan, timeout_s=timeout_s, describe=describe)
+    name = group.group_name if not (is_fake_group(group) or dist.get_world_size(group) == 1) else ""
     where = f"process group {name!r}, step {step!r}" + (f" ({describe})" if describe else "")
-    _wait(store, keys, timeout_s, where, name, step)
-    answers = [json.loads(v) for v in store.multi_get(keys)]
-    if call > 1:
-        store.delete_key(f"{_PREFIX}/{step}/{call - 1}/{rank}")
-    failed = {r: a["error"] for r, a in enumerate(answers) if "error" in a}
-    if failed:
-        listed = "; ".join(f"rank {r}: {msg}" for r, msg in failed.items())
-        raise RankAgreementError(
-            f"passkit_fusion: {where}: {listed}", group=name, step=step, ranks=list(failed)
-        )
-    plans = [a["plan"] for a in answers]
     difference = compare_plans(plans)
     if difference:
         differing = [r for r, p in enumerate(plans) if p != plans[0]]
@@ -97,6 +78,42 @@ def agree(
             ranks=differing,
         )
     return plans
+
+
+def exchange(
+    group: dist.ProcessGroup,
+    step: str,
+    value: Any,
+    *,
+    timeout_s: float | None = None,
+    describe: str = "",
+) -> list[Any]:
+    """Every rank's ``value`` (JSON-serialisable), in rank order: the values may differ
+    (e.g. each rank's timings), unlike :func:`agree`'s plans. Waits at most ``timeout_s``
+    and raises :class:`RankAgreementError` like :func:`agree` when a rank is missing or
+    reported a failure."""
+    if is_fake_group(group) or dist.get_world_size(group) == 1:
+        return [value]
+    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    store, rank, world = group_store(group), dist.get_rank(group), dist.get_world_size(group)
+    name = group.group_name
+    _calls[(name, step)] += 1
+    call = _calls[(name, step)]
+    keys = [f"{_PREFIX}/{step}/{call}/{r}" for r in range(world)]
+    store.set(keys[rank], json.dumps({"plan": value}, sort_keys=True, default=str))
+    store.set(f"{_PREFIX}/last/{rank}", f"{step} #{call}")
+    where = f"process group {name!r}, step {step!r}" + (f" ({describe})" if describe else "")
+    _wait(store, keys, timeout_s, where, name, step)
+    answers = [json.loads(v) for v in store.multi_get(keys)]
+    if call > 1:
+        store.delete_key(f"{_PREFIX}/{step}/{call - 1}/{rank}")
+    failed = {r: a["error"] for r, a in enumerate(answers) if "error" in a}
+    if failed:
+        listed = "; ".join(f"rank {r}: {msg}" for r, msg in failed.items())
+        raise RankAgreementError(
+            f"passkit_fusion: {where}: {listed}", group=name, step=step, ranks=list(failed)
+        )
+    return [a["plan"] for a in answers]
 
 
 def report_failure(group: dist.ProcessGroup, reason: str) -> None:

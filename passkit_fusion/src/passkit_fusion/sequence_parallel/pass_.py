@@ -30,6 +30,7 @@ from ..allreduce_rmsnorm import matcher
 from ..allreduce_rmsnorm.matcher import Rejection, Site, find_sites
 from ..patterns import marks
 from ..patterns import notes as notes_patterns
+from ..tuning import decisions
 from . import ops, rewrite
 
 NAME = "sequence_parallel"
@@ -54,7 +55,7 @@ class SequenceParallelOptions(pydantic.BaseModel):
         return self
 
 
-class SequenceParallel(GraphPass):
+class SequenceParallel(decisions.Tunable, GraphPass):
     """Shard the residual stream along tokens: all-reduce + residual add + RMSNorm becomes
     reduce-scatter + add + RMSNorm on 1/W of the tokens + all-gather."""
 
@@ -72,9 +73,12 @@ class SequenceParallel(GraphPass):
         number of tokens), from ``min_tokens`` up to ``max_tokens`` unless
         ``restrict_tokens`` is off. Sites on a smaller tensor-parallel subgroup need
         multiples of its size, which a multiple of the world size is when the subgroup
-        size divides the world size (checked per site)."""
+        size divides the world size (checked per site). A measured or stored fuse decision
+        for this graph replaces ``min_tokens``/``max_tokens`` unless they are set."""
         if ctx.world_size < 2:
             return None
+        if (applied := self.decided(ctx, multiple_of=ctx.world_size)) is not None:
+            return applied.constraint
         if not self.options.restrict_tokens:
             return TokenConstraint(multiple_of=ctx.world_size)
         first = -(-self.options.min_tokens // ctx.world_size) * ctx.world_size
@@ -85,9 +89,11 @@ class SequenceParallel(GraphPass):
         )
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
-        unmet = super().skip_reason(ctx)
+        unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet:
             return unmet
+        if self.decided(ctx) is not None:
+            return None
         if self.options.restrict_tokens and self.token_constraint(ctx) is None:
             return (
                 f"no multiple of the world size {ctx.world_size} in "
@@ -116,6 +122,8 @@ class SequenceParallel(GraphPass):
         if not taken and not rejected:
             fused = len(gm.graph.find_nodes(op="call_function", target=_fused_op()))
             notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
+        if decided := self.decision_note(ctx):
+            notes.append(decided)
         return PassResult(modified=bool(taken), matches=len(taken), notes=notes)
 
     def _problem(self, site: Site, ctx: CompileContext, symbol: object) -> str | None:
