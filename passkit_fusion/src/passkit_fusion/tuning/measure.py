@@ -153,6 +153,8 @@ class _Budget:
         self.start = clock()
         self.done = 0
         self.spent = False
+        self.agreed_elapsed = 0.0
+        """The slowest rank's elapsed seconds at the last unit (the same on every rank)."""
 
     def elapsed(self) -> float:
         return self.clock() - self.start
@@ -165,7 +167,8 @@ class _Budget:
         mine = {**values, "elapsed": self.elapsed()}
         answers = exchange(self.group, "tune-model", mine) if self.group is not None else [mine]
         self.done += 1
-        if max(a["elapsed"] for a in answers) >= self.budget_s:
+        self.agreed_elapsed = max(a["elapsed"] for a in answers)
+        if self.agreed_elapsed >= self.budget_s:
             self.spent = True
         return answers
 
@@ -278,7 +281,7 @@ def tune_model(
             else:
                 budget.say(f"{label(cand):<44} {t:>6} tokens  n/a (not a multiple of {multiple})")
         torch._dynamo.reset()
-    seconds = budget.elapsed()
+    seconds = budget.agreed_elapsed
     table = _table_sets(pipeline, tunable, inputs(counts[0]))
     ranges = decisions.decide(medians, counts, table, margin)
     left = [f"{label(c)} at {_spans(ts)} tokens" for c, ts in unmeasured.items() if ts]
@@ -308,7 +311,9 @@ def tune_model(
     if group is not None and world > 1:
         from ..collective import agree
 
-        agree(group, "tune-model-decision", {"decision": [d.fingerprint() for d in stored]})
+        # the graphs may differ per rank (rank-dependent constants): the rest must not
+        key = {k: v for k, v in stored[0].key.to_json().items() if k != "graph"}
+        agree(group, "tune-model-decision", {"ranges": stored[0].to_json()["ranges"], "key": key})
     paths = []
     for decision in stored:
         path = decisions.path_for(decision.key)
