@@ -130,3 +130,33 @@ def test_two_ranks_timing_differently_take_the_same_decision_and_use_it(tmp_path
 def test_four_ranks_timing_differently_take_the_same_decision(tmp_path):
     results = gloo_world(_tune, 4, timeout=600, env={"PASSKIT_CACHE_DIR": str(tmp_path)})
     _check(results, 4)
+
+
+@pytest.mark.slow
+def test_the_tune_model_command_runs_gloo_ranks_and_stores_the_decision(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable, "-c", "import sys; from passkit.cli import main; sys.exit(main())",
+            "tune-model", "passkit_fusion.model:tuning_target", "--cpu", "--world-size", "2",
+            "--tokens", "2", "16", "--mode", "eager", "--candidates", "allreduce_rmsnorm", "--budget", "300",
+        ],
+        env={**os.environ, "PASSKIT_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| tokens | inductor | allreduce_rmsnorm | decision |" in out.stdout
+    (stored,) = tmp_path.joinpath("fusion-decisions").iterdir()
+    assert f"passkit tune: wrote {stored}" in out.stderr
+    assert "passkit tune [  1/6]" in out.stderr  # the progress lines, rank 0 only
+    assert out.stderr.count("compiled inductor in") == 1
+    decision = decisions.load(stored)
+    assert decision.key.world_size == 2 and decision.key.device == "cpu"
+    assert [p["name"] for p in decision.key.passes] == [
+        "sequence_parallel", "async_tp", "allreduce_rmsnorm", "cleanup",
+    ]  # fmt: skip

@@ -36,6 +36,7 @@ from .decisions import Candidate, FuseDecision, label
 from .tables import DEFAULT_TUNE_TOKENS
 
 __all__ = [
+    "Target",
     "Timer",
     "Trial",
     "TuneResult",
@@ -105,6 +106,19 @@ def default_candidates(tunable: Sequence[str]) -> list[Candidate]:
         if c not in seen:
             seen.append(c)
     return seen
+
+
+@dataclasses.dataclass
+class Target:
+    """What ``passkit tune-model`` tunes, built on each rank by the user's factory
+    ``factory(rank, world_size, device) -> Target``: the (sharded) model, its inputs per
+    token count, the pass list it is compiled with, and optionally how to mark the inputs'
+    token dimensions dynamic (see :func:`tune_model`)."""
+
+    model: Any
+    inputs: Callable[[int], Sequence[Any]]
+    passes: Sequence[str | Mapping[str, Any]]
+    mark_dynamic: Callable[[Sequence[Any]], None] | None = None
 
 
 @dataclasses.dataclass
