@@ -71,8 +71,9 @@ def test_tuned_e2e_cpu_smoke_run_tunes_both_stacks_and_times_the_three_variants(
     for stack in ("llama8b", "prefill70b"):
         assert f"## {stack}: 1 layers" in out.stdout
     assert out.stdout.count("| tokens | Inductor (us) | tabled (us) | tabled | tuned (us) | tuned |") == 2
-    assert out.stdout.count("Tuning: ") == 2 and "; decision: tokens >= 1: " in out.stdout
+    assert out.stdout.count("Tuning: ") == 2 and out.stdout.count("; decision: tokens ") == 2
     rows = [line for line in out.stdout.splitlines() if line.startswith(("| 2 |", "| 8 |"))]
     assert len(rows) == 2 * 2 + 2 * 2  # the side-by-side tables and the tuning medians
     assert "- tuned, " in out.stdout and "- tabled, " in out.stdout
-    assert len(list(tmp_path.joinpath("fusion-decisions").iterdir())) == 2 * 2  # per stack, per rank's graph
+    # one file per stack: the stack's graph is the same on both ranks (no rank-dependent constants)
+    assert len(list(tmp_path.joinpath("fusion-decisions").iterdir())) == 2

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -355,6 +356,7 @@ def device_name(device: str) -> str:
     return device
 
 
+@functools.cache
 def flashinfer_version() -> str | None:
     """The installed flashinfer's version (from package metadata, without importing it)."""
     for dist_name in ("flashinfer-python", "flashinfer"):
@@ -566,8 +568,9 @@ class Tunable:
                 return None
             return f"fuse decision: own options ({', '.join(explicit)} set); the {found.source} decision is not applied"
         if found.decision is None:
-            if span is None and not found.note:
-                return None
+            ignored = found.note.startswith("stored decision")
+            if span is None and not ignored:
+                return None  # one compile for every size, nothing tuned: nothing to say
             return "fuse decision: table" + (f" ({found.note})" if found.note else "")
         lo, hi = (span.lo, span.hi) if span is not None else (1, None)
         parts = [
