@@ -112,11 +112,6 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             return f"flashinfer's fused kernel needs CUDA tensors (graph is on {ctx.device}) — {_ADVICE}"
         return None
 
-    @classmethod
-    def unrestricted(cls, options: dict, max_tokens: int) -> dict:
-        """Every count up to ``max_tokens`` (the workspace sized for it, unless set)."""
-        return {"max_tokens": max_tokens, **options, "restrict_tokens": False}
-
     @property
     def impl(self) -> str:
         """The op implementation this pass writes into the graph."""

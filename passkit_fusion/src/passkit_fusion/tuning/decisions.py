@@ -607,7 +607,9 @@ class Tunable:
     @classmethod
     def unrestricted(cls, options: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
         """Options under which the pass applies at every token count it can (tuning
-        compiles each candidate so); ``max_tokens``: the largest count measured."""
+        compiles each candidate so); ``max_tokens``: the largest count measured. Nothing
+        else changes: ``allreduce_rmsnorm``'s workspace keeps the size a decided range
+        would give it (calls above it take the op's unfused path, measured as such)."""
         return {**options, "restrict_tokens": False}
 
     def _explicit_bounds(self) -> list[str]:

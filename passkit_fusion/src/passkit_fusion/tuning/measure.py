@@ -251,54 +251,73 @@ def tune_model(
     medians: dict[int, dict[Candidate, float]] = {}
     unmeasured: dict[Candidate, list[int]] = {}
     compile_s: dict[Candidate, float] = {}
+    failed: dict[Candidate, str] = {}
     graphs: list[str] = []
     classes = {p.name: type(p) for p in pipeline.passes}
     mark = mark_dynamic or _mark_dim0
     t0 = max(8 * world, 8)
-    for cand in cands:
-        if budget.spent:
-            unmeasured[cand] = counts
-            continue
-        cand_entries = [
-            classes[e["name"]].unrestricted({k: v for k, v in e.items() if k != "name"}, counts[-1])  # type: ignore[attr-defined]
-            | {"name": e["name"]}
-            if e["name"] in cand
-            else e
-            for e in entries
-            if e["name"] in cand or e["name"] not in tunable
-        ]
-        start = time.monotonic()
-        fn, seen = _compile(model, cand_entries, mode, inputs(t0), mark)
-        for g in seen:
-            if g not in graphs:
-                graphs.append(g)
-        compile_s[cand] = time.monotonic() - start
-        budget.agree({"compiled": label(cand)})
-        budget.say(f"compiled {label(cand)} in {compile_s[cand]:.1f} s")
-        for t in counts:
+    try:
+        for cand in cands:
             if budget.spent:
-                unmeasured.setdefault(cand, []).append(t)
+                unmeasured[cand] = counts
                 continue
-            applicable = "sequence_parallel" not in cand or t % multiple == 0
-            us = -1.0
-            if applicable:
-                args = inputs(t)
-                with torch.no_grad():  # the timer warms up (lazy workspaces, recompiles)
-                    us = float(timer(lambda fn=fn, args=args: fn(*args), Trial(cand, t, rank, world)))
-            answers = budget.agree({"us": us})
-            agreed = max(a["us"] for a in answers)
-            if min(a["us"] for a in answers) >= 0:
-                medians.setdefault(t, {})[cand] = agreed
-                base = medians[t].get(())
-                ratio = f" ({base / agreed:.2f}x Inductor)" if base else ""
-                budget.say(f"{label(cand):<44} {t:>6} tokens {agreed:10.1f} us{ratio}")
-            else:
-                budget.say(f"{label(cand):<44} {t:>6} tokens  n/a (not a multiple of {multiple})")
-        torch._dynamo.reset()
+            cand_entries = [
+                classes[e["name"]].unrestricted({k: v for k, v in e.items() if k != "name"}, counts[-1])  # type: ignore[attr-defined]
+                | {"name": e["name"]}
+                if e["name"] in cand
+                else e
+                for e in entries
+                if e["name"] in cand or e["name"] not in tunable
+            ]
+            start = time.monotonic()
+            error = None
+            try:
+                fn, seen = _compile(model, cand_entries, mode, inputs(t0), mark)
+            except Exception as exc:  # one candidate failing must not cost the others
+                error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+                seen = []
+            for g in seen:
+                if g not in graphs:
+                    graphs.append(g)
+            compile_s[cand] = time.monotonic() - start
+            errors = [(r, a["error"]) for r, a in enumerate(budget.agree({"error": error})) if a["error"]]
+            if errors:
+                failed[cand] = f"rank {errors[0][0]}: {errors[0][1]}"
+                budget.say(f"{label(cand)} failed to compile ({failed[cand]}): not measured")
+                torch._dynamo.reset()
+                continue
+            budget.say(f"compiled {label(cand)} in {compile_s[cand]:.1f} s")
+            for t in counts:
+                if budget.spent:
+                    unmeasured.setdefault(cand, []).append(t)
+                    continue
+                applicable = "sequence_parallel" not in cand or t % multiple == 0
+                us = -1.0
+                if applicable:
+                    args = inputs(t)
+                    with torch.no_grad():  # the timer warms up (lazy workspaces, recompiles)
+                        us = float(timer(lambda fn=fn, args=args: fn(*args), Trial(cand, t, rank, world)))
+                answers = budget.agree({"us": us})
+                agreed = max(a["us"] for a in answers)
+                if min(a["us"] for a in answers) >= 0:
+                    medians.setdefault(t, {})[cand] = agreed
+                    base = medians[t].get(())
+                    ratio = f" ({base / agreed:.2f}x Inductor)" if base else ""
+                    budget.say(f"{label(cand):<44} {t:>6} tokens {agreed:10.1f} us{ratio}")
+                else:
+                    budget.say(f"{label(cand):<44} {t:>6} tokens  n/a (not a multiple of {multiple})")
+            torch._dynamo.reset()
+    except Exception as exc:  # the peers stop waiting for this rank at once
+        if group is not None and world > 1:
+            from ..collective import report_failure
+
+            report_failure(group, f"tune_model failed: {type(exc).__name__}: {exc}")
+        raise
     seconds = budget.agreed_elapsed
     table = _table_sets(pipeline, tunable, inputs(counts[0]))
     ranges = decisions.decide(medians, counts, table, margin)
     left = [f"{label(c)} at {_spans(ts)} tokens" for c, ts in unmeasured.items() if ts]
+    left += [f"{label(c)}: failed to compile on {why}" for c, why in failed.items()]
     if not graphs:
         raise RuntimeError("tune_model: the model compiled no graph (nothing to key the decision by)")
     identities = compiling.pass_identities(pipeline)
