@@ -101,6 +101,11 @@ class Config(pydantic.BaseModel):
     token_dim: TokenDim | None = None
     """Where the token count is, when the default (the first dynamic dimension of the graph's
     inputs) is wrong."""
+    compile_at: Literal["first_call", "first_use"] = "first_call"
+    """When a graph specialized by token range compiles its ranges: ``first_call`` compiles
+    every range at the graph's first call (serving: the warm-up pays it all, no request
+    waits for a compile); ``first_use`` compiles each range the first time a call's token
+    count falls in it (notebooks, scripts that run a few sizes)."""
 
     @pydantic.field_validator("compile_ranges")
     @classmethod
@@ -246,6 +251,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "BLOCK_PLUGINS": ("block_plugins", _names),
     "DISABLE_PLUGIN_AUTOLOAD": ("autoload", _not),
     "COMPILE_RANGES": ("compile_ranges", _ints),
+    "COMPILE_AT": ("compile_at", _text),
 }
 
 

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, cast
 
 import torch
 import torch.fx
 
-from . import logs, report_cache, specialize
+from . import inductor_options, logs, report_cache, specialize
 from .config import Config
 from .context import Mode
+from .errors import ConfigError
 from .pass_base import Stage
 from .pipeline import Pipeline, _register_custom_pass_type, build_pipeline
 from .report import Report
@@ -68,6 +70,7 @@ class Backend:
         self.mode: Mode = mode
         self.pipeline: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
         self.inductor_config = dict(inductor_config or {})
+        self._cudagraphs = False
         self.last_dispatcher: specialize.Dispatcher | None = None
         """The dispatcher of the last graph compiled with token-range specializations."""
 
@@ -80,50 +83,109 @@ class Backend:
     def last_report(self) -> Report | None:
         return self.pipeline.reports[-1] if self.pipeline.reports else None
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+    def __call__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> CompiledFn:
+        """Compile one Dynamo graph. ``mode`` and ``options`` are torch.compile's
+        (``torch.compile(m, backend=passkit.backend(...), mode="reduce-overhead")``): each
+        token-range specialization gets them as ``backend="inductor"`` would."""
+        patches = self._compile_patches(mode, options)
         if not self.pipeline.enabled:
-            return self._compile(self.pipeline, gm, example_inputs)
+            return self._compile(self.pipeline, gm, example_inputs, patches)
         planned = specialize.plan(self.pipeline, gm, example_inputs, self.mode)
         if planned is None or isinstance(planned, str):
             self.pipeline.note = planned
             try:
-                return self._compile(self.pipeline, gm, example_inputs)
+                return self._compile(self.pipeline, gm, example_inputs, patches)
             finally:
                 self.pipeline.note = None
-        count = len(planned.specializations)
-        compiled = [
-            self._compile(
-                self.pipeline.for_range(
-                    spec.context_range,
-                    label=spec.label,
-                    note=f"specialization {i + 1} of {count}; token count from {planned.token_dim.how}",
-                ),
-                specialize.copy_graph_module(gm),
-                example_inputs,
+        specs = planned.specializations
+        if len(specs) == 1 and not self.pipeline.config.compile_ranges:
+            # every token count runs the same passes: one compile, as Inductor would make
+            only = self.pipeline.for_range(ANY_SIZE, left_out=dict(specs[0].left_out))
+            only.range_label = None
+            return self._compile(only, gm, example_inputs, patches)
+        count = len(specs)
+        source = gm
+        # a range compiled at its first use compiles after Dynamo returned: it re-enters the
+        # tracing context of this graph (its fake mode and shape environment keep the token
+        # dimension symbolic, as for the ranges compiled now)
+        tracing = torch._guards.TracingContext.try_get()
+
+        def compile_spec(i: int) -> CompiledFn:
+            spec = specs[i]
+            pipeline = self.pipeline.for_range(
+                spec.context_range,
+                label=spec.label,
+                note=f"specialization {i + 1} of {count}; token count from {planned.token_dim.how}",
+                left_out={name: f"{why}; this compile serves {spec.label}" for name, why in spec.left_out},
             )
-            for i, spec in enumerate(planned.specializations)
-        ]
+            with specialize.reentered(tracing):
+                return self._compile(pipeline, specialize.copy_graph_module(source), example_inputs, patches)
+
         spare = specialize.copy_graph_module(gm)
         self.last_dispatcher = specialize.Dispatcher(
             planned,
-            compiled,
-            fallback=lambda: self._compile(self.pipeline.for_range(ANY_SIZE), spare, example_inputs),
+            compile_spec,
+            fallback=lambda: self._compile_in(
+                tracing, self.pipeline.for_range(ANY_SIZE), spare, example_inputs, patches
+            ),
+            at_first_call=self.pipeline.config.compile_at == "first_call",
         )
         return self.last_dispatcher
 
+    def _compile_in(self, tracing: Any, *args: Any) -> CompiledFn:
+        with specialize.reentered(tracing):
+            return self._compile(*args)
+
+    def _compile_patches(self, mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
+        """torch.compile's mode/options as Inductor config patches (checked)."""
+        if mode is None and not options:
+            return {}
+        if self.mode == "eager":
+            raise ConfigError(
+                f"torch.compile(mode={mode!r}, options={options!r}) configures Inductor's code "
+                "generation, which passkit.backend(mode='eager') does not run: drop them or use "
+                "mode='inductor'"
+            )
+        patches = inductor_options.compile_patches(mode, options)
+        self._cudagraphs |= inductor_options.uses_cudagraphs(patches)
+        return patches
+
+    def reset(self) -> None:
+        """Called by ``torch._dynamo.reset()``: drop Inductor's CUDA-graph trees when a
+        compile used them, as ``backend="inductor"`` does."""
+        if self._cudagraphs:
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+            reset_cudagraph_trees()
+
     def _compile(
-        self, pipeline: Pipeline, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+        self,
+        pipeline: Pipeline,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        compile_patches: dict[str, Any] | None = None,
     ) -> CompiledFn:
-        """One normal compile of ``gm`` with ``pipeline``; a cache hit's report is filled
-        from passkit's report cache."""
+        """One normal compile of ``gm`` with ``pipeline``, timed into its report; a cache
+        hit's report is filled from passkit's report cache."""
         reports_before, hits_before = len(pipeline.reports), _cache_hits()
+        start = time.perf_counter()
         if self.mode == "eager":
             compiled = self._compile_eager(pipeline, gm, example_inputs)
         else:
             from torch._inductor.compile_fx import compile_fx
 
-            patches = {**self.inductor_config, **pipeline.inductor_patches()}
+            patches = inductor_options.merge_patches(
+                compile_patches or {}, self.inductor_config, pipeline.inductor_patches()
+            )
             compiled = cast(CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None))
+        seconds = time.perf_counter() - start
         if not pipeline.enabled:
             return compiled
         cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs)
@@ -133,7 +195,9 @@ class Backend:
         elif _cache_hits() > hits_before:
             restored = report_cache.load(cache_key)
             records = [r for old in restored for r in old.records] if restored else []
-            pipeline.record_cache_hit(self.mode, records)
+            new = [pipeline.record_cache_hit(self.mode, records)]
+        for report in new:
+            pipeline.record_compile_time(report, seconds)
         return compiled
 
     def _compile_eager(
@@ -176,12 +240,23 @@ def _default_backend() -> Backend:
     return Backend()
 
 
-def passkit_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledFn:
+def passkit_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **compile_options: Any
+) -> CompiledFn:
     """The named backend ``"passkit"``: config from ``passkit.toml``/pyproject/environment,
-    resolved once per process at the first compile."""
+    resolved once per process at the first compile. ``compile_options``: torch.compile's
+    ``mode`` / ``options``."""
     with _default_lock:
         b = _default_backend()
-    return b(gm, example_inputs)
+    return b(gm, example_inputs, **compile_options)
+
+
+def _reset_default_backend() -> None:
+    if _default_backend.cache_info().currsize:
+        _default_backend().reset()
+
+
+passkit_backend.reset = _reset_default_backend  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------

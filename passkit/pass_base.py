@@ -105,6 +105,15 @@ class Pass:
             (``None``: all). Override :meth:`token_constraint` to derive it from options or
             the compile context. The backend compiles one specialization per token range
             with a distinct set of applicable passes and picks one per call.
+        depends_on: passes whose rewrite this one acts on (``async_tp`` acts on the
+            all-gathers and reduce-scatters ``sequence_parallel`` makes). When one of them is
+            enabled, this pass runs only in token ranges where one of them can run, after
+            it, and only on graphs it changed; with none enabled, it runs on its own. Implies
+            ``after``.
+        shares_sites_with: passes that rewrite the same sites as this one (either side
+            may declare it): where both apply, the one first in pipeline order takes every
+            site and the other has nothing left, so it is left out of that token range and
+            neighbouring ranges that differ only by it compile once.
     """
 
     name: ClassVar[str] = ""
@@ -116,6 +125,8 @@ class Pass:
     idempotent: ClassVar[bool] = True
     source_files: ClassVar[Sequence[str]] = ()
     tokens: ClassVar[TokenConstraint | None] = None
+    depends_on: ClassVar[Sequence[str]] = ()
+    shares_sites_with: ClassVar[Sequence[str]] = ()
 
     def __init__(self, options: pydantic.BaseModel | dict[str, Any] | None = None, **kwargs: Any):
         if options is not None and kwargs:
@@ -175,6 +186,8 @@ class Pass:
             "options": self.options_json(),
             "source": source_hash(type(self)),
             "tokens": str(self.tokens) if self.tokens else None,
+            "depends_on": list(self.depends_on),
+            "shares_sites_with": list(self.shares_sites_with),
         }
 
     def __repr__(self) -> str:

@@ -32,7 +32,7 @@ from .graph_utils import count_nodes, graph_code, restore, snapshot
 from .pass_base import Pass, PassResult, Stage, validate_options
 from .plugins import PluginSet, get_plugins
 from .report import PassRecord, Report
-from .tokens import TokenRange
+from .tokens import PassRelations, TokenRange
 from .verify import verify_graph
 
 _graph_ids = itertools.count(1)
@@ -85,7 +85,7 @@ def order_passes(passes: list[Pass]) -> list[Pass]:
     edges: dict[str, set[str]] = {p.name: set() for p in passes}  # a -> b: a runs before b
     for p in passes:
         edges[p.name].update(b for b in p.before if b in by_name)
-        for a in p.after:
+        for a in (*p.after, *p.depends_on):
             if a in by_name:
                 edges[a].add(p.name)
     cycle = _find_cycle(edges)
@@ -111,7 +111,24 @@ def order_passes(passes: list[Pass]) -> list[Pass]:
 def _constraint_owner(a: Pass, b: Pass) -> str:
     if b.name in a.before:
         return f"{a.name} declares before={list(a.before)}"
-    return f"{b.name} declares after={list(b.after)}"
+    if a.name in b.after:
+        return f"{b.name} declares after={list(b.after)}"
+    return f"{b.name} declares depends_on={list(b.depends_on)}"
+
+
+def pass_relations(passes: list[Pass]) -> PassRelations:
+    """``depends_on`` / ``shares_sites_with`` among ``passes`` (those present only)."""
+    names = {p.name for p in passes}
+    shares: dict[str, set[str]] = {}
+    for p in passes:
+        for other in p.shares_sites_with:
+            if other in names and other != p.name:
+                shares.setdefault(p.name, set()).add(other)
+                shares.setdefault(other, set()).add(p.name)
+    return PassRelations(
+        depends_on={p.name: deps for p in passes if (deps := tuple(d for d in p.depends_on if d in names))},
+        shares_sites={name: tuple(sorted(others)) for name, others in shares.items()},
+    )
 
 
 def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -224,10 +241,14 @@ class Pipeline:
         token_range: TokenRange | None = None,
         range_label: str | None = None,
         reports: list[Report] | None = None,
+        left_out: dict[str, str] | None = None,
     ):
         self.config = config
         self.plugins = plugins
         self.passes = order_passes(passes)
+        self.relations = pass_relations(self.passes)
+        self.left_out: dict[str, str] = dict(left_out or {})
+        """Passes a specialization runs without, with why (decided by the token-range plan)."""
         self.token_range = token_range
         self.range_label = range_label or (str(token_range) if token_range else None)
         self.note: str | None = None
@@ -251,6 +272,7 @@ class Pipeline:
             for impl in hook.get_hookimpls():
                 parts.append(_function_identity(impl.function))
         parts.append({"token_range": str(self.token_range) if self.token_range else None})
+        parts.append({"left_out": sorted(self.left_out)})
         blob = json.dumps(parts, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -266,10 +288,15 @@ class Pipeline:
         return self.token_range if self.token_range is not None else _framework_range.get()
 
     def for_range(
-        self, token_range: TokenRange, label: str | None = None, note: str | None = None
+        self,
+        token_range: TokenRange,
+        label: str | None = None,
+        note: str | None = None,
+        left_out: dict[str, str] | None = None,
     ) -> Pipeline:
         """The same passes, compiling for ``token_range`` (``label`` names it in reports,
-        ``note`` is added to them; reports go to this pipeline's list)."""
+        ``note`` is added to them; reports go to this pipeline's list); ``left_out``: passes
+        the token-range plan leaves out of this compile, with why."""
         specialized = Pipeline(
             self.config,
             self.plugins,
@@ -277,6 +304,7 @@ class Pipeline:
             token_range=token_range,
             range_label=label,
             reports=self.reports,
+            left_out=left_out,
         )
         specialized.note = note
         return specialized
@@ -317,8 +345,9 @@ class Pipeline:
         plan = PipelinePlan([p for p in self.passes if p.stage == stage])
         self.plugins.hook.passkit_configure_pipeline(plan=plan, context=ctx)
         dumper = Dumper(self.config.dump_dir, report.graph_id) if self.config.dump_dir else None
+        skipped = self._range_skips(ctx)
         for p in plan.passes:
-            record = self._run_one(p, gm, ctx, plan, report, dumper)
+            record = self._run_one(p, gm, ctx, plan, report, dumper, skipped)
             report.records.append(record)
         if stage == self.stages[-1]:
             self._finish(report, dumper)
@@ -337,6 +366,25 @@ class Pipeline:
         self._open = (weakref.ref(graph), report)
         return report
 
+    def _range_skips(self, ctx: CompileContext) -> dict[str, str]:
+        """Passes that do not run in this compile because of its token range, with why:
+        what the token-range plan left out, else (a framework's range) each pass's own
+        constraint, then passes whose sites an earlier pass takes or without the rewrite they
+        act on."""
+        if self.left_out or ctx.token_range is None:
+            return dict(self.left_out)
+        outside = {p.name: why for p in self.passes if (why := _outside_range(p, ctx))}
+        runnable = [p.name for p in self.passes if p.name not in outside and p.skip_reason(ctx) is None]
+        _, dropped = self.relations.effective(runnable)
+        return {**outside, **{n: f"{why} (tokens {ctx.token_range})" for n, why in dropped.items()}}
+
+    def _nothing_to_act_on(self, p: Pass, report: Report) -> str | None:
+        """Why ``p`` (which acts on another pass's rewrite) has nothing to do on this graph."""
+        deps = self.relations.depends_on.get(p.name)
+        if not deps or any(r.name in deps and r.modified for r in report.records):
+            return None
+        return f"acts on the rewrite of {' or '.join(deps)}, which did not change this graph"
+
     def _run_one(
         self,
         p: Pass,
@@ -345,9 +393,15 @@ class Pipeline:
         plan: PipelinePlan,
         report: Report,
         dumper: Dumper | None,
+        range_skips: dict[str, str],
     ) -> PassRecord:
         record = PassRecord(name=p.name, stage=p.stage.value)
-        reason = plan.skipped.get(p.name) or _outside_range(p, ctx) or p.skip_reason(ctx)
+        reason = (
+            plan.skipped.get(p.name)
+            or range_skips.get(p.name)
+            or p.skip_reason(ctx)
+            or self._nothing_to_act_on(p, report)
+        )
         if reason:
             record.reason = reason
             logs.log.info("passkit: %s skipped: %s", p.name, reason)
@@ -431,6 +485,15 @@ class Pipeline:
         )
         self._finish(report, None)
         return report
+
+    def record_compile_time(self, report: Report, seconds: float) -> None:
+        """Add the whole compile's wall-clock time to a finished report (and its
+        ``report.json`` in the dump directory)."""
+        report.compile_s = round(seconds, 3)
+        where = f" ({report.token_range})" if report.token_range else ""
+        logs.log.info("passkit: graph %d%s compiled in %.2f s", report.graph_id, where, seconds)
+        if self.config.dump_dir:
+            Dumper(self.config.dump_dir, report.graph_id).report(report)
 
     def _finish(self, report: Report, dumper: Dumper | None) -> None:
         self._open = None

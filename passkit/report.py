@@ -50,6 +50,9 @@ class Report:
     """``records`` come from passkit's report cache (a cache hit), not from this process."""
     notes: list[str] = dataclasses.field(default_factory=list)
     """Remarks on the compile as a whole (e.g. why it was not specialized by token count)."""
+    compile_s: float | None = None
+    """Wall-clock seconds of this graph's whole compile (tracing, passes, code generation),
+    when passkit's backend compiled it."""
 
     def __getitem__(self, name: str) -> PassRecord:
         for rec in self.records:
@@ -80,6 +83,7 @@ class Report:
             "token_range": self.token_range,
             "restored": self.restored,
             "notes": list(self.notes),
+            "compile_s": self.compile_s,
             "total_ms": round(self.total_ms, 3),
             "passes": [r.to_dict() for r in self.records],
         }
@@ -101,6 +105,7 @@ class Report:
             token_range=data.get("token_range"),
             restored=bool(data.get("restored", False)),
             notes=list(data.get("notes", [])),
+            compile_s=data.get("compile_s"),
         )
 
     def format(self) -> str:
@@ -119,7 +124,8 @@ class Report:
             lines.append(
                 f"{r.name:<24} {r.stage:<15} {r.status:<8} {r.matches:>7} {r.ms:>9.2f} {nodes:>13}  {note}"
             )
-        lines.append(f"total {self.total_ms:.2f} ms")
+        compiled = f"; whole compile {self.compile_s:.2f} s" if self.compile_s is not None else ""
+        lines.append(f"total {self.total_ms:.2f} ms{compiled}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

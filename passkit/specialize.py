@@ -11,8 +11,9 @@ few integer comparisons, no re-tracing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -110,9 +111,14 @@ def plan(
     """The specializations to compile; else why ranges were asked for but the graph compiles
     once (a report note), or None when nothing asks for ranges."""
     ctx = CompileContext.detect(example_inputs, mode=mode)
+    runnable = [p for p in pipeline.passes if p.skip_reason(ctx) is None]
     constraints: dict[str, TokenConstraint | None] = {
-        p.name: p.checked_token_constraint(ctx) for p in pipeline.passes
+        p.name: p.checked_token_constraint(ctx) for p in runnable
     }
+    relations = pipeline.relations
+    for p in runnable:  # a pass acting on another's rewrite needs one of them able to run
+        if p.name in relations.depends_on and not any(d in constraints for d in relations.depends_on[p.name]):
+            del constraints[p.name]
     user_ends = pipeline.config.compile_ranges or []
     if not user_ends and all(c is None for c in constraints.values()):
         return None
@@ -122,7 +128,7 @@ def plan(
             "no dynamic token dimension in the graph's inputs: compiled once; token ranges "
             "(compile_ranges, passes' token constraints) are not applied"
         )
-    specializations, rules = plan_specializations(constraints, user_ends)
+    specializations, rules = plan_specializations(constraints, user_ends, relations)
     return Plan(specializations, rules, token_dim)
 
 
@@ -131,27 +137,43 @@ class Dispatcher:
 
     The ranges cover every count from 1 up, in order: a call costs reading the count, one
     comparison per range until the right one, and ``count % k`` for each divisibility rule
-    of that range. ``fallback`` (compiled at first use) serves counts below 1; it runs only
-    the passes that apply to every size.
+    of that range. ``compile_one(i)`` compiles specialization ``i``: all of them now
+    (``at_first_call``, the default: this runs inside the backend, at the graph's first
+    call) or each at the first call its range serves. ``fallback`` (compiled at first use)
+    serves counts below 1; it runs only the passes that apply to every size.
     """
 
-    def __init__(self, plan: Plan, compiled: Sequence[CompiledFn], fallback: Callable[[], CompiledFn]):
+    def __init__(
+        self,
+        plan: Plan,
+        compile_one: Callable[[int], CompiledFn] | Sequence[CompiledFn],
+        fallback: Callable[[], CompiledFn],
+        *,
+        at_first_call: bool = True,
+    ):
         self._arg, self._dim = plan.token_dim.arg, plan.token_dim.dim
         self.plan = plan
-        self.compiled = list(compiled)
-        # per range: (last count, the function when no divisibility rule applies, else None,
-        # the divisor when exactly one applies, the functions by outcome)
-        self._table: list[tuple[float, CompiledFn | None, int, dict[Any, CompiledFn]]] = []
+        if callable(compile_one):
+            self._compile_one = compile_one
+            count = len(plan.specializations)
+            self.compiled: list[CompiledFn | None] = (
+                [compile_one(i) for i in range(count)] if at_first_call else [None] * count
+            )
+        else:
+            self.compiled = list(compile_one)
+        # per range: (last count, the index when no divisibility rule applies, else -1,
+        # the divisor when exactly one applies, the indices by outcome)
+        self._table: list[tuple[float, int, int, dict[Any, int]]] = []
         for rule in plan.rules:
             hi = float("inf") if rule.hi is None else rule.hi
-            by_outcome = {outcome: self.compiled[index] for outcome, index in rule.choice.items()}
+            by_outcome = dict(rule.choice)
             if not rule.divisors:
                 self._table.append((hi, by_outcome[()], 0, {}))
             elif len(rule.divisors) == 1:
-                single = {outcome[0]: fn for outcome, fn in by_outcome.items()}
-                self._table.append((hi, None, rule.divisors[0], single))
+                single = {outcome[0]: index for outcome, index in by_outcome.items()}
+                self._table.append((hi, -1, rule.divisors[0], single))
             else:
-                self._table.append((hi, None, 0, by_outcome))
+                self._table.append((hi, -1, 0, by_outcome))
         self._divisors = {i: plan.rules[i].divisors for i in range(len(plan.rules))}
         self._make_fallback = fallback
         self._fallback: CompiledFn | None = None
@@ -162,18 +184,28 @@ class Dispatcher:
     def _pick(self, args: Sequence[Any]) -> CompiledFn:
         tokens = args[self._arg] if self._dim is None else args[self._arg].shape[self._dim]
         if tokens >= 1:
-            for i, (hi, fn, divisor, by_outcome) in enumerate(self._table):
+            for i, (hi, index, divisor, by_outcome) in enumerate(self._table):
                 if tokens <= hi:
-                    if fn is None:
-                        fn = (
+                    if index < 0:
+                        index = (
                             by_outcome[tokens % divisor == 0]
                             if divisor
                             else by_outcome[tuple(tokens % d == 0 for d in self._divisors[i])]
                         )
-                    return fn
+                    fn = self.compiled[index]
+                    return fn if fn is not None else self._compile(index)
         if self._fallback is None:
             self._fallback = self._make_fallback()
         return self._fallback
+
+    def _compile(self, index: int) -> CompiledFn:
+        fn = self.compiled[index] = self._compile_one(index)
+        return fn
+
+    @property
+    def compiled_count(self) -> int:
+        """How many specializations are compiled so far."""
+        return sum(fn is not None for fn in self.compiled)
 
     def index_for(self, tokens: int) -> int | None:
         """Which specialization serves ``tokens`` (None: the fallback)."""
@@ -181,6 +213,19 @@ class Dispatcher:
             if rule.lo <= tokens and (rule.hi is None or tokens <= rule.hi):
                 return rule.choice[tuple(tokens % d == 0 for d in rule.divisors)]
         return None
+
+
+@contextlib.contextmanager
+def reentered(tracing: Any) -> Iterator[None]:
+    """Inside Dynamo's tracing context ``tracing`` (None: as is). Already inside it (the
+    backend call itself): nothing changes."""
+    import torch._guards
+
+    if tracing is None or torch._guards.TracingContext.try_get() is tracing:
+        yield
+        return
+    with torch._guards.tracing(tracing):
+        yield
 
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

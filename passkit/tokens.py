@@ -129,6 +129,10 @@ class Specialization:
     passes: tuple[str, ...]
     ranges: tuple[TokenRange, ...]
     divisible_by: tuple[int, ...] = ()
+    left_out: tuple[tuple[str, str], ...] = ()
+    """Enabled passes this compile runs without, each with why (``(name, reason)``): outside
+    their token constraint, their sites taken by a pass that runs first, or waiting on a rewrite that does
+    not happen here."""
 
     @property
     def label(self) -> str:
@@ -157,21 +161,65 @@ class RangeRule:
     choice: Mapping[tuple[bool, ...], int]
 
 
+@dataclasses.dataclass(frozen=True)
+class PassRelations:
+    """How enabled passes act on each other's rewrites, for planning.
+
+    ``depends_on[p]``: passes whose rewrite ``p`` acts on (:attr:`passkit.Pass.depends_on`,
+    only those enabled): ``p`` runs only where one of them runs. ``shares_sites[p]``: passes
+    that rewrite the same sites as ``p`` (:attr:`passkit.Pass.shares_sites_with`, made
+    symmetric): where two of them apply, the first in pipeline order takes every site.
+    """
+
+    depends_on: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    shares_sites: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def effective(self, applicable: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+        """Of the passes whose own constraints hold (``applicable``, in pipeline order),
+        those that act: a pass whose sites an earlier one takes and a pass whose
+        dependencies all left are dropped (to a fixed point). Returns the kept names and
+        ``{dropped: reason}``."""
+        kept = list(applicable)
+        dropped: dict[str, str] = {}
+        changed = True
+        while changed:
+            changed = False
+            for name in list(kept):
+                earlier = kept[: kept.index(name)]
+                by = next((s for s in earlier if s in self.shares_sites.get(name, ())), None)
+                if by is not None:
+                    dropped[name] = f"its sites are taken by {by}, which runs first here"
+                elif (deps := self.depends_on.get(name)) and not any(d in kept for d in deps):
+                    dropped[name] = f"acts on the rewrite of {' or '.join(deps)}, which does not run here"
+                else:
+                    continue
+                kept.remove(name)
+                changed = True
+        return tuple(kept), dropped
+
+
 def plan_specializations(
-    constraints: Mapping[str, TokenConstraint | None], user_ends: Sequence[int] = ()
+    constraints: Mapping[str, TokenConstraint | None],
+    user_ends: Sequence[int] = (),
+    relations: PassRelations | None = None,
 ) -> tuple[list[Specialization], list[RangeRule]]:
     """Group the token axis into specializations with equal pass sets.
 
-    ``constraints``: each enabled pass's constraint (None: applies everywhere), in pipeline
-    order. Returns the specializations (each distinct set of passes once) and, per piece of
-    the token axis, how a call picks one.
+    ``constraints``: the constraint of each pass that can run in this compile's context
+    (None: applies everywhere), in pipeline order; ``relations``: which of them act on or
+    compete for the same sites. Each piece of the axis gets the passes that act there
+    (:meth:`PassRelations.effective`); pieces with the same passes share one specialization,
+    so a bound that changes nothing compiles nothing. Returns the specializations (each
+    distinct set of passes once) and, per piece of the token axis, how a call picks one.
     """
+    relations = relations or PassRelations()
     ends = set(user_ends)
     for constraint in constraints.values():
         if constraint is not None:
             ends |= constraint.ends()
     user_pieces = split(user_ends)
     specs: dict[tuple[int, tuple[str, ...], tuple[int, ...]], list[TokenRange]] = {}
+    left_out: dict[tuple[int, tuple[str, ...], tuple[int, ...]], dict[str, set[str]]] = {}
     rules: list[tuple[TokenRange, tuple[int, ...], dict[tuple[bool, ...], Any]]] = []
     for piece in split(ends):
         user_piece = next(
@@ -186,9 +234,13 @@ def plan_specializations(
             holds = {d for d, ok in zip(divisors, outcome) if ok}
             if any(t % f == 0 for t in holds for f in set(divisors) - holds):
                 continue  # impossible: a multiple of t is a multiple of its divisor f
-            passes = tuple(
+            applicable = [
                 n for n, c in inside.items() if c is None or c.multiple_of == 1 or c.multiple_of in holds
-            )
+            ]
+            passes, dropped = relations.effective(applicable)
+            for n, c in constraints.items():
+                if n not in applicable:
+                    dropped[n] = f"applies to {c}"
             needed = tuple(
                 sorted({c.multiple_of for n, c in inside.items() if n in passes and c and c.multiple_of > 1})
             )
@@ -196,18 +248,57 @@ def plan_specializations(
             pieces = specs.setdefault(key, [])
             if pieces and pieces[-1].hi is not None and pieces[-1].hi + 1 == piece.lo:
                 pieces[-1] = TokenRange(pieces[-1].lo, piece.hi)  # adjacent: one range
-            elif piece not in pieces:
+            elif not any(
+                r.lo <= piece.lo and (r.hi is None or (piece.hi or math.inf) <= r.hi) for r in pieces
+            ):
                 pieces.append(piece)
+            reasons = left_out.setdefault(key, {})
+            for n, why in dropped.items():
+                reasons.setdefault(n, set()).add(why)
             choice[outcome] = key
         rules.append((piece, divisors, choice))
     ordered = list(specs)
     index = {key: i for i, key in enumerate(ordered)}
-    specializations = [Specialization(key[1], tuple(specs[key]), key[2]) for key in ordered]
-    range_rules = [
-        RangeRule(piece.lo, piece.hi, divisors, {o: index[k] for o, k in choice.items()})
-        for piece, divisors, choice in rules
+    specializations = [
+        Specialization(
+            key[1],
+            tuple(specs[key]),
+            key[2],
+            tuple((n, "; ".join(sorted(left_out[key][n]))) for n in constraints if n in left_out[key]),
+        )
+        for key in ordered
     ]
+    range_rules = _merge_rules(
+        [
+            RangeRule(piece.lo, piece.hi, divisors, {o: index[k] for o, k in choice.items()})
+            for piece, divisors, choice in rules
+        ]
+    )
     return specializations, range_rules
+
+
+def _merge_rules(rules: list[RangeRule]) -> list[RangeRule]:
+    """Simplify each rule (drop divisors whose outcome picks nothing different), then join
+    neighbouring rules that dispatch alike: fewer comparisons per call."""
+    simple: list[RangeRule] = []
+    for rule in rules:
+        divisors, choice = list(rule.divisors), dict(rule.choice)
+        for i in reversed(range(len(divisors))):
+            by_rest: dict[tuple[bool, ...], set[int]] = {}
+            for outcome, spec in choice.items():
+                by_rest.setdefault(outcome[:i] + outcome[i + 1 :], set()).add(spec)
+            if all(len(specs) == 1 for specs in by_rest.values()):
+                divisors.pop(i)
+                choice = {o[:i] + o[i + 1 :]: s for o, s in choice.items()}
+        simple.append(RangeRule(rule.lo, rule.hi, tuple(divisors), choice))
+    merged: list[RangeRule] = []
+    for rule in simple:
+        last = merged[-1] if merged else None
+        if last is not None and last.divisors == rule.divisors and dict(last.choice) == dict(rule.choice):
+            merged[-1] = RangeRule(last.lo, rule.hi, last.divisors, last.choice)
+        else:
+            merged.append(rule)
+    return merged
 
 
 def _outcomes(n: int) -> list[tuple[bool, ...]]:

@@ -20,10 +20,12 @@ def test_tp_passes_demo_specializes_by_token_range_and_matches_eager():
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
-    assert "4 compiled specializations" in text
-    for label in ("tokens 1..16", "tokens 17..31", "tokens >= 32, multiples of 2", "tokens >= 32"):
+    # 17..31 and the odd counts from 32 run no pass: one compile (async_tp acts only on
+    # sequence_parallel's rewrite, so it does not split the odd counts off)
+    assert "3 compiled specializations" in text
+    for label in ("tokens 1..16", "tokens >= 17", "tokens >= 32, multiples of 2"):
         assert f"inductor, {label})" in text
     assert "64 tokens -> tokens >= 32, multiples of 2" in text
-    assert "33 tokens -> tokens >= 32 " in text
+    assert "33 tokens -> tokens >= 17 " in text
     assert "4 tokens -> tokens 1..16" in text
     assert "numerics within 0.0001 of eager on every call and rank: True" in text

@@ -76,6 +76,10 @@ class AsyncTP(decisions.Tunable, GraphPass):
     name = "async_tp"
     stage = Stage.POST
     after = ("sequence_parallel",)
+    depends_on = ("sequence_parallel",)
+    """With sequence_parallel enabled, its all-gathers and reduce-scatters are what this
+    pass fuses: it runs only in sequence_parallel's token ranges (no compile for odd counts
+    where it would find nothing); enabled alone, it fuses the collectives the model has."""
     Options = AsyncTPOptions
     requires = Requirements(min_world_size=2)
     source_files = (ops.__file__, runtime.__file__, torch_api.__file__)

@@ -62,6 +62,9 @@ class SequenceParallel(decisions.Tunable, GraphPass):
     name = NAME
     stage = Stage.POST
     before = ("async_tp",)
+    shares_sites_with = ("allreduce_rmsnorm",)
+    """The same all-reduce + add + RMSNorm sites (the same matcher): where both apply, the
+    one configured first takes them, and the other is left out of that token range."""
     Options = SequenceParallelOptions
     requires = Requirements(min_world_size=2)
     source_files = (matcher.__file__, rewrite.__file__, ops.__file__, marks.__file__)
