@@ -83,6 +83,17 @@ def pass_identities(pipeline: Pipeline) -> tuple[dict[str, Any], ...]:
 
 
 @contextlib.contextmanager
+def reentered(compiling: Compiling | None) -> Iterator[None]:
+    """Within the block, :func:`current` is ``compiling`` again (a compile that happens
+    after the backend returned, e.g. a specialization compiled at its first use)."""
+    token = _current.set(compiling)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+@contextlib.contextmanager
 def scope(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], pipeline: Pipeline) -> Iterator[Compiling]:
     """Within the block, :func:`current` is ``gm`` compiled by ``pipeline``."""
     compiling = Compiling(fingerprint(gm, example_inputs), pass_identities(pipeline))
@@ -95,17 +106,20 @@ def scope(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], pipeline: Pip
 
 def scoped(backend: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
     """``backend`` (a :class:`passkit.Backend`) as a callable that opens :func:`scope`
-    around each compile; attributes (``reports``...) are read through to ``backend``."""
+    around each compile (torch.compile's ``mode``/``options`` are passed on); ``.backend``
+    is the wrapped backend. Specializations compiled at their first use
+    (``compile_at="first_use"``) compile outside it: until the backend opens the scope
+    itself, they see no graph (the tables decide there)."""
 
     @functools.wraps(backend.__call__)
-    def call(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    def call(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
         if _current.get() is not None:
-            return backend(gm, example_inputs)
+            return backend(gm, example_inputs, **kwargs)
         with scope(gm, example_inputs, backend.pipeline):
-            return backend(gm, example_inputs)
+            return backend(gm, example_inputs, **kwargs)
 
     call.backend = backend  # type: ignore[attr-defined]
     return call
 
 
-__all__ = ["Compiling", "current", "fingerprint", "pass_identities", "scope", "scoped"]
+__all__ = ["Compiling", "current", "fingerprint", "pass_identities", "reentered", "scope", "scoped"]
