@@ -406,3 +406,34 @@ def test_the_budget_stops_measuring_and_says_what_was_not_measured(isolated):
         in (stream.getvalue())
     )
     assert result.paths and not result.paths[0].exists()  # save=False
+
+
+def test_a_candidate_that_fails_to_compile_is_skipped_and_listed(isolated, monkeypatch):
+    """One process, no process group; the allreduce_rmsnorm candidate's compile raises."""
+    real = measure._compile
+
+    def failing(model, entries, *args):
+        if any(e["name"] == "allreduce_rmsnorm" for e in entries):
+            raise RuntimeError("no kernel for this shape\nmore lines")
+        return real(model, entries, *args)
+
+    monkeypatch.setattr(measure, "_compile", failing)
+
+    def model(x):
+        return torch.nn.functional.rms_norm(x * 2, (x.shape[-1],))
+
+    stream = io.StringIO()
+    result = measure.tune_model(
+        model, lambda t: (torch.randn(t, 8),), [{"name": "allreduce_rmsnorm", "implementation": "reference"}],
+        token_counts=[4, 16], timer=_fake_timer, mode="eager", progress=stream,
+    )  # fmt: skip
+    assert result.unmeasured == [
+        "allreduce_rmsnorm: failed to compile on rank 0: RuntimeError: no kernel for this shape"
+    ]
+    assert result.medians_us == {4: {(): 40.0}, 16: {(): 160.0}}
+    assert result.decision.summary() == "tokens >= 1: inductor"
+    assert result.decision.key.world_size == 1
+    assert (
+        "allreduce_rmsnorm failed to compile (rank 0: RuntimeError: no kernel for this shape): not measured"
+        in (stream.getvalue())
+    )
