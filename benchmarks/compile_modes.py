@@ -119,11 +119,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=4, help="timing rounds, order alternating; medians")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, 3 iterations")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.smoke:
-        args.iters, args.tokens = 3, [1, 8]
+        args.iters, args.tokens, args.rounds = 3, [1, 8], 2
     model, vocab, device = build(args)
     fn = forward_fn(model, args.smoke)
     inputs = {
@@ -133,34 +134,46 @@ def main() -> None:
     for t, ids in inputs.items():
         if t > 1:  # dynamic tokens, as a server compiles; Dynamo specializes a size of 1
             torch._dynamo.mark_dynamic(ids, 1)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = {name: {"ms": {}, "rounds": []} for name in VARIANTS}
     outputs: dict[str, dict[int, torch.Tensor]] = {}
-    for name, (backend_name, mode) in VARIANTS.items():
-        torch._dynamo.reset()
-        backend: Any = "inductor" if backend_name == "inductor" else passkit.backend(passes=SERVING)
-        compiled = torch.compile(fn, backend=backend, mode=mode)
-        row: dict[str, Any] = {"ms": {}}
-        outputs[name] = {}
-        with torch.no_grad(), GraphCounter() as graphs:
-            t0 = time.perf_counter()
-            for t in sorted(args.tokens, reverse=True):  # the dynamic graph first
-                for _ in range(3):  # warm-up: compile, CUDA-graph warm-up and record
-                    compiled(inputs[t])
-            row["compile_and_warmup_s"] = round(time.perf_counter() - t0, 2)
-            for t in args.tokens:
-                row["ms"][t] = time_calls(compiled, inputs[t], args.iters, device)
-                outputs[name][t] = compiled(inputs[t]).float().clone()
-        row["cudagraphs_recorded"], row["cudagraphs_replayed"] = graphs.recorded, graphs.replayed
-        if backend_name == "passkit":
-            row["reports"] = [
-                (r.token_range, r.compile_s, [(x.name, x.status) for x in r.records]) for r in backend.reports
-            ]
-        results[name] = row
-        print(
-            f"{name}: {row['ms']} ({row['cudagraphs_recorded']} graphs recorded, {row['cudagraphs_replayed']} replays)",
-            file=sys.stderr,
-            flush=True,
-        )
+    if device.type == "cuda":  # clocks up before the first variant is timed
+        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        for _ in range(50):
+            a @ a
+        torch.cuda.synchronize()
+    for round_ in range(args.rounds):  # alternate the order: no variant always runs first
+        order = list(VARIANTS) if round_ % 2 == 0 else list(reversed(VARIANTS))
+        for name in order:
+            backend_name, mode = VARIANTS[name]
+            torch._dynamo.reset()
+            backend: Any = "inductor" if backend_name == "inductor" else passkit.backend(passes=SERVING)
+            compiled = torch.compile(fn, backend=backend, mode=mode)
+            row = results[name]
+            timed: dict[int, float] = {}
+            with torch.no_grad(), GraphCounter() as graphs:
+                t0 = time.perf_counter()
+                for t in sorted(args.tokens, reverse=True):  # the dynamic graph first
+                    for _ in range(3):  # warm-up: compile, CUDA-graph warm-up and record
+                        compiled(inputs[t])
+                row.setdefault("compile_and_warmup_s", round(time.perf_counter() - t0, 2))
+                for t in args.tokens:
+                    timed[t] = time_calls(compiled, inputs[t], args.iters, device)
+                    if round_ == 0:
+                        outputs.setdefault(name, {})[t] = compiled(inputs[t]).float().clone()
+            row["rounds"].append(timed)
+            row["cudagraphs_recorded"], row["cudagraphs_replayed"] = graphs.recorded, graphs.replayed
+            if backend_name == "passkit":
+                row["reports"] = [
+                    (r.token_range, r.compile_s, [(x.name, x.status) for x in r.records])
+                    for r in backend.reports
+                ]
+            print(
+                f"round {round_ + 1} {name}: {timed} ({graphs.recorded} graphs recorded, {graphs.replayed} replays)",
+                file=sys.stderr,
+                flush=True,
+            )
+    for row in results.values():
+        row["ms"] = {t: statistics.median(r[t] for r in row["rounds"]) for t in args.tokens}
     same = {
         t: torch.equal(outputs["passkit reduce-overhead"][t], outputs["inductor reduce-overhead"][t])
         for t in args.tokens
@@ -172,7 +185,8 @@ def main() -> None:
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     title = (
         f"modes: {'tiny Llama (smoke)' if args.smoke else f'HF Llama 8B-shaped, {args.layers} layers, bf16'}, "
-        f"world size 1, {device_name}, torch {torch.__version__}, median of {args.iters} forwards"
+        f"world size 1, {device_name}, torch {torch.__version__}, median over {args.rounds} rounds (order alternating) "
+        f"of the median of {args.iters} forwards"
     )
     head = (
         "| variant | "

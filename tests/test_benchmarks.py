@@ -3,6 +3,7 @@ benchmarks/README.md; these smoke runs check the scripts, not speed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,3 +78,48 @@ def test_tuned_e2e_cpu_smoke_run_tunes_both_stacks_and_times_the_three_variants(
     assert "- tuned, " in out.stdout and "- tabled, " in out.stdout
     # one file per stack: the stack's graph is the same on both ranks (no rank-dependent constants)
     assert len(list(tmp_path.joinpath("fusion-decisions").iterdir())) == 2
+
+
+@pytest.mark.slow
+def test_compile_modes_smoke_run_compares_the_modes():
+    out = subprocess.run(
+        [sys.executable, "benchmarks/compile_modes.py", "--smoke"],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for variant in ("| inductor reduce-overhead |", "| passkit reduce-overhead |"):
+        assert variant in out.stdout
+    assert "output identical to Inductor reduce-overhead: {1: True, 8: True}" in out.stdout
+
+
+@pytest.mark.slow
+def test_compile_bill_smoke_run_prints_the_table(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/compile_bill.py",
+            "--smoke",
+            "--worlds",
+            "1",
+            "--out",
+            str(tmp_path / "bill"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads((tmp_path / "bill.json").read_text())["rows"]
+    assert {(r["cache"], r["variant"]) for r in rows} == {
+        (cache, variant)
+        for cache in ("cold", "warm")
+        for variant in ("inductor", "passkit first_call", "passkit first_use")
+    }
+    # world size 1: no pass of the serving config can run, so no token range is cut
+    assert all(r["compiles"] == 1 for r in rows if r["variant"] != "inductor"), rows

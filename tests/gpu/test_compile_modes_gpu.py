@@ -28,20 +28,20 @@ pytestmark = pytest.mark.gpu
 aten = torch.ops.aten
 
 
-class SmallGelu(passkit.GraphPass):
-    """relu -> gelu up to 16 tokens (visible in the numbers); records Inductor's settings."""
+class SmallSigmoid(passkit.GraphPass):
+    """relu -> sigmoid up to 16 tokens (visible in the numbers); records Inductor's settings."""
 
-    name = "small_gelu"
+    name = "small_sigmoid"
     tokens = TokenConstraint(max_tokens=16)
     seen: list[tuple[str, bool, bool]] = []
 
     def run(self, gm, ctx):
         import torch._inductor.config as config
 
-        SmallGelu.seen.append((str(ctx.token_range), config.triton.cudagraphs, config.max_autotune))
+        SmallSigmoid.seen.append((str(ctx.token_range), config.triton.cudagraphs, config.max_autotune))
         n = 0
         for node in list(gm.graph.find_nodes(op="call_function", target=aten.relu.default)):
-            node.target = aten.gelu.default
+            node.target = aten.sigmoid.default
             n += 1
         return PassResult(modified=n > 0, matches=n)
 
@@ -57,11 +57,11 @@ class Model(torch.nn.Module):
 
 
 def _backend() -> passkit.Backend:
-    return passkit.Backend(pipeline=Pipeline(load_config({}), get_plugins(), [SmallGelu()]))
+    return passkit.Backend(pipeline=Pipeline(load_config({}), get_plugins(), [SmallSigmoid()]))
 
 
 def _expected(model: Model, x: torch.Tensor) -> torch.Tensor:
-    act = torch.nn.functional.gelu if x.shape[0] <= 16 else torch.relu
+    act = torch.sigmoid if x.shape[0] <= 16 else torch.relu
     return model.down(act(model.up(x))) + x
 
 
@@ -78,7 +78,7 @@ def test_reduce_overhead_records_and_replays_a_graph_per_range():
     from torch._inductor import cudagraph_trees as trees
 
     torch._dynamo.reset()
-    SmallGelu.seen = []
+    SmallSigmoid.seen = []
     model = Model().cuda().eval()
     counts = {"recorded": 0, "replayed": 0}
     record, replay = trees.CUDAGraphTreeManager.record_function, trees.CUDAGraphNode.run_graph
@@ -105,10 +105,10 @@ def test_reduce_overhead_records_and_replays_a_graph_per_range():
         trees.CUDAGraphTreeManager.record_function = record
         trees.CUDAGraphNode.run_graph = replay
         torch._dynamo.reset()
-    assert sorted(SmallGelu.seen) == [("tokens 1..16", True, False), ("tokens >= 17", True, False)]
+    assert sorted(SmallSigmoid.seen) == [("tokens 1..16", True, False), ("tokens >= 17", True, False)]
     assert counts["recorded"] >= 4, counts  # one per token count, in two specializations
     assert counts["replayed"] >= 8, counts
-    by_range = {r.token_range: r["small_gelu"].status for r in backend.reports}
+    by_range = {r.token_range: r["small_sigmoid"].status for r in backend.reports}
     assert by_range == {"tokens 1..16": "ran", "tokens >= 17": "skipped"}
 
 
@@ -130,7 +130,7 @@ def test_reduce_overhead_equals_inductors_own():
 @pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "max-autotune"])
 def test_max_autotune_modes(mode):
     torch._dynamo.reset()
-    SmallGelu.seen = []
+    SmallSigmoid.seen = []
     model = Model().cuda().eval()
     compiled = torch.compile(model, backend=_backend(), mode=mode)
     with torch.no_grad():
@@ -138,5 +138,5 @@ def test_max_autotune_modes(mode):
             for _ in range(2):
                 torch.testing.assert_close(compiled(x), _expected(model, x), rtol=2e-2, atol=2e-2)
     torch._dynamo.reset()
-    assert SmallGelu.seen and all(autotune for _, _, autotune in SmallGelu.seen)
-    assert {cudagraphs for _, cudagraphs, _ in SmallGelu.seen} == {mode == "max-autotune"}
+    assert SmallSigmoid.seen and all(autotune for _, _, autotune in SmallSigmoid.seen)
+    assert {cudagraphs for _, cudagraphs, _ in SmallSigmoid.seen} == {mode == "max-autotune"}
