@@ -437,3 +437,35 @@ def test_a_candidate_that_fails_to_compile_is_skipped_and_listed(isolated, monke
         "allreduce_rmsnorm failed to compile (rank 0: RuntimeError: no kernel for this shape): not measured"
         in (stream.getvalue())
     )
+
+
+def tune_then_print(step: str) -> None:
+    """Run in a fresh process by the test below: ``tune`` stores a decision, ``compile``
+    compiles the same model and prints the note of its first range's record."""
+    passes = [{"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]
+    with fake_world(2) as world:
+        model, inputs, mark = _tiny(world)
+        if step == "tune":
+            measure.tune_model(
+                model, inputs, passes, token_counts=[2, 4, 16], timer=_fake_timer, mark_dynamic=mark,
+                mode="eager", progress=False,
+            )  # fmt: skip
+        else:
+            reports = _compile_reports(model, inputs, mark, passes, tokens=24)
+            print(reports["tokens 1..4"]["allreduce_rmsnorm"].notes[-1])
+
+
+@pytest.mark.slow
+def test_a_fresh_process_uses_the_stored_decision(isolated):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    run = [sys.executable, "-c", "import sys, test_tuned_decisions as t; t.tune_then_print(sys.argv[1])"]
+    for step in ("tune", "compile"):
+        out = subprocess.run([*run, step], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+    (path,) = (isolated / "cache" / "fusion-decisions").iterdir()
+    assert out.stdout.strip().splitlines()[-1].startswith(f"fuse decision: stored ({path.name}, tuned ")
