@@ -407,7 +407,8 @@ def load(path: str | os.PathLike[str]) -> FuseDecision:
 @dataclasses.dataclass(frozen=True)
 class Lookup:
     """What :func:`lookup` found: a decision (None: the tables decide), where it came from
-    (``"measured"`` in this process, ``"stored"``, or ``"table"``) and a note for reports."""
+    (``"measured"`` in this process, ``"stored"``, or ``"table"``) and a note for reports
+    (the same on every rank, except naming a file that was ignored)."""
 
     decision: FuseDecision | None
     source: str
@@ -451,16 +452,16 @@ def lookup(ctx: CompileContext) -> Lookup:
     path = path_for(key)
     measured = _measured.get(path)
     if measured is not None and measured.key == key:
-        return Lookup(measured, "measured", f"in this process, {_when(measured)}; stored as {path.name}")
+        return Lookup(measured, "measured", f"in this process, {_when(measured)}")
     found = _read(path)
     if found is None:
-        return Lookup(None, "table", f"no stored decision for this graph ({path.name} in {path.parent})")
+        return Lookup(None, "table", "no stored decision for this graph")
     if isinstance(found, str):
         return _ignored(path, found)
     difference = found.key.difference(key)
     if difference:
         return _ignored(path, f"{difference}; run the tuning again")
-    return Lookup(found, "stored", f"{path.name}, {_when(found)}")
+    return Lookup(found, "stored", f"{_when(found)}, in {path.parent}")
 
 
 def _when(decision: FuseDecision) -> str:
