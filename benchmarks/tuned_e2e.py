@@ -22,7 +22,10 @@ Run on 2 GPUs (spawns one process per GPU), or under torchrun:
     torchrun --nproc-per-node 2 benchmarks/tuned_e2e.py
 On CPU (``--cpu``) a tiny version runs in a 2-rank gloo world (reference op, test-mode async
 TP, wall-clock timing): a smoke test of this script, not a benchmark.
-Writes tuned_e2e_w<N>.{json,md} to $OUT (when set) and benchmarks/results/.
+Writes tuned_e2e_w<N>[_<stacks>].{json,md} to $OUT (when set) and benchmarks/results/.
+One stack takes about the tuning budget plus a few minutes (compiles, timing): run the stacks
+one per command (``--stacks llama8b``, then ``--stacks prefill70b``) where a command is
+limited to 10 minutes.
 """
 
 from __future__ import annotations
@@ -293,7 +296,8 @@ def main() -> None:
     if not args.cpu:
         for folder in filter(None, [os.environ.get("OUT"), str(HERE / "results")]):
             Path(folder).mkdir(parents=True, exist_ok=True)
-            stem = f"tuned_e2e_w{res['world']}"
+            stacks = "" if args.stacks == list(STACKS) else "_" + "_".join(args.stacks)
+            stem = f"tuned_e2e_w{res['world']}{stacks}"
             (Path(folder) / f"{stem}.json").write_text(json.dumps(res, indent=2))
             (Path(folder) / f"{stem}.md").write_text(md)
 
