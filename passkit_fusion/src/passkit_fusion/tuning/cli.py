@@ -142,7 +142,7 @@ def add_tune_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TUNE_TOKENS))
     parser.add_argument("--budget", type=float, default=600.0, help="seconds of measuring (default 600)")
     parser.add_argument(
-        "--margin", type=float, default=0.02, help="ties within this fraction go to fewer passes"
+        "--margin", type=float, default=0.01, help="ties within this fraction go to fewer passes"
     )
     parser.add_argument(
         "--candidates",

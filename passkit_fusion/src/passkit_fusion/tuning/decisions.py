@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from passkit import CompileContext
 
 DECISION_FORMAT = "passkit-fusion-decision/1"
-DEFAULT_MARGIN = 0.02
+DEFAULT_MARGIN = 0.01
 """Candidates within this fraction of the fastest tie; the one with fewest passes wins."""
 INDUCTOR = "inductor"
 """How the empty pass set (Inductor alone) is named in reports and files."""
