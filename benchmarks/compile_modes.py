@@ -134,46 +134,45 @@ def main() -> None:
     for t, ids in inputs.items():
         if t > 1:  # dynamic tokens, as a server compiles; Dynamo specializes a size of 1
             torch._dynamo.mark_dynamic(ids, 1)
-    results: dict[str, dict[str, Any]] = {name: {"ms": {}, "rounds": []} for name in VARIANTS}
+    torch._dynamo.config.cache_size_limit = 64  # four variants of one forward live side by side
+    torch._dynamo.config.accumulated_cache_size_limit = 512
+    results: dict[str, dict[str, Any]] = {}
     outputs: dict[str, dict[int, torch.Tensor]] = {}
-    if device.type == "cuda":  # clocks up before the first variant is timed
+    compiled: dict[str, Any] = {}
+    for name, (backend_name, mode) in VARIANTS.items():  # compile and warm up each variant
+        backend: Any = "inductor" if backend_name == "inductor" else passkit.backend(passes=SERVING)
+        compiled[name] = torch.compile(fn, backend=backend, mode=mode)
+        row: dict[str, Any] = {"samples": {t: [] for t in args.tokens}}
+        with torch.no_grad(), GraphCounter() as graphs:
+            t0 = time.perf_counter()
+            for t in sorted(args.tokens, reverse=True):  # the dynamic graph first
+                for _ in range(3):  # compile, CUDA-graph warm-up and record
+                    compiled[name](inputs[t])
+            row["compile_and_warmup_s"] = round(time.perf_counter() - t0, 2)
+            outputs[name] = {t: compiled[name](inputs[t]).float().clone() for t in args.tokens}
+        row["cudagraphs_recorded"] = graphs.recorded
+        if backend_name == "passkit":
+            row["reports"] = [
+                (r.token_range, r.compile_s, [(x.name, x.status) for x in r.records]) for r in backend.reports
+            ]
+        results[name] = row
+        print(f"{name}: compiled and warm in {row['compile_and_warmup_s']} s", file=sys.stderr, flush=True)
+    if device.type == "cuda":  # clocks up before timing
         a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
         for _ in range(50):
             a @ a
         torch.cuda.synchronize()
-    for round_ in range(args.rounds):  # alternate the order: no variant always runs first
-        order = list(VARIANTS) if round_ % 2 == 0 else list(reversed(VARIANTS))
-        for name in order:
-            backend_name, mode = VARIANTS[name]
-            torch._dynamo.reset()
-            backend: Any = "inductor" if backend_name == "inductor" else passkit.backend(passes=SERVING)
-            compiled = torch.compile(fn, backend=backend, mode=mode)
-            row = results[name]
-            timed: dict[int, float] = {}
-            with torch.no_grad(), GraphCounter() as graphs:
-                t0 = time.perf_counter()
-                for t in sorted(args.tokens, reverse=True):  # the dynamic graph first
-                    for _ in range(3):  # warm-up: compile, CUDA-graph warm-up and record
-                        compiled(inputs[t])
-                row.setdefault("compile_and_warmup_s", round(time.perf_counter() - t0, 2))
-                for t in args.tokens:
-                    timed[t] = time_calls(compiled, inputs[t], args.iters, device)
-                    if round_ == 0:
-                        outputs.setdefault(name, {})[t] = compiled(inputs[t]).float().clone()
-            row["rounds"].append(timed)
-            row["cudagraphs_recorded"], row["cudagraphs_replayed"] = graphs.recorded, graphs.replayed
-            if backend_name == "passkit":
-                row["reports"] = [
-                    (r.token_range, r.compile_s, [(x.name, x.status) for x in r.records])
-                    for r in backend.reports
-                ]
-            print(
-                f"round {round_ + 1} {name}: {timed} ({graphs.recorded} graphs recorded, {graphs.replayed} replays)",
-                file=sys.stderr,
-                flush=True,
-            )
-    for row in results.values():
-        row["ms"] = {t: statistics.median(r[t] for r in row["rounds"]) for t in args.tokens}
+    with torch.no_grad(), GraphCounter() as graphs:
+        for i in range(args.rounds * args.iters):  # interleaved: drift hits every variant alike
+            order = list(VARIANTS) if i % 2 == 0 else list(reversed(VARIANTS))
+            for t in args.tokens:
+                for name in order:
+                    results[name]["samples"][t].append(time_calls(compiled[name], inputs[t], 1, device))
+    replays = graphs.replayed
+    for name, row in results.items():
+        row["ms"] = {t: statistics.median(v) for t, v in row["samples"].items()}
+        row["cudagraphs_replayed"] = replays if "reduce-overhead" in name else 0
+        del row["samples"]
     same = {
         t: torch.equal(outputs["passkit reduce-overhead"][t], outputs["inductor reduce-overhead"][t])
         for t in args.tokens
@@ -185,13 +184,13 @@ def main() -> None:
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     title = (
         f"modes: {'tiny Llama (smoke)' if args.smoke else f'HF Llama 8B-shaped, {args.layers} layers, bf16'}, "
-        f"world size 1, {device_name}, torch {torch.__version__}, median over {args.rounds} rounds (order alternating) "
-        f"of the median of {args.iters} forwards"
+        f"world size 1, {device_name}, torch {torch.__version__}, median of {args.rounds * args.iters} forwards "
+        "per variant and size, the variants' calls interleaved"
     )
     head = (
         "| variant | "
         + " | ".join(f"{t} tok ms" for t in args.tokens)
-        + " | vs Inductor same mode | CUDA graphs recorded / replayed |"
+        + " | vs Inductor same mode | CUDA graphs recorded (replays, both RO variants) |"
     )
     lines = [title, "", head, "|" + "---|" * (len(args.tokens) + 3)]
     for name, row in results.items():

@@ -29,21 +29,30 @@ aten = torch.ops.aten
 
 
 class SmallSigmoid(passkit.GraphPass):
-    """relu -> sigmoid up to 16 tokens (visible in the numbers); records Inductor's settings."""
+    """relu -> sigmoid up to 16 tokens (visible in the numbers)."""
 
     name = "small_sigmoid"
     tokens = TokenConstraint(max_tokens=16)
-    seen: list[tuple[str, bool, bool]] = []
 
     def run(self, gm, ctx):
-        import torch._inductor.config as config
-
-        SmallSigmoid.seen.append((str(ctx.token_range), config.triton.cudagraphs, config.max_autotune))
         n = 0
         for node in list(gm.graph.find_nodes(op="call_function", target=aten.relu.default)):
             node.target = aten.sigmoid.default
             n += 1
         return PassResult(modified=n > 0, matches=n)
+
+
+class Observer(passkit.GraphPass):
+    """Runs in every specialization: records its range and Inductor's settings."""
+
+    name = "observer"
+    seen: list[tuple[str, bool, bool]] = []
+
+    def run(self, gm, ctx):
+        import torch._inductor.config as config
+
+        Observer.seen.append((str(ctx.token_range), config.triton.cudagraphs, config.max_autotune))
+        return PassResult()
 
 
 class Model(torch.nn.Module):
@@ -57,7 +66,7 @@ class Model(torch.nn.Module):
 
 
 def _backend() -> passkit.Backend:
-    return passkit.Backend(pipeline=Pipeline(load_config({}), get_plugins(), [SmallSigmoid()]))
+    return passkit.Backend(pipeline=Pipeline(load_config({}), get_plugins(), [SmallSigmoid(), Observer()]))
 
 
 def _expected(model: Model, x: torch.Tensor) -> torch.Tensor:
@@ -78,7 +87,7 @@ def test_reduce_overhead_records_and_replays_a_graph_per_range():
     from torch._inductor import cudagraph_trees as trees
 
     torch._dynamo.reset()
-    SmallSigmoid.seen = []
+    Observer.seen = []
     model = Model().cuda().eval()
     counts = {"recorded": 0, "replayed": 0}
     record, replay = trees.CUDAGraphTreeManager.record_function, trees.CUDAGraphNode.run_graph
@@ -105,7 +114,8 @@ def test_reduce_overhead_records_and_replays_a_graph_per_range():
         trees.CUDAGraphTreeManager.record_function = record
         trees.CUDAGraphNode.run_graph = replay
         torch._dynamo.reset()
-    assert sorted(SmallSigmoid.seen) == [("tokens 1..16", True, False), ("tokens >= 17", True, False)]
+    reports = [(r.token_range, r.notes, r.compile_s) for r in backend.reports]
+    assert sorted(Observer.seen) == [("tokens 1..16", True, False), ("tokens >= 17", True, False)], reports
     assert counts["recorded"] >= 4, counts  # one per token count, in two specializations
     assert counts["replayed"] >= 8, counts
     by_range = {r.token_range: r["small_sigmoid"].status for r in backend.reports}
@@ -130,7 +140,7 @@ def test_reduce_overhead_equals_inductors_own():
 @pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs", "max-autotune"])
 def test_max_autotune_modes(mode):
     torch._dynamo.reset()
-    SmallSigmoid.seen = []
+    Observer.seen = []
     model = Model().cuda().eval()
     compiled = torch.compile(model, backend=_backend(), mode=mode)
     with torch.no_grad():
@@ -138,5 +148,6 @@ def test_max_autotune_modes(mode):
             for _ in range(2):
                 torch.testing.assert_close(compiled(x), _expected(model, x), rtol=2e-2, atol=2e-2)
     torch._dynamo.reset()
-    assert SmallSigmoid.seen and all(autotune for _, _, autotune in SmallSigmoid.seen)
-    assert {cudagraphs for _, cudagraphs, _ in SmallSigmoid.seen} == {mode == "max-autotune"}
+    assert sorted(r for r, _, _ in Observer.seen) == ["tokens 1..16", "tokens >= 17"]
+    assert all(autotune for _, _, autotune in Observer.seen)
+    assert {cudagraphs for _, cudagraphs, _ in Observer.seen} == {mode == "max-autotune"}
