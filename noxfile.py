@@ -1,4 +1,4 @@
-"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``.
+"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``, ``hosts``.
 
 Each session makes a fresh virtual environment, installs torch, then the three
 distributions of this repository in editable mode (so their entry points exist).
@@ -7,6 +7,9 @@ torch: on a machine with an NVIDIA GPU (``nvidia-smi`` works) it installs ``torc
 build). Without a GPU it installs the CPU build ``torch==2.13.0`` (set ``PASSKIT_TORCH`` to
 another requirement, e.g. ``torch==2.11.0``, and ``PIP_EXTRA_INDEX_URL`` to a CPU wheel
 index where your registry's default torch would pull CUDA libraries).
+
+``nox -s hosts`` (not a default session) tests passkit inside the serving stacks it adapts,
+one virtual environment per host with the host's own pinned release and its own torch.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 
 import nox
 
-nox.options.sessions = ["tests"]
+nox.options.sessions = ["tests"]  # hosts is never a default session
 nox.options.reuse_existing_virtualenvs = False
 PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
 # the example third-party plugin: its entry points are what the suite's discovery tests use
@@ -71,3 +74,28 @@ def bench(session: nox.Session) -> None:
     """CPU benchmarks of passkit's own overhead; results go to benchmarks/results/."""
     install(session)
     session.run("python", "benchmarks/core_overhead.py", *session.posargs)
+
+
+HOSTS = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23"}
+"""Host name -> the release ``nox -s hosts`` installs; its tests are ``tests/hosts/test_<host>.py``.
+Adding a host: one entry here, its adapter in ``passkit/hosts/`` and its test file."""
+
+
+@nox.session
+@nox.parametrize("host", list(HOSTS))
+def hosts(session: nox.Session, host: str) -> None:
+    """passkit inside a real serving stack (``nox -s hosts``; one host: ``nox -s
+    "hosts(host='vllm')"``). The host brings its own torch (a CUDA build, which installs and
+    runs on a CPU machine); the tests compile in 2-rank gloo worlds. Extra args go to pytest."""
+    session.install(HOSTS[host])
+    session.install(*PACKAGES, *EXAMPLE, *TEST_DEPS)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        f"tests/hosts/test_{host}.py",
+        "-m",
+        "slow or not slow",
+        "-v",
+        *session.posargs,
+    )

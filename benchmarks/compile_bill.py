@@ -195,6 +195,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 7, 2048, 2049, 4098, 4099])
     parser.add_argument("--repeats", type=int, default=1, help="median of this many runs per cell")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS, metavar="VARIANT")
     parser.add_argument("--limit", type=float, default=900.0, help="seconds per variant run")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one layer (for tests)")
     parser.add_argument("--out", type=Path, default=None)
@@ -208,16 +209,17 @@ def main() -> None:
     if args.smoke:
         args.layers, args.hidden, args.tokens = 1, 64, [16, 7, 2048, 2049]
     rows: list[dict[str, Any]] = []
+    variants = [v for v in VARIANTS if v in args.variants]
     for world in args.worlds:
-        for variant in VARIANTS:
-            cold, warm = [], []
-            for _ in range(args.repeats):
+        runs_of: dict[str, dict[str, list[dict[str, Any]]]] = {v: {"cold": [], "warm": []} for v in variants}
+        for repeat in range(args.repeats):  # the variants alternate: drift hits each alike
+            for variant in variants if repeat % 2 == 0 else list(reversed(variants)):
                 with tempfile.TemporaryDirectory(prefix="passkit-compile-bill-") as cache:
-                    print(f"[world {world}] {variant}: cold ...", file=sys.stderr, flush=True)
-                    cold.append(run_variant(args, world, variant, cache))
-                    print(f"[world {world}] {variant}: warm ...", file=sys.stderr, flush=True)
-                    warm.append(run_variant(args, world, variant, cache))
-            for cache, runs in (("cold", cold), ("warm", warm)):
+                    for temperature in ("cold", "warm"):
+                        print(f"[world {world}] {variant}: {temperature} ...", file=sys.stderr, flush=True)
+                        runs_of[variant][temperature].append(run_variant(args, world, variant, cache))
+        for variant in variants:
+            for cache, runs in runs_of[variant].items():
                 rows.append(
                     {
                         "world": world,
@@ -230,6 +232,8 @@ def main() -> None:
                     }
                 )
     rows.sort(key=lambda r: (r["world"], r["cache"] != "cold", VARIANTS.index(r["variant"])))
+    for row in rows:
+        row["repeats"] = args.repeats
     table = render(rows, args)
     import platform
 

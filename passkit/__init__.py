@@ -14,8 +14,10 @@ from .errors import (
     PassFailedError,
     PasskitError,
     PluginError,
+    PluginHookError,
     VerificationError,
 )
+from .hooks import HookFailure
 from .hookspecs import hookimpl, hookspec
 from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
@@ -31,6 +33,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "GraphPass",
+    "HookFailure",
     "NoOptions",
     "OrderError",
     "Pass",
@@ -44,6 +47,7 @@ __all__ = [
     "Pipeline",
     "PipelinePlan",
     "PluginError",
+    "PluginHookError",
     "Report",
     "Requirements",
     "Stage",

@@ -17,12 +17,13 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import PasskitError
+from .errors import PasskitError, PluginHookError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -32,6 +33,22 @@ def _plugins() -> Any:
     from .pipeline import plugins_for
 
     return plugins_for(load_config())
+
+
+def call_hook(hook: str, **kwargs: Any) -> list[Any]:
+    """Call a CLI-time plugin hook (``passkit_cli_commands``, ``passkit_demos``), each
+    hookimpl isolated: one that raises is named on stderr and skipped (with
+    ``strict_plugins``: :class:`PluginHookError`)."""
+    from .config import load_config
+    from .pipeline import plugins_for
+
+    config = load_config()
+    plugins = plugins_for(config)
+    seen = len(plugins.hook_failures)
+    results = plugins.call(hook, strict=config.strict_plugins, **kwargs)
+    for failure in plugins.hook_failures[seen:]:
+        print(f"passkit: warning: {failure}", file=sys.stderr)
+    return results
 
 
 # -- list / show / schema ------------------------------------------------------------------
@@ -62,6 +79,15 @@ def cmd_list(args: argparse.Namespace) -> int:
             "error": f.error,
         }
         for f in plugins.failures
+    ] + [
+        {
+            "plugin": f.plugin,
+            "distribution": f.distribution,
+            "version": f.version,
+            "stage": f"hook {f.hook}",
+            "error": f.error,
+        }
+        for f in plugins.hook_failures
     ]
     if args.json:
         print(json.dumps({"passes": rows, "failures": failures}, indent=2))
@@ -77,6 +103,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"{'':<{width}}    {opt}: {desc}")
     for f in plugins.failures:
         print(f"FAILED TO LOAD: {f}", file=sys.stderr if not args.json else sys.stdout)
+    for h in plugins.hook_failures:
+        print(f"HOOK FAILED: {h}", file=sys.stderr)
     return 0
 
 
@@ -164,11 +192,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _working_directory_importable() -> None:
+    """Put the working directory first on ``sys.path``, as ``python -m``, pytest and
+    uvicorn do (the ``passkit`` script's own folder is there instead)."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """Resolve ``module:function``; the function returns ``(model_or_fn, example_args)``."""
     if ":" not in target:
         raise PasskitError(f"target {target!r} must look like 'package.module:function'")
     mod_name, _, attr = target.partition(":")
+    _working_directory_importable()
     try:
         module = importlib.import_module(mod_name)
     except ImportError as exc:
@@ -263,18 +300,31 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers["demo"] = cmd_demo
 
     try:
-        for extra in _plugins().hook.passkit_cli_commands(subparsers=sub):
-            handlers.update(extra or {})
+        for extra in call_hook("passkit_cli_commands", subparsers=sub):
+            if isinstance(extra, dict):
+                handlers.update(extra)
+    except PluginHookError:
+        raise
     except PasskitError:
         pass  # a broken config must not hide the built-in commands (check reports it)
     return parser, handlers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, handlers = build_parser()
+    try:
+        parser, handlers = build_parser()
+    except PluginHookError as exc:
+        print(f"passkit: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
+        return 2
+    if args.command not in handlers:  # its plugin's passkit_cli_commands raised midway
+        print(
+            f"passkit {args.command}: error: the plugin adding this command failed (see above)",
+            file=sys.stderr,
+        )
         return 2
     try:
         return int(handlers[args.command](args) or 0)

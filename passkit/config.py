@@ -14,7 +14,9 @@ Sources, highest precedence first:
 4. ``[tool.passkit]`` in the nearest ``pyproject.toml``.
 
 A field set by a higher source replaces it whole (lists are not concatenated), except
-``disable``: names disabled anywhere are removed from the enabled list of a lower source.
+``disable``: a pass disabled by any source does not run, whichever source enables it
+(``PASSKIT_DISABLE=x`` switches off a pass the application enables in Python: the switch
+users reach for to rule a pass out, without editing code). A warning names both sources.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import Any, Literal
 import pydantic
 import tomllib
 
-from .errors import ConfigError
+from . import logs
+from .errors import ConfigError, cut, cut_repr
 from .pass_base import format_validation_error
 from .tokens import check_boundaries
 
@@ -79,7 +82,7 @@ class Config(pydantic.BaseModel):
     passes: list[PassEntry] = pydantic.Field(default_factory=list)
     """Enabled passes, in run order (within each stage)."""
     disable: list[str] = pydantic.Field(default_factory=list)
-    """Passes never to run, even if a lower-precedence source or a plugin enables them."""
+    """Passes never to run, whichever source enables them (a higher-precedence one included)."""
     on_error: Literal["raise", "skip"] = "skip"
     """A failing pass: ``skip`` restores the graph and continues; ``raise`` stops the compile."""
     dump_dir: Path | None = None
@@ -117,11 +120,11 @@ class Config(pydantic.BaseModel):
         seen: set[str] = set()
         for entry in self.passes:
             if entry.name in seen:
-                raise ValueError(f"pass {entry.name!r} is listed twice in passes")
+                raise ValueError(f"pass {cut_repr(entry.name)} is listed twice in passes")
             seen.add(entry.name)
         both = sorted(seen & set(self.disable))
         if both:
-            raise ValueError(f"pass(es) {both} are both enabled (passes) and disabled (disable)")
+            raise ValueError(f"pass(es) {cut(both)} are both enabled (passes) and disabled (disable)")
         return self
 
     @property
@@ -147,7 +150,7 @@ def _validate(data: Mapping[str, Any], origin: str) -> Config:
         unknown = [e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden"]
         if unknown:
             msg += f"\n  (known config keys: {', '.join(Config.model_fields)})"
-        raise ConfigError(f"{origin}: {msg}") from None
+        raise ConfigError(f"{cut(origin)}: {msg}") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -167,16 +170,27 @@ def read_toml(path: Path) -> dict[str, Any]:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        raise ConfigError(f"{cut(path)}: malformed TOML: {cut(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"{cut(path)}: malformed TOML: nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{cut(path)}: malformed TOML: not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read config file {cut(path)}: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    return str(getattr(exc, "strerror", None) or exc)
 
 
 def file_source(path: Path) -> dict[str, Any]:
     """Read a passkit config file: ``passkit.toml`` (top-level keys) or ``pyproject.toml``."""
     data = read_toml(path)
     if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("passkit", {})
+        tool = data.get("tool", {})
+        data = tool.get("passkit", {}) if isinstance(tool, dict) else {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: [tool.passkit] must be a table")
     return data
@@ -192,7 +206,7 @@ def _bool(name: str, value: str) -> bool:
         return True
     if v in ("0", "false", "no", "off", ""):
         return False
-    raise ConfigError(f"environment variable {name}={value!r}: expected 1/0, true/false, yes/no")
+    raise ConfigError(f"environment variable {name}={cut_repr(value)}: expected 1/0, true/false, yes/no")
 
 
 def _text(name: str, value: str) -> str:
@@ -217,10 +231,12 @@ def _pass_entries(name: str, value: str) -> list[Any]:
         for pair in pairs:
             key, sep, raw = pair.partition("=")
             if not sep or not key:
-                raise ConfigError(f"{name}={value!r}: expected name:option=value, got {item!r}")
+                raise ConfigError(
+                    f"{name}={cut_repr(value)}: expected name:option=value, got {cut_repr(item)}"
+                )
             try:
                 options[key] = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 options[key] = raw
         entries.append(options)
     return entries
@@ -231,7 +247,7 @@ def _ints(name: str, value: str) -> list[int]:
         return [int(v) for v in _split(value)]
     except ValueError:
         raise ConfigError(
-            f"environment variable {name}={value!r}: expected integers separated by commas"
+            f"environment variable {name}={cut_repr(value)}: expected integers separated by commas"
         ) from None
 
 
@@ -264,9 +280,9 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
     known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
     for name in environ:
         if name.startswith(ENV_PREFIX) and name not in known and name.isupper():
-            close = difflib.get_close_matches(name, sorted(known), n=1)
+            close = difflib.get_close_matches(name[:100], sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"unknown environment variable {name}{hint}")
+            raise ConfigError(f"unknown environment variable {cut(name)}{hint}")
     return out
 
 
@@ -284,9 +300,7 @@ def sources(
             found.append((f"{pyproject} [tool.passkit]", data))
     explicit = environ.get(ENV_PREFIX + "CONFIG")
     if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise ConfigError(f"PASSKIT_CONFIG={explicit}: no such file")
+        path = _explicit_file(explicit)
         found.append((str(path), file_source(path)))
     else:
         toml = _find_upwards("passkit.toml", cwd)
@@ -298,18 +312,45 @@ def sources(
     return found
 
 
+def _explicit_file(value: str) -> Path:
+    """The file ``PASSKIT_CONFIG`` names; any path that cannot be read is a ConfigError
+    (a name too long, a folder, no permission...), not an OSError."""
+    where = f"PASSKIT_CONFIG={cut(value)}"
+    try:
+        path = Path(value)
+        if path.is_file():
+            return path
+        exists = path.exists()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot be read: {_why(exc)}") from None
+    raise ConfigError(f"{where}: {'not a file' if exists else 'no such file'}")
+
+
 def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
     """Merge config layers (lowest precedence first) into one validated :class:`Config`."""
     merged: dict[str, Any] = {}
-    disabled: list[str] = []
-    for origin, data in layers:
+    disabled: dict[str, tuple[int, str]] = {}  # name -> (level, source) that disabled it first
+    passes_from = (-1, "")
+    for level, (origin, data) in enumerate(layers):
         layer = _validate(data, origin)  # each layer must be valid on its own
         for field in layer.model_fields_set:
             merged[field] = getattr(layer, field)
-        disabled.extend(n for n in layer.disable if n not in disabled)
+        if "passes" in layer.model_fields_set:
+            passes_from = (level, origin)
+        for name in layer.disable:
+            disabled.setdefault(name, (level, origin))
     passes = [p for p in merged.get("passes", []) if p.name not in disabled]
+    for p in merged.get("passes", []):  # a lower source's disable overrides: say so
+        if p.name in disabled and disabled[p.name][0] < passes_from[0]:
+            logs.log.warning(
+                "passkit: pass %r, enabled by %s, does not run: %s disables it (disable wins "
+                "whatever its source)",
+                p.name,
+                passes_from[1],
+                disabled[p.name][1],
+            )
     merged["passes"] = passes
-    merged["disable"] = disabled
+    merged["disable"] = list(disabled)
     return Config.model_validate(merged)
 
 
@@ -335,6 +376,8 @@ def load_config(
 
 def suggest(name: str, known: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for a close name, else ``""``."""
+    if len(name) > 200:  # no name that long is close to an installed one (and difflib is quadratic)
+        return ""
     close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
     if not close:
         return ""

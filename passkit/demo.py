@@ -98,11 +98,18 @@ def main(args: argparse.Namespace) -> int:
 
     wanted = set(args.only or [])
     status = run_core_demo(mode=args.mode) if not wanted or "core" in wanted else 0
-    plugins = passkit.get_plugins()
-    for demos in plugins.hook.passkit_demos():
-        for name, fn in (demos or {}).items():
+    from .cli import call_hook
+
+    for demos in call_hook("passkit_demos"):
+        for name, fn in (demos if isinstance(demos, dict) else {}).items():
             if wanted and name not in wanted:
                 continue
             print(f"\n== plugin demo: {name}")
-            status = max(status, int(fn(args) or 0))
+            try:
+                status = max(status, int(fn(args) or 0))
+            except passkit.PasskitError:
+                raise
+            except Exception as exc:  # one broken demo must not hide the others
+                print(f"plugin demo {name} failed: {type(exc).__name__}: {passkit.errors.cut(str(exc))}")
+                status = max(status, 1)
     return status

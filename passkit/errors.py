@@ -7,9 +7,47 @@ these without a traceback.
 
 from __future__ import annotations
 
+ECHO_LIMIT = 200
+"""The most characters of a user's value an error message repeats (see :func:`cut`)."""
+
+
+def cut(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``str(value)`` for an error message: whole when short, else its start and its length
+    (``'aaaa…' (5000 characters)``), so that no message grows with the input."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` for a report or an error, the message cut (:func:`cut`); never
+    raises (an exception whose ``str()`` fails is described by its type)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<str() of the exception raised>"
+    return f"{type(exc).__name__}: {cut(text)}"
+
+
+def cut_repr(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``repr(value)``, cut like :func:`cut`."""
+    return cut(repr(value), limit)
+
+
+MESSAGE_LIMIT = 2000
+"""The longest message a :class:`PasskitError` carries; longer ones are cut (a safety net:
+the messages cut the values they echo, see :func:`cut`)."""
+
 
 class PasskitError(Exception):
     """Base class of every error passkit raises on purpose."""
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MESSAGE_LIMIT:
+            message = args[0]
+            args = (f"{message[: MESSAGE_LIMIT - 60]}… (message cut: {len(message)} characters)",)
+        super().__init__(*args)
 
 
 class ConfigError(PasskitError, ValueError):
@@ -18,6 +56,16 @@ class ConfigError(PasskitError, ValueError):
 
 class PluginError(PasskitError):
     """A plugin failed to load, validate or register its passes (strict mode)."""
+
+
+class PluginHookError(PluginError):
+    """A plugin's hookimpl raised at compile or CLI time, with ``strict_plugins`` or
+    ``on_error="raise"`` (otherwise it is disabled and recorded; see :mod:`passkit.hooks`).
+    The plugin's exception is the ``__cause__``."""
+
+    def __init__(self, message: str, *, plugin: str, distribution: str | None, hook: str):
+        super().__init__(message)
+        self.plugin, self.distribution, self.hook = plugin, distribution, hook
 
 
 class OrderError(ConfigError):

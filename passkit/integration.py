@@ -15,6 +15,7 @@ Inductor's global config is never changed: the pipeline goes in through ``compil
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
@@ -26,7 +27,7 @@ import torch.fx
 from . import inductor_options, logs, report_cache, specialize
 from .config import Config
 from .context import Mode
-from .errors import ConfigError
+from .errors import ConfigError, PasskitError
 from .pass_base import Stage
 from .pipeline import Pipeline, _register_custom_pass_type, build_pipeline
 from .report import Report
@@ -247,8 +248,18 @@ def passkit_backend(
     resolved once per process at the first compile. ``compile_options``: torch.compile's
     ``mode`` / ``options``."""
     with _default_lock:
-        b = _default_backend()
-    return b(gm, example_inputs, **compile_options)
+        try:
+            b = _default_backend()
+        except PasskitError as exc:  # a bad config: name it, not 40 lines of Dynamo
+            from .dynamo_errors import surface
+
+            surface(exc, inspect.currentframe(), "backend 'passkit' cannot start")
+    try:
+        return b(gm, example_inputs, **compile_options)
+    except PasskitError as exc:  # e.g. torch.compile's mode/options, a pass with on_error="raise"
+        from .dynamo_errors import surface
+
+        surface(exc, inspect.currentframe(), "backend 'passkit'")
 
 
 def _reset_default_backend() -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pydantic
 
-from .errors import ConfigError
+from .errors import ConfigError, cut, cut_repr
 from .tokens import TokenConstraint
 
 if TYPE_CHECKING:
@@ -210,8 +210,9 @@ def format_validation_error(
     exc: pydantic.ValidationError, prefix: str, model: type[pydantic.BaseModel] | None = None
 ) -> str:
     lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+    errors = exc.errors()
+    for err in errors[:_MAX_ERRORS]:
+        loc = cut(".".join(str(p) for p in (prefix, *err["loc"]) if p != ""))
         expected = ""
         if model is not None and err["loc"] and err["loc"][0] in model.model_fields:
             ann = model.model_fields[str(err["loc"][0])].annotation
@@ -220,9 +221,14 @@ def format_validation_error(
             known = ", ".join(model.model_fields) or "none"
             lines.append(f"{loc}: unknown option (known options: {known})")
             continue
-        got = f", got {err['input']!r}" if "input" in err and err["type"] != "missing" else ""
-        lines.append(f"{loc}: {err['msg']}{expected}{got}")
+        got = f", got {cut_repr(err['input'])}" if "input" in err and err["type"] != "missing" else ""
+        lines.append(f"{loc}: {cut(err['msg'])}{expected}{got}")
+    if len(errors) > _MAX_ERRORS:
+        lines.append(f"... and {len(errors) - _MAX_ERRORS} more error(s)")
     return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+_MAX_ERRORS = 5
 
 
 def _type_name(ann: Any) -> str:

@@ -18,16 +18,16 @@ import json
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.fx
 
-from . import logs
+from . import hooks, logs
 from .config import Config, load_config, suggest
 from .context import CompileContext, Mode
 from .dump import Dumper
-from .errors import ConfigError, OrderError, PassFailedError
+from .errors import ConfigError, OrderError, PassFailedError, cut_repr, describe
 from .graph_utils import count_nodes, graph_code, restore, snapshot
 from .pass_base import Pass, PassResult, Stage, validate_options
 from .plugins import PluginSet, get_plugins
@@ -71,7 +71,7 @@ def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
 
 def unknown_pass_message(name: str, plugins: PluginSet) -> str:
     installed = sorted(plugins.passes)
-    msg = f"unknown pass {name!r} in passes{suggest(name, installed)}. "
+    msg = f"unknown pass {cut_repr(name)} in passes{suggest(name, installed)}. "
     msg += f"Installed passes: {', '.join(installed) or '(none)'}."
     if plugins.failures:
         msg += " Plugins that failed to load (see `passkit list`): "
@@ -184,6 +184,16 @@ class PipelinePlan:
     def skip(self, name: str, reason: str) -> None:
         self.get(name)
         self.skipped[name] = reason
+
+    def checkpoint(self) -> Callable[[], None]:
+        """A function that puts the plan back as it is now (undoes a plugin hook that
+        changed it, then raised)."""
+        passes, skipped = list(self.passes), dict(self.skipped)
+
+        def undo() -> None:
+            self.passes, self.skipped = list(passes), dict(skipped)
+
+        return undo
 
     def set_options(self, name: str, **options: Any) -> None:
         old = self.get(name)
@@ -343,7 +353,7 @@ class Pipeline:
         report = self._report_for(gm.graph, stage, mode)
         ctx = CompileContext.from_graph(gm, mode=mode, token_range=self.current_range())
         plan = PipelinePlan([p for p in self.passes if p.stage == stage])
-        self.plugins.hook.passkit_configure_pipeline(plan=plan, context=ctx)
+        self._hook("passkit_configure_pipeline", report, None, plan.checkpoint, plan=plan, context=ctx)
         dumper = Dumper(self.config.dump_dir, report.graph_id) if self.config.dump_dir else None
         skipped = self._range_skips(ctx)
         for p in plan.passes:
@@ -406,9 +416,9 @@ class Pipeline:
             record.reason = reason
             logs.log.info("passkit: %s skipped: %s", p.name, reason)
             return record
-        veto = self.plugins.hook.passkit_before_pass(pass_=p, gm=gm, context=ctx)
-        if veto:
-            record.status, record.reason = "vetoed", str(veto)
+        veto = self._hook("passkit_before_pass", report, p, None, pass_=p, gm=gm, context=ctx)
+        if veto and veto[0]:
+            record.status, record.reason = "vetoed", str(veto[0])
             return record
         graph = gm.graph
         record.nodes_before = count_nodes(graph)
@@ -435,7 +445,7 @@ class Pipeline:
         record.nodes_after = count_nodes(graph)
         if dumper:
             dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
-        self.plugins.hook.passkit_after_pass(pass_=p, gm=gm, result=result, record=record)
+        self._hook("passkit_after_pass", report, p, None, pass_=p, gm=gm, result=result, record=record)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record
 
@@ -451,11 +461,11 @@ class Pipeline:
         before_code: str,
     ) -> PassRecord:
         record.status = "failed"
-        record.reason = f"{type(exc).__name__}: {exc}"
+        record.reason = describe(exc)
         record.nodes_before = record.nodes_after = count_nodes(gm.graph)
         if dumper:
             record.reproducer = str(dumper.reproducer(index, p, before_code, exc))
-        self.plugins.hook.passkit_pass_failed(pass_=p, gm=gm, error=exc, record=record)
+        self._hook("passkit_pass_failed", report, p, None, pass_=p, gm=gm, error=exc, record=record)
         logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
         if self.config.on_error == "raise":
             ran = [r.name for r in report.records if r.status == "ran"]
@@ -486,6 +496,24 @@ class Pipeline:
         self._finish(report, None)
         return report
 
+    def record_not_run(self, reason: str, mode: Mode = "inductor") -> Report:
+        """Report a compile the host ran without calling the pipeline (e.g. vLLM asked
+        ``is_applicable_for_range`` and was told no pass applies): every pass skipped, with
+        why (its token constraint, else ``reason``)."""
+        ctx = CompileContext(mode=mode, token_range=self.current_range())
+        report = Report(
+            graph_id=next(_graph_ids),
+            pipeline_uuid=self.uuid()[:12],
+            mode=mode,
+            token_range=self._range_label(),
+            notes=[self.note] if self.note else [],
+        )
+        for p in self.passes:
+            why = _outside_range(p, ctx) or reason
+            report.records.append(PassRecord(name=p.name, stage=p.stage.value, reason=why))
+        self._finish(report, None)
+        return report
+
     def record_compile_time(self, report: Report, seconds: float) -> None:
         """Add the whole compile's wall-clock time to a finished report (and its
         ``report.json`` in the dump directory)."""
@@ -499,11 +527,34 @@ class Pipeline:
         self._open = None
         self.reports.append(report)
         RECENT_REPORTS.append(report)
+        # before the dump and the log: a failure of the hook is in the report they show
+        self._hook("passkit_report", report, None, None, report=report)
         if dumper:
             dumper.report(report)
         logs.log.info("%s", report.format())
         logs.artifact("passkit_report", report.to_json)
-        self.plugins.hook.passkit_report(report=report)
+
+    def _hook(
+        self,
+        hook: str,
+        into: Report,
+        p: Pass | None,
+        checkpoint: Any,
+        /,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call a plugin hook for this compile, each hookimpl isolated (:mod:`passkit.hooks`):
+        one that raises is recorded on ``into`` and disabled, or raises a named error with
+        ``strict_plugins`` / ``on_error = "raise"``."""
+        return hooks.call(
+            self.plugins,
+            hook,
+            kwargs,
+            strict=self.config.strict_plugins or self.config.on_error == "raise",
+            during=f"pass {p.name!r}" if p is not None else f"the compile of graph {into.graph_id}",
+            record=into.hook_failures,
+            checkpoint=checkpoint,
+        )
 
 
 def _outside_range(p: Pass, ctx: CompileContext) -> str | None:
@@ -517,9 +568,15 @@ def _outside_range(p: Pass, ctx: CompileContext) -> str | None:
 
 
 def _as_result(value: Any, p: Pass) -> PassResult:
-    if isinstance(value, PassResult):
-        return value
-    raise TypeError(f"pass {p.name!r}: run() must return a PassResult, got {type(value).__name__}")
+    if not isinstance(value, PassResult):
+        raise TypeError(f"pass {p.name!r}: run() must return a PassResult, got {type(value).__name__}")
+    matches, notes = value.matches, value.notes
+    if isinstance(matches, bool) or not isinstance(matches, int) or matches < 0:
+        raise TypeError(f"pass {p.name!r}: PassResult.matches must be an int >= 0, got {cut_repr(matches)}")
+    if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
+        raise TypeError(f"pass {p.name!r}: PassResult.notes must be a list of str, got {cut_repr(notes)}")
+    value.modified, value.notes = bool(value.modified), list(notes)
+    return value
 
 
 def _function_identity(fn: Any) -> str:

@@ -4,7 +4,8 @@ Plugins come from the ``passkit.passes`` entry-point group (loaded once per proc
 from :func:`register` (in-process). Each plugin loads in isolation: an import error, a
 hookimpl that fails validation, a registration hook that raises or a duplicate pass name is
 recorded as a :class:`PluginFailure` naming the plugin's distribution and version, and the
-other plugins load (``strict_plugins`` raises instead).
+other plugins load (``strict_plugins`` raises instead). Hooks called later (at compile and
+CLI time) are isolated too, by :mod:`passkit.hooks`, through :meth:`PluginSet.call`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import threading
-import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pluggy
 
-from . import hookspecs
-from .errors import PluginError
+from . import hooks, hookspecs
+from .errors import PluginError, describe
 from .pass_base import Pass
 
 ENTRY_POINT_GROUP = "passkit.passes"
+HOOKSPECS_GROUP = "passkit.hookspecs"
+"""Entry points naming modules of extra hook specifications (made with ``passkit.hookspec``)
+that a distribution adds to passkit's plugin manager before any plugin loads, so that
+plugins can implement them (e.g. passkit-fusion's ``passkit_fusion_dialects``)."""
 CORE_DISTRIBUTION = "passkit"
 
 
@@ -51,7 +55,7 @@ class PluginFailure:
     distribution: str | None
     version: str | None
     stage: str
-    """``import``, ``validate``, ``register`` or ``duplicate``."""
+    """``hookspecs``, ``import``, ``validate``, ``register`` or ``duplicate``."""
     error: str
     detail: str = ""
 
@@ -87,11 +91,38 @@ class PluginSet:
         self.plugins: list[PluginInfo] = []
         self.failures: list[PluginFailure] = []
         self.passes: dict[str, PassInfo] = {}
+        self.hook_failures: list[hooks.HookFailure] = []
+        """Hookimpls that raised when called (each then disabled), oldest first."""
+        self.disabled_hooks: set[tuple[str, int]] = set()
+        """``(hook name, id(plugin object))`` of the hookimpls disabled after raising."""
+        self._info: dict[int, PluginInfo] = {}
         self._strict = False
+        self._add_extra_hookspecs()
+
+    def _add_extra_hookspecs(self) -> None:
+        """Add the hook specifications of the ``passkit.hookspecs`` entry points; one that
+        fails to import is recorded as a failure (stage ``hookspecs``), the others load."""
+        for ep in importlib.metadata.entry_points(group=HOOKSPECS_GROUP):
+            dist = getattr(ep, "dist", None)
+            info = PluginInfo(ep.name, dist.name if dist else None, dist.version if dist else None, ep.value)
+            try:
+                self.pm.add_hookspecs(ep.load())
+            except Exception as exc:
+                self.failures.append(self._failure(info, "hookspecs", exc))
 
     @property
     def hook(self) -> Any:
+        """pluggy's hook relay (calls are not isolated: use :meth:`call`)."""
         return self.pm.hook
+
+    def call(self, hook: str, strict: bool = False, **kwargs: Any) -> list[Any]:
+        """Call ``hook`` with ``kwargs``, each plugin's hookimpl in isolation (see
+        :func:`passkit.hooks.call`); returns the non-``None`` results."""
+        return hooks.call(self, hook, kwargs, strict=strict)
+
+    def info_of(self, plugin: object) -> PluginInfo | None:
+        """The :class:`PluginInfo` a registered plugin object was added with."""
+        return self._info.get(id(plugin))
 
     # -- loading ---------------------------------------------------------------------
     def _fail(self, failure: PluginFailure) -> None:
@@ -104,6 +135,7 @@ class PluginSet:
         try:
             self.pm.register(plugin, name=info.name)
             self.pm.check_pending()
+            _reject_wrappers(self.pm, plugin)
         except Exception as exc:  # pluggy.PluginValidationError and friends
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
@@ -132,13 +164,14 @@ class PluginSet:
                 continue
             self.passes[cls.name] = PassInfo(cls, info)
         self.plugins.append(info)
+        self._info[id(plugin)] = info
         return True
 
     @staticmethod
     def _failure(info: PluginInfo, stage: str, exc: BaseException | str) -> PluginFailure:
         if isinstance(exc, BaseException):
-            err = f"{type(exc).__name__}: {exc}"
-            detail = "".join(traceback.format_exception(exc, limit=-3))
+            err = describe(exc)
+            detail = hooks._traceback(exc)
         else:
             err, detail = exc, ""
         return PluginFailure(info.name, info.distribution, info.version, stage, err, detail)
@@ -172,6 +205,18 @@ class PluginSet:
                 continue
             self.add(plugin, info)
         self._strict = False
+
+
+def _reject_wrappers(pm: pluggy.PluginManager, plugin: object) -> None:
+    """passkit calls each hookimpl on its own (to isolate it), so hook wrappers, which wrap
+    the others, are not supported."""
+    for caller in pm.get_hookcallers(plugin) or []:
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.hookwrapper or getattr(impl, "wrapper", False)):
+                raise TypeError(
+                    f"hookimpl {caller.name} is a hook wrapper; passkit hooks do not support "
+                    f"wrapper=True / hookwrapper=True"
+                )
 
 
 def _check_pass_list(result: Any) -> list[type[Pass]]:

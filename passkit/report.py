@@ -6,6 +6,8 @@ import dataclasses
 import json
 from typing import Any, Literal
 
+from .hooks import HookFailure
+
 Status = Literal["ran", "skipped", "vetoed", "failed"]
 
 
@@ -50,6 +52,9 @@ class Report:
     """``records`` come from passkit's report cache (a cache hit), not from this process."""
     notes: list[str] = dataclasses.field(default_factory=list)
     """Remarks on the compile as a whole (e.g. why it was not specialized by token count)."""
+    hook_failures: list[HookFailure] = dataclasses.field(default_factory=list)
+    """Plugin hookimpls that raised during this compile (each disabled afterwards; the
+    compile went on without it)."""
     compile_s: float | None = None
     """Wall-clock seconds of this graph's whole compile (tracing, passes, code generation),
     when passkit's backend compiled it."""
@@ -83,6 +88,7 @@ class Report:
             "token_range": self.token_range,
             "restored": self.restored,
             "notes": list(self.notes),
+            "hook_failures": [f.to_dict() for f in self.hook_failures],
             "compile_s": self.compile_s,
             "total_ms": round(self.total_ms, 3),
             "passes": [r.to_dict() for r in self.records],
@@ -105,6 +111,7 @@ class Report:
             token_range=data.get("token_range"),
             restored=bool(data.get("restored", False)),
             notes=list(data.get("notes", [])),
+            hook_failures=[HookFailure.from_dict(f) for f in data.get("hook_failures", [])],
             compile_s=data.get("compile_s"),
         )
 
@@ -113,11 +120,15 @@ class Report:
         head = f"{'pass':<24} {'stage':<15} {'status':<8} {'matches':>7} {'ms':>9} {'nodes':>13}  note"
         where = f", {self.token_range}" if self.token_range else ""
         title = f"passkit report (graph {self.graph_id}, {self.mode}{where})"
+        failures = [f"PLUGIN HOOK FAILED: {f}" for f in self.hook_failures]
         if self.cache_hit and not self.records:
-            return f"{title}: served from Inductor's cache; the passes' rewrite is in the cached code"
+            title += ": served from Inductor's cache; the passes' rewrite is in the cached code"
+            return "\n".join([title, *failures])
         if self.cache_hit:
             title += ": served from Inductor's cache; what the passes did when they built it:"
-        lines = [title, *(f"note: {n}" for n in self.notes), head, "-" * len(head)]
+        lines = [title, *(f"note: {n}" for n in self.notes)]
+        lines += failures
+        lines += [head, "-" * len(head)]
         for r in self.records:
             nodes = f"{r.nodes_before}->{r.nodes_after}" if r.status == "ran" else "-"
             note = r.reason or "; ".join(r.notes)

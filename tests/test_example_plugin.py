@@ -124,11 +124,20 @@ def test_broken_plugin_is_reported_while_the_others_load(tmp_path):
         from passkit_broken.well_formed import WellFormed
         from passkit_testing import PassChecker
 
+        import passkit
+        import torch
+        from torch.fx.experimental.proxy_tensor import make_fx
+
         plugins = get_plugins()
+        gm = make_fx(lambda x: torch.relu(x.view(8).view(2, 4)), tracing_mode="fake")(torch.randn(2, 4))
+        report = passkit.build_pipeline(passes=["noop_elimination", "cleanup"]).run(gm)
         print(json.dumps({
             "failures": {f.name: [f.distribution, f.version, f.stage, f.error] for f in plugins.failures},
             "passes": sorted(plugins.passes),
             "plugin_valid": str(PassChecker(WellFormed).check("plugin-valid")),
+            "ran": [(r.name, r.status) for r in report.records],
+            "hook_failures": [[f.plugin, f.distribution, f.version, f.hook, f.error] for f in report.hook_failures],
+            "table": report.format(),
         }))
         """,
         cwd=tmp_path,
@@ -151,6 +160,27 @@ def test_broken_plugin_is_reported_while_the_others_load(tmp_path):
         "plugin-valid: failed: the plugins of its distribution fail to load"
     )
     assert f"(distribution {broken['name']} {broken['version']}) failed at validate" in facts["plugin_valid"]
+    # the plugin that loads but raises in its hooks: the compile goes on, the report names it
+    assert "raises_in_hooks" not in failures
+    assert facts["ran"] == [["noop_elimination", "ran"], ["cleanup", "ran"]]
+    assert facts["hook_failures"] == [
+        [
+            "raises_in_hooks",
+            *dist,
+            "passkit_before_pass",
+            "RuntimeError: passkit-broken-plugin's before-pass hook fails on purpose (noop_elimination)",
+        ],
+        [
+            "raises_in_hooks",
+            *dist,
+            "passkit_report",
+            'KeyError: "passkit-broken-plugin\'s report hook fails on purpose"',
+        ],
+    ]
+    assert (
+        f"PLUGIN HOOK FAILED: hook passkit_before_pass of plugin 'raises_in_hooks' (distribution {broken['name']} {broken['version']})"
+        in facts["table"]
+    )
 
 
 def test_guide_shows_the_example_files_as_they_are():

@@ -133,3 +133,49 @@ def test_block_and_autoload_switches():
 def test_allow_list_limits_third_party_plugins():
     allowed = get_plugins(allow=["nothing-like-this"])
     assert all(p.plugin.distribution == "passkit" for p in allowed.passes.values())
+
+
+class _EntryPoint:
+    """What PluginSet reads of an entry point of the ``passkit.hookspecs`` group."""
+
+    def __init__(self, name, load):
+        self.name, self.value, self.dist, self.load = name, f"acme.{name}", None, load
+
+
+def test_distributions_add_hookspecs_through_an_entry_point_group(monkeypatch):
+    """A ``passkit.hookspecs`` entry point adds its hooks before any plugin loads, so a plugin
+    implementing them validates; one that fails to import is recorded, the others load."""
+    specs = types.ModuleType("acme_specs")
+
+    @passkit.hookspec
+    def acme_things() -> list:  # type: ignore[empty-body]
+        """Return things."""
+
+    specs.acme_things = acme_things
+
+    def broken():
+        raise ImportError("no module named acme_broken")
+
+    eps = [_EntryPoint("specs", lambda: specs), _EntryPoint("broken", broken)]
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda group=None, **kw: eps if group == passkit.plugins.HOOKSPECS_GROUP else real(group=group, **kw),
+    )
+    ps = PluginSet()
+    (failure,) = ps.failures
+    assert failure.stage == "hookspecs" and "acme_broken" in failure.error
+
+    @passkit.hookimpl
+    def acme_things():
+        return ["a thing"]
+
+    assert ps.add(_plugin(acme_things=acme_things), _info("things"))
+    assert ps.hook.acme_things() == [["a thing"]]
+
+
+def test_passkit_fusion_declares_its_dialect_hook():
+    eps = importlib.metadata.entry_points(group=passkit.plugins.HOOKSPECS_GROUP)
+    assert any(ep.value == "passkit_fusion.dialects.hookspecs" for ep in eps)
+    assert get_plugins().hook.passkit_fusion_dialects.spec is not None

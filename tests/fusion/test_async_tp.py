@@ -142,6 +142,18 @@ def test_graph_without_sites_says_so():
     ]
 
 
+def test_graph_without_sites_leaves_torchs_pass_silent(caplog):
+    """torch's matcher, run on a graph with nothing to fuse, logs "async TP found no
+    matching all-gather/reduce-scatter patterns" (once per rank in ``passkit demo``, next to
+    graphs passkit fused): the pass does not run it there; its note says it per graph."""
+    with fake_world(2) as world:
+        gm = traced(lambda x: funcol.all_reduce(x, "sum", world.group_name) * 2, torch.randn(8, H))
+        with caplog.at_level("WARNING", logger="torch._inductor.fx_passes.micro_pipeline_tp"):
+            run_pass(gm)
+            torch_api.run_torch_pass(gm.graph)  # the message this is about, from torch itself
+    assert caplog.text.count("async TP found no matching all-gather/reduce-scatter patterns") == 1
+
+
 def test_through_passkit_compile_with_report():
     with fake_world(2) as world:
         w1, w2 = torch.randn(H, F), torch.randn(F, H)

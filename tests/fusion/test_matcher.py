@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-from passkit_fusion.allreduce_rmsnorm.matcher import find_sites
 from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
+from passkit_fusion.patterns.sites import find_sites
 
 import passkit
 from passkit_testing import check_pass, count_ops, fake_world, op_counts, run_passes

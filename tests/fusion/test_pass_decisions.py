@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
 from passkit_fusion.allreduce_rmsnorm import AllReduceRMSNorm
-from passkit_fusion.allreduce_rmsnorm.matcher import find_sites
+from passkit_fusion.patterns.sites import find_sites
 from passkit_fusion.tuning import tables
 from torch.fx.experimental.proxy_tensor import make_fx
 

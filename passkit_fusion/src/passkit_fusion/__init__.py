@@ -9,8 +9,10 @@
   symmetric-memory overlapped ops.
 
 Enable them by name in a passkit config; passkit finds them through the ``passkit.passes``
-entry point and runs each only on the token counts where it pays. Nothing heavy is imported
-here: flashinfer is imported on the first fused call.
+entry point and runs each only on the token counts where it pays. The passes read graphs
+through host op *dialects* (:class:`Dialect`): torch's functional collectives, vLLM's and
+SGLang's ops, and any a plugin adds through the ``passkit_fusion_dialects`` hook. Nothing
+heavy is imported here: flashinfer is imported on the first fused call, a host never.
 """
 
 from typing import Any
@@ -24,6 +26,9 @@ _LAZY = {
     "AsyncTPOptions": "async_tp",
     "SequenceParallel": "sequence_parallel",
     "SequenceParallelOptions": "sequence_parallel",
+    "Dialect": "dialects",
+    "check_schemas": "dialects",
+    "registered_dialects": "dialects",
     "prepare": "allreduce_rmsnorm.runtime",
     "configure": "allreduce_rmsnorm.runtime",
     "destroy_workspaces": "allreduce_rmsnorm.runtime",
@@ -46,5 +51,6 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        return getattr(module, "registered" if name == "registered_dialects" else name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,6 +21,13 @@ def passkit_register_passes() -> list[type[Pass]]:
     return [AllReduceRMSNorm, SequenceParallel, AsyncTP]
 
 
+@hookimpl(optionalhook=True)  # optional: the plugin still loads where the hookspec entry point is missing
+def passkit_fusion_dialects() -> list[Any]:
+    from .dialects import builtin
+
+    return builtin()
+
+
 @hookimpl
 def passkit_demos() -> dict[str, Any]:
     return {"allreduce_rmsnorm": _demo, "tp_passes": _tp_demo}

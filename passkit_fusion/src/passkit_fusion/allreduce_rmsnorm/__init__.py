@@ -1,8 +1,8 @@
 """The ``allreduce_rmsnorm`` pass: all-reduce -> (add residual) -> RMSNorm becomes one op.
 
 * :mod:`.pass_`: the pass (:class:`AllReduceRMSNorm`, :class:`AllReduceRMSNormOptions`).
-* :mod:`.matcher`: finds the sites (the all-reduce and residual part; the RMSNorm forms
-  come from :mod:`passkit_fusion.patterns.rmsnorm`).
+* the sites come from :mod:`passkit_fusion.patterns.sites` (all-reduce and residual add in
+  every host dialect; the RMSNorm forms from :mod:`passkit_fusion.patterns.rmsnorm`).
 * :mod:`.ops`: the ``torch.ops.passkit_fusion.allreduce_rmsnorm`` custom op.
 * :mod:`.runtime`: the op's CUDA implementation: configuration, per-call routing (fused
   one-shot / two-shot / unfused), statistics, rank checks, ``prepare`` and

@@ -1,6 +1,6 @@
 """The ``allreduce_rmsnorm`` pass: all-reduce -> (add residual) -> RMSNorm becomes one op.
 
-Every site :mod:`passkit_fusion.allreduce_rmsnorm.matcher` finds is replaced by one call of
+Every site :mod:`passkit_fusion.patterns.sites` finds (in any host dialect) is replaced by one call of
 ``torch.ops.passkit_fusion.allreduce_rmsnorm`` returning ``(norm_out, residual_out)``: the
 norm's users read ``norm_out``, every other user of the sum (or of the all-reduce result,
 without a residual) reads ``residual_out``. Enable it by name::
@@ -27,7 +27,7 @@ import importlib.util
 import json
 import operator
 from collections import Counter
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 import torch
@@ -35,13 +35,15 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from .. import dialects
 from ..patterns import fp8 as fp8_patterns
 from ..patterns import graph as graph_patterns
 from ..patterns import notes as notes_patterns
 from ..patterns import rmsnorm as rmsnorm_patterns
+from ..patterns import sites as sites_patterns
+from ..patterns.sites import Rejection, Site, candidates, host_fusion_note
 from ..tuning import decisions, tables
-from . import matcher, ops
-from .matcher import Rejection, Site, candidates
+from . import ops
 
 _ADVICE = "set implementation='reference' to run the reference op"
 
@@ -74,7 +76,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
     Options = AllReduceRMSNormOptions
     requires = Requirements(min_world_size=2)
     source_files = (
-        matcher.__file__,
+        sites_patterns.__file__,
         ops.__file__,
         rmsnorm_patterns.__file__,
         fp8_patterns.__file__,
@@ -82,6 +84,10 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
     )
 
     options: AllReduceRMSNormOptions
+
+    def identity(self) -> dict[str, Any]:
+        """The pass's identity plus the dialects it reads graphs with (third parties' too)."""
+        return {**super().identity(), "dialects": [d.identity() for d in dialects.registered()]}
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
         """Token counts up to ``max_tokens``, else up to the largest the tuned table fuses
@@ -118,11 +124,15 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         return "reference" if self.options.implementation == "reference" else "flashinfer"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
         position = {node: float(i) for i, node in enumerate(gm.graph.nodes)}
         sites: list[Site] = []
         rejected: list[Rejection] = []
         needs_sort = False
+        multi_host = _groups_across_hosts(gm.graph)
         for found in candidates(gm.graph, fp8=self.options.fuse_fp8_quant):
+            if isinstance(found, Site) and found.group_name in multi_host:
+                found = Rejection(found.all_reduce, multi_host[found.group_name])
             if isinstance(found, Site) and (unprofitable := self._never_pays(found)):
                 found = Rejection(found.all_reduce, unprofitable)
             if isinstance(found, Rejection):
@@ -139,6 +149,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             from ..patterns.marks import taken_note
 
             notes = [taken_note(gm.graph) or notes[0]]
+        if host:
+            notes.append(host)
         if decided := self.decision_note(ctx):
             notes.append(decided)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
@@ -212,7 +224,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         else:
             norm_out, residual_out = outputs
             site.out.replace_all_uses_with(norm_out)
-        site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
+        if site.total is not None:
+            site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
         for node in sorted(replaced, key=position.__getitem__, reverse=True):
             if not node.users:
                 graph.erase_node(node)
@@ -222,6 +235,29 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         return needs_sort
 
 
+def _groups_across_hosts(graph: fx.Graph) -> dict[str, str]:
+    """The all-reduce groups of ``graph`` whose ranks are on more than one host, with the
+    reason (flashinfer's IPC workspaces map peer GPUs' memory: one host only). Decided from
+    the host list the group's ranks exchange (the same on every rank; see
+    :mod:`passkit_fusion.collective.hosts`); the reference op declines too, as it stands in
+    for flashinfer's."""
+    from ..collective import spans_hosts
+
+    names = sorted(
+        {
+            str(node.args[2])
+            for node in graph.find_nodes(
+                op="call_function", target=torch.ops._c10d_functional.all_reduce.default
+            )
+        }
+    )
+    out = {}
+    for name in names:
+        if reason := spans_hosts(name, "flashinfer's IPC workspaces (allreduce_rmsnorm)"):
+            out[name] = reason
+    return out
+
+
 def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Node, bool]:
     """Where the fused op goes: at the sum, when its inputs are all defined by then (the
     usual case: weights are graph inputs); else after its last input, and the users of
@@ -229,8 +265,9 @@ def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Nod
     scale = site.quant.scale if site.quant is not None else None
     inputs = [n for n in (site.x, site.residual, site.weight, scale) if n is not None]
     last_input = max(position[n] for n in inputs)
-    if last_input < position[site.total]:
-        return site.total, False
+    anchor = site.total if site.total is not None else site.host_norm.node  # type: ignore[union-attr]
+    if last_input < position[anchor]:
+        return anchor, False
     return next(n for n in sorted(site.nodes, key=position.__getitem__) if position[n] > last_input), True
 
 
@@ -261,7 +298,7 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
             fp8 += f"; {keep} also writing the norm output)" if keep else ")"
         notes.append(
             f"{len(sites)} site(s) -> {impl} op: {with_res} with residual, {len(sites) - with_res} without"
-            f"{fp8}; plan {plan_fingerprint(sites)}"
+            f"{fp8}{_dialects(sites)}; plan {plan_fingerprint(sites)}"
         )
         if layers := notes_patterns.per_layer(s.module for s in sites):
             notes.append(layers)
@@ -274,6 +311,12 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
     if not sites and not rejected:
         notes.append("no all-reduce in the graph")
     return notes
+
+
+def _dialects(sites: list[Site]) -> str:
+    """``" (vllm dialect: vllm.all_reduce, vllm_ir norms)"``: where the sites were not torch's."""
+    hosts = Counter(s.dialect for s in sites if s.dialect != "torch")
+    return " (" + ", ".join(f"{n} in the {d} dialect" for d, n in hosts.items()) + ")" if hosts else ""
 
 
 def plan_fingerprint(sites: list[Site]) -> str:

@@ -29,10 +29,12 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..collective import spans_hosts
 from ..tuning import decisions
-from . import ops, runtime, torch_api
+from . import host, ops, runtime, torch_api
 
 _ADVICE = "set implementation='test_mode' to rewrite graphs without running the fused ops"
+_SYMM_MEM = "symmetric memory (async_tp)"
 _C10D = "_c10d_functional"
 
 
@@ -82,9 +84,15 @@ class AsyncTP(decisions.Tunable, GraphPass):
     where it would find nothing); enabled alone, it fuses the collectives the model has."""
     Options = AsyncTPOptions
     requires = Requirements(min_world_size=2)
-    source_files = (ops.__file__, runtime.__file__, torch_api.__file__)
+    source_files = (ops.__file__, runtime.__file__, torch_api.__file__, host.__file__)
 
     options: AsyncTPOptions
+
+    def identity(self) -> dict[str, Any]:
+        """The pass's identity plus the dialects it reads graphs with (third parties' too)."""
+        from .. import dialects
+
+        return {**super().identity(), "dialects": [d.identity() for d in dialects.registered()]}
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
         """``min_tokens..max_tokens`` unless ``restrict_tokens`` is off; a measured or stored
@@ -112,7 +120,11 @@ class AsyncTP(decisions.Tunable, GraphPass):
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         graph = gm.graph
         test = self.options.implementation == "test_mode"
+        across = [r for g in sorted(_collective_groups(graph)) if (r := spans_hosts(g, _SYMM_MEM))]
+        if across:  # decided from the hosts the group's ranks exchanged: the same on every rank
+            return PassResult.unchanged("; ".join(across))
         _views_around_matmuls_to_reshapes(graph)
+        hosts = host.to_torch(graph)
         found = _candidates(graph)
         groups = sorted({c.group for c in found} | _collective_groups(graph))
         if not test:
@@ -120,18 +132,22 @@ class AsyncTP(decisions.Tunable, GraphPass):
                 torch_api.enable_group(group)
         ag_op, rs_op = torch_api.fused_ops()
         preexisting = _count(graph, (ag_op, rs_op))
-        with torch_api.forced_matching() if test else contextlib.nullcontext():
-            torch_api.run_torch_pass(graph)
+        if found or not torch_api.has_matchers():
+            # with no candidate torch's pass only logs "async TP found no matching
+            # all-gather/reduce-scatter patterns" (once per rank); our note says it per graph
+            with torch_api.forced_matching() if test else contextlib.nullcontext():
+                torch_api.run_torch_pass(graph)
         alive = set(graph.nodes)
         fused = [c for c in found if c.node not in alive]
         left = [c for c in found if c.node in alive]
         for c in left:
             c.why_not = _why_left(c)
+        host.settle(graph, hosts)  # the host's ops back where torch fused nothing
         wrapped = self._retarget(graph, ag_op, rs_op)
         if ctx.mode == "eager":
             _drop_layout_hints(graph)
         _fill_meta(graph)
-        notes = _summarize(fused, left, preexisting, wrapped, groups, self.options)
+        notes = _summarize(fused, left, preexisting, wrapped, groups, self.options) + host.notes(hosts)
         if decided := self.decision_note(ctx):
             notes.append(decided)
         return PassResult(modified=wrapped > 0, matches=len(fused), notes=notes)

@@ -3,8 +3,9 @@
 * :mod:`.groups`: process groups by name, the device their collectives use, their store.
 * :mod:`.agreement`: :func:`agree`, the bounded-wait exchange through which ranks check
   that they took the same decision before a collective step; a missing, late or diverging
-  rank becomes a :class:`RankAgreementError` on every rank instead of a hang;
-  :func:`exchange`, the same for values that may differ per rank (timings).
+  rank becomes a :class:`RankAgreementError` on every rank instead of a hang.
+* :mod:`.hosts`: which host each rank of a group is on, exchanged through the agreement;
+  fusions that map peer GPUs' memory decline on a group that spans hosts.
 * :mod:`.teardown`: steps that may block on a GPU or a peer (waiting for the device before
   freeing memory shared with other ranks) run with a time limit and are skipped, with a
   log line, when they cannot finish.
@@ -25,10 +26,12 @@ from .agreement import (
     report_failure,
 )
 from .groups import collective_device, group_store, is_fake_group, resolve_group
+from .hosts import HOST_ID_ENV, hosts_of, spans_hosts
 from .teardown import bounded
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "HOST_ID_ENV",
     "RankAgreementError",
     "agree",
     "bounded",
@@ -36,8 +39,10 @@ __all__ = [
     "compare_plans",
     "exchange",
     "group_store",
+    "hosts_of",
     "is_fake_group",
     "plan_fingerprint",
     "report_failure",
     "resolve_group",
+    "spans_hosts",
 ]

@@ -62,9 +62,8 @@ def agree(
     (naming the first field that differs and which ranks hold which value). ``describe``
     is added to the messages (e.g. ``"hidden=4096, dtype=bfloat16"``).
     """
-    plan = dict(plan)
     plans = exchange(group, step, plan, timeout_s=timeout_s, describe=describe)
-    name = group.group_name if not (is_fake_group(group) or dist.get_world_size(group) == 1) else ""
+    name = group.group_name
     where = f"process group {name!r}, step {step!r}" + (f" ({describe})" if describe else "")
     difference = compare_plans(plans)
     if difference:
@@ -83,15 +82,16 @@ def agree(
 def exchange(
     group: dist.ProcessGroup,
     step: str,
-    value: Any,
+    value: Mapping[str, Any],
     *,
     timeout_s: float | None = None,
     describe: str = "",
-) -> list[Any]:
-    """Every rank's ``value`` (JSON-serialisable), in rank order: the values may differ
-    (e.g. each rank's timings), unlike :func:`agree`'s plans. Waits at most ``timeout_s``
-    and raises :class:`RankAgreementError` like :func:`agree` when a rank is missing or
-    reported a failure."""
+) -> list[dict[str, Any]]:
+    """Every rank's ``value`` (JSON-serialisable), in rank order of ``group``: the same list
+    on every rank, so a decision taken from it is the same on every rank. The wait, the
+    failures and the errors are :func:`agree`'s; the values may differ (a rank's host).
+    Only the ranks of ``group`` take part: other groups' ranks are never waited for."""
+    value = dict(value)
     if is_fake_group(group) or dist.get_world_size(group) == 1:
         return [value]
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s

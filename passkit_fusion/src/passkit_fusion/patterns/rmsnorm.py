@@ -36,6 +36,7 @@ __all__ = [
     "cast_dtype",
     "find_user",
     "match_rmsnorm",
+    "match_rmsnorm_fp32",
     "next_user",
     "number_operand",
     "tensor_other",
@@ -84,8 +85,18 @@ def match_rmsnorm(total: fx.Node) -> RMSNorm:
     raise first
 
 
-def _norm_from_fp32(total: fx.Node, h: fx.Node) -> RMSNorm:
-    """Match from ``h``, the fp32 view of ``total`` (``total`` itself when it is fp32)."""
+def match_rmsnorm_fp32(h: fx.Node, like: fx.Node) -> RMSNorm:
+    """The RMSNorm of ``h``, an fp32 value whose rounding ``like`` (a conversion of ``h``
+    to the activation dtype) is read elsewhere: the form of a residual added in fp32
+    (SGLang's and vLLM's native ``RMSNorm(x, residual)``: ``h = x.float() +
+    residual.float()``, ``residual = h.to(dtype)``, the norm on ``h``). ``h``'s users must
+    be ``like`` and the norm; the returned nodes start at the norm's first own node."""
+    return _norm_from_fp32(like, h, also=like)
+
+
+def _norm_from_fp32(total: fx.Node, h: fx.Node, also: fx.Node | None = None) -> RMSNorm:
+    """Match from ``h``, the fp32 view of ``total`` (``total`` itself when it is fp32);
+    ``also``: a user of ``h`` besides the norm that is allowed."""
     dtype = val(total).dtype
     square = find_user(h, lambda u: _is_square_of(u, h))
     mean = next_user(square, lambda u: u.target is aten.mean.dim)
@@ -96,10 +107,12 @@ def _norm_from_fp32(total: fx.Node, h: fx.Node) -> RMSNorm:
     if eps is None:
         raise Mismatch("the norm's epsilon is not a constant (a graph input?)")
     normed = next_user(rsqrt, lambda u: _is_mul_of(u, h, rsqrt))
-    if h is not total and set(h.users) != {square, normed}:
+    if h is not total and set(h.users) - {also} != {square, normed}:
         raise Mismatch(f"the norm's fp32 upcast {h.name} is also used outside the norm")
     nodes = (
-        [square, mean, plus_eps, rsqrt, normed] if h is total else [h, square, mean, plus_eps, rsqrt, normed]
+        [square, mean, plus_eps, rsqrt, normed]
+        if h is total or also is not None
+        else [h, square, mean, plus_eps, rsqrt, normed]
     )
     weight, bias, tail = _weight_tail(normed, dtype, val(total).shape[-1])
     out = tail[-1]

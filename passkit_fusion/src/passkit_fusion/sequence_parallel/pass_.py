@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import pydantic
 import torch
@@ -26,10 +27,11 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from ..allreduce_rmsnorm import matcher
-from ..allreduce_rmsnorm.matcher import Rejection, Site, find_sites
+from .. import dialects
 from ..patterns import marks
 from ..patterns import notes as notes_patterns
+from ..patterns import sites as sites_patterns
+from ..patterns.sites import Rejection, Site, find_sites, host_fusion_note
 from ..tuning import decisions
 from . import ops, rewrite
 
@@ -67,9 +69,13 @@ class SequenceParallel(decisions.Tunable, GraphPass):
     one configured first takes them, and the other is left out of that token range."""
     Options = SequenceParallelOptions
     requires = Requirements(min_world_size=2)
-    source_files = (matcher.__file__, rewrite.__file__, ops.__file__, marks.__file__)
+    source_files = (sites_patterns.__file__, rewrite.__file__, ops.__file__, marks.__file__)
 
     options: SequenceParallelOptions
+
+    def identity(self) -> dict[str, Any]:
+        """The pass's identity plus the dialects it reads graphs with (third parties' too)."""
+        return {**super().identity(), "dialects": [d.identity() for d in dialects.registered()]}
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
         """Multiples of the world size (a validity condition: every rank gets the same
@@ -105,6 +111,7 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         return None
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
         sites, rejected = find_sites(gm.graph, kernel_limits=False)
         symbol = rewrite.token_symbol(gm.graph)
         taken: list[Site] = []
@@ -125,6 +132,8 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         if not taken and not rejected:
             fused = len(gm.graph.find_nodes(op="call_function", target=_fused_op()))
             notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
+        if host:
+            notes.append(host)
         if decided := self.decision_note(ctx):
             notes.append(decided)
         return PassResult(modified=bool(taken), matches=len(taken), notes=notes)

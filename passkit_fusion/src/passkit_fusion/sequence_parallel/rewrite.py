@@ -1,6 +1,7 @@
 """The sequence-parallel rewrite of ``all_reduce -> (add residual) -> RMSNorm`` sites.
 
-Per site (found by :mod:`passkit_fusion.allreduce_rmsnorm.matcher`, without the fused kernel's limits)::
+Per site (found by :mod:`passkit_fusion.patterns.sites` in any host's dialect, without the
+fused kernel's limits)::
 
     x2   = reshape(x, [-1, H])                                  # 3-D: tokens B*S flattened
     part = wait_tensor(reduce_scatter_tensor(x2, "sum", W, g))  # this rank's T/W summed rows
@@ -51,8 +52,8 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
-from ..allreduce_rmsnorm.matcher import Site
 from ..patterns import marks
+from ..patterns.sites import Site
 from . import ops as _ops  # noqa: F401  (registers torch.ops.passkit_fusion.token_shard)
 
 aten = torch.ops.aten
@@ -213,26 +214,25 @@ class Rewriter:
     # -- the rewrite --------------------------------------------------------------------
     def site(self, site: Site) -> None:
         """Replace ``site``: its norm's users read the gathered norm output; its sum stays
-        sharded for the next site (and is gathered in :meth:`finish` for other users)."""
+        sharded for the next site (and is gathered in :meth:`finish` for other users).
+
+        Every node of the site after the all-reduce (the residual add, in the activation
+        dtype or in fp32, and the norm: native nodes or the host's norm op) is copied onto
+        the shard, reading the reduce-scatter for the sum and the residual's shard for the
+        residual: the same ops, so the same numerics, in every dialect."""
         g, w = site.group_name, site.world_size
+        assert site.result is not None
         with self.graph.inserting_before(site.out):
             x2 = self._to_2d(site.x)
             part = self._call(c10d.reduce_scatter_tensor.default, (x2, "sum", w, g), like=site.x)
             part = self._call(c10d.wait_tensor.default, (part,), like=site.x)
+            env: dict[fx.Node, fx.Node] = {site.result: part}
             if site.residual is None:
-                total = part
                 self.outcome.no_residual += 1
             else:
-                res = self._residual_shard(site.residual, g, w)
-                a = site.total.args[0]  # keep the add's operand order
-                total = self._call(
-                    aten.add.Tensor, (part, res) if a is not site.residual else (res, part), like=site.total
-                )
-            env: dict[fx.Node, fx.Node] = {site.total: total}
-            head = site.nodes.index(site.total)
-            norm_nodes = site.nodes[head + 1 :]
+                env[site.residual] = self._residual_shard(site.residual, g, w)
             position = {n: i for i, n in enumerate(self.graph.nodes)}
-            for node in sorted(norm_nodes, key=position.__getitem__):
+            for node in sorted(set(site.nodes) - set(site.head), key=position.__getitem__):
                 copy = self.graph.node_copy(node, lambda a: env.get(a, a))
                 if copy.target is aten.mean.dim:  # over the hidden dim, counted from the end
                     copy.args = (copy.args[0], [-1], *copy.args[2:])
@@ -241,7 +241,8 @@ class Rewriter:
                 env[node] = copy
             out = self._gather(Shard(env[site.out], g, w, x2, site.out, self._site, site.x))
         site.out.replace_all_uses_with(out)
-        self.shards[site.total] = Shard(total, g, w, x2, site.total, self._site, site.x)
+        if site.total is not None:
+            self.shards[site.total] = Shard(env[site.total], g, w, x2, site.total, self._site, site.x)
         self.dead.update(site.nodes)
         self._site += 1
 
@@ -388,7 +389,7 @@ def _statically_equal(a: Any, b: Any) -> bool:
 def token_count(site: Site) -> Any:
     """The site's token count: the product of every dim but the last (an int or SymInt)."""
     count: Any = 1
-    for size in site.total.meta["val"].shape[:-1]:
+    for size in site.result.meta["val"].shape[:-1]:  # type: ignore[union-attr]
         count = count * size
     return count
 

@@ -1,0 +1,153 @@
+"""Calling plugin hooks in isolation.
+
+Every hook passkit calls while compiling or running the CLI (``passkit_configure_pipeline``,
+``passkit_before_pass``, ``passkit_after_pass``, ``passkit_pass_failed``,
+``passkit_report``, ``passkit_cli_commands``, ``passkit_demos``) goes through :func:`call`,
+which calls each plugin's hookimpl on its own, in pluggy's order. A hookimpl that raises
+does not reach the compile: the failure is recorded as a :class:`HookFailure` naming the
+plugin, its distribution and version, the hook and the error (on the compile's report, and
+on the :class:`~passkit.plugins.PluginSet`), and that hookimpl is disabled for the rest of
+the process (in that plugin set: :func:`passkit.plugins.reset` loads plugins afresh), so a
+broken hook is reported once rather than at every pass of every compile. The other
+plugins' hookimpls, and the passes, go on. With ``strict=True`` (``strict_plugins = true``
+or ``on_error = "raise"``) a :class:`~passkit.errors.PluginHookError` naming the same
+things is raised instead, chained to the plugin's exception.
+
+(``passkit_register_passes`` runs when plugins load; :class:`~passkit.plugins.PluginSet`
+isolates it the same way, as a load failure.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import logs
+from .errors import PluginHookError, describe
+
+if TYPE_CHECKING:
+    from .plugins import PluginSet
+
+Undo = Callable[[], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class HookFailure:
+    """A plugin's hookimpl that raised, and was disabled."""
+
+    hook: str
+    plugin: str
+    distribution: str | None
+    version: str | None
+    error: str
+    """``ExceptionType: message`` (a long message is cut)."""
+    during: str | None = None
+    """What passkit was doing (``"pass 'cleanup'"``, ``"compile of graph 3"``), if known."""
+    detail: str = dataclasses.field(default="", compare=False, repr=False)
+    """The last frames of the traceback (in ``passkit list --json`` and logs, not reports)."""
+
+    @property
+    def who(self) -> str:
+        who = f"plugin {self.plugin!r}"
+        if self.distribution:
+            who += f" (distribution {self.distribution} {self.version or ''})".replace(" )", ")")
+        else:
+            who += " (in-process)"
+        return who
+
+    def __str__(self) -> str:
+        during = f" during {self.during}" if self.during else ""
+        return (
+            f"hook {self.hook} of {self.who} raised{during}: {self.error}; "
+            f"that hookimpl is disabled for the rest of the process"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "detail"}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HookFailure:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+def call(
+    plugins: PluginSet,
+    hook: str,
+    kwargs: dict[str, Any],
+    *,
+    strict: bool = False,
+    during: str | None = None,
+    record: list[HookFailure] | None = None,
+    checkpoint: Callable[[], Undo] | None = None,
+) -> list[Any]:
+    """Call every enabled hookimpl of ``hook`` with ``kwargs``, each in isolation.
+
+    Returns the non-``None`` results in pluggy's call order; for a ``firstresult`` hook,
+    stops at the first and returns ``[it]``. A hookimpl that raises is disabled and its
+    :class:`HookFailure` appended to ``plugins.hook_failures`` and to ``record`` (a
+    report's list), and logged; with ``strict`` a :class:`PluginHookError` is raised.
+    ``checkpoint()``, when given, is called before each hookimpl and returns a function
+    that undoes what that hookimpl changed, called when it raises (the pipeline's plan).
+    """
+    caller = getattr(plugins.pm.hook, hook)
+    firstresult = bool(caller.spec and caller.spec.opts.get("firstresult"))
+    results: list[Any] = []
+    for impl in reversed(caller.get_hookimpls()):  # pluggy calls the last registered first
+        if (hook, id(impl.plugin)) in plugins.disabled_hooks:
+            continue
+        undo = checkpoint() if checkpoint is not None else None
+        try:
+            value = impl.function(*[kwargs[name] for name in impl.argnames])
+        except Exception as exc:
+            if undo is not None:
+                undo()
+            failure = _failure(plugins, hook, impl.plugin, exc, during)
+            if strict:
+                raise PluginHookError(
+                    f"hook {hook} of {failure.who} raised{_during(during)}: {failure.error} "
+                    f"(strict_plugins / on_error='raise'; otherwise the hookimpl is disabled and "
+                    f"the failure recorded in the report)",
+                    plugin=failure.plugin,
+                    distribution=failure.distribution,
+                    hook=hook,
+                ) from exc
+            plugins.disabled_hooks.add((hook, id(impl.plugin)))
+            plugins.hook_failures.append(failure)
+            if record is not None:
+                record.append(failure)
+            logs.log.warning("passkit: %s", failure)
+            continue
+        if value is not None:
+            results.append(value)
+            if firstresult:
+                break
+    return results
+
+
+def _during(during: str | None) -> str:
+    return f" during {during}" if during else ""
+
+
+def _failure(
+    plugins: PluginSet, hook: str, plugin: object, exc: BaseException, during: str | None
+) -> HookFailure:
+    info = plugins.info_of(plugin)
+    return HookFailure(
+        hook=hook,
+        plugin=info.name if info else str(plugins.pm.get_name(plugin)),
+        distribution=info.distribution if info else None,
+        version=info.version if info else None,
+        error=describe(exc),
+        during=during,
+        detail=_traceback(exc),
+    )
+
+
+def _traceback(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(exc, limit=-3))
+    except Exception:  # an exception whose str() raises
+        return ""

@@ -1,0 +1,492 @@
+"""passkit inside SGLang: ``pip install passkit`` plus a passkit config is all a user does.
+
+SGLang loads every distribution in the ``sglang.srt.plugins`` entry-point group in each of
+its processes before the engine starts (``SGLANG_PLUGINS`` restricts them). passkit
+declares one, :func:`plugin`: when the passkit config (``passkit.toml``, ``[tool.passkit]``,
+``PASSKIT_PASSES``...) enables passes, it registers its hooks with SGLang's
+``HookRegistry``; with no pass enabled it registers nothing and imports nothing of SGLang's
+compile stack.
+
+* After ``SGLangBackend.configure_post_pass`` (the piecewise CUDA-graph backend, which
+  compiles through SGLang's ``PostGradPassManager``): a :class:`~passkit.hosts._sglang_pass.
+  SGLangPass` is added to that manager (post-grad stage; a ``pre``-stage pass goes into the
+  backend's ``post_grad_custom_pre_pass`` slot). SGLang hands each compile a runtime shape
+  (``None``: the general compile, which serves the capture sizes, since SGLang pads every
+  batch it runs through the compiled model to one of them); :func:`token_range` maps it
+  to a passkit :class:`~passkit.TokenRange`, passes whose token constraint does not hold
+  there are skipped with the reason in the report, and SGLang's ``is_applicable_for_shape``
+  is answered from the constraints (:func:`applies`). passkit never splits ranges itself.
+  Around ``CompilerManager.compile`` (one piece, one shape): a compile Inductor serves from
+  its cache runs no pass, so its report is restored from passkit's report cache (SGLang's
+  ranks share one Inductor cache folder).
+* Around ``torch_compile_decoration.patch_model`` (``--enable-torch-compile``: plain
+  ``torch.compile`` of the model per captured batch size, mode ``max-autotune-no-cudagraphs``,
+  Inductor's global config): the compiled forward it yields runs inside an Inductor config
+  patch carrying passkit's pipeline for that batch size (``tokens n``), so nothing global
+  changes and the FX graph cache sees passkit's uuid.
+
+:func:`install` is the same in Python, for the calling process (a script driving SGLang's
+compile in-process, tests, or a plugin of your own); SGLang's scheduler processes get
+passkit through the entry point. Reports, dumps, ``TORCH_LOGS=passkit`` and the CLI work as
+everywhere: the pipeline is the one :func:`passkit.build_pipeline` makes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import logs
+from ..config import Config, load_config
+from ..context import CompileContext
+from ..errors import PasskitError
+from ..pass_base import Stage
+from ..pipeline import Pipeline, build_pipeline
+from ..report import Report
+from ..tokens import TokenConstraint, TokenRange
+from . import HostError, OnUnknown, check_version
+
+if TYPE_CHECKING:
+    from ._sglang_pass import SGLangPass
+
+HOST = "sglang"
+
+PIECEWISE_TARGET = "sglang.srt.compilation.backend.SGLangBackend.configure_post_pass"
+"""Hooked (after): where SGLang's piecewise backend installs its post-grad pass manager."""
+COMPILE_TARGET = "sglang.srt.compilation.backend.CompilerManager.compile"
+"""Hooked (around): one piece's compile; an Inductor cache hit (SGLang's ranks share one
+cache folder) gets a report restored from passkit's report cache."""
+TORCH_COMPILE_TARGET = "sglang.srt.compilation.torch_compile_decoration.patch_model"
+"""Hooked (around): where ``--enable-torch-compile`` wraps the model in ``torch.compile``."""
+CPU_TORCH_COMPILE_TARGET = "sglang.srt.model_executor.cpu_graph_runner.patch_model"
+"""The same for SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``; hooked only there)."""
+
+REQUIRED_API = (
+    ("sglang.srt.compilation.backend", "SGLangBackend.configure_post_pass"),
+    ("sglang.srt.compilation.backend", "CompilerManager.compile"),
+    ("sglang.srt.compilation.pass_manager", "PostGradPassManager.add"),
+    ("sglang.srt.compilation.inductor_pass", "pass_context"),
+    ("sglang.srt.compilation.inductor_pass", "SGLangInductorPass"),
+    ("sglang.srt.compilation.torch_compile_decoration", "patch_model"),
+    ("sglang.srt.plugins.hook_registry", "HookRegistry"),
+)
+"""What the adapter uses of SGLang (checked by :func:`check_api`)."""
+
+
+# ---------------------------------------------------------------------------------------
+# token ranges
+
+
+def token_range(runtime_shape: int | None, capture_sizes: Iterable[int] = ()) -> TokenRange:
+    """The passkit :class:`TokenRange` of one SGLang compile.
+
+    ``runtime_shape=n`` (a per-shape compile): ``tokens n, multiples of n``, so that a pass
+    constrained to multiples of ``k`` applies when ``k`` divides ``n``. ``None`` (the
+    general compile): the span of ``capture_sizes`` (the CUDA-graph token buckets SGLang
+    pads every compiled run to), or every size when there are none."""
+    if runtime_shape is not None:
+        n = max(int(runtime_shape), 1)
+        return TokenRange(n, n, n)
+    sizes = sorted({int(s) for s in capture_sizes if int(s) >= 1})
+    if not sizes:
+        return TokenRange(1, None)
+    return TokenRange(sizes[0], sizes[-1])
+
+
+def constraints(pipeline: Pipeline) -> dict[str, TokenConstraint | None]:
+    """Each pass's token constraint (None: every size), from a context with no graph."""
+    ctx = CompileContext.detect(())
+    return {p.name: p.checked_token_constraint(ctx) for p in pipeline.passes}
+
+
+def applies(pipeline: Pipeline, tokens: TokenRange) -> bool:
+    """SGLang's ``is_applicable_for_shape``: whether some pass of ``pipeline`` applies to
+    every token count of ``tokens`` (other skip reasons, e.g. no CUDA, are decided per graph)."""
+    return any(c is None or c.holds_for(tokens) for c in constraints(pipeline).values())
+
+
+def range_notes(pipeline: Pipeline, tokens: TokenRange, runtime_shape: int | None) -> list[str]:
+    """Report notes for one SGLang compile: what the range is, passes it straddles, and
+    passkit config that SGLang's shapes replace."""
+    what = f"SGLang compile for runtime shape {runtime_shape}"
+    if runtime_shape is None:
+        what = "SGLang general-shape compile (serves the CUDA-graph capture sizes " + (
+            f"{tokens.lo}..{tokens.hi})" if tokens.hi is not None else "; none known: every size)"
+        )
+    notes = [what]
+    straddled = [
+        name
+        for name, c in constraints(pipeline).items()
+        if c is not None and not c.holds_for(tokens) and any(tokens.contains(e) for e in c.ends())
+    ]
+    if straddled:
+        notes.append(
+            f"{', '.join(straddled)} appl{'ies' if len(straddled) == 1 else 'y'} to part of this range "
+            "only: SGLang compiles it once, so the pass is skipped here"
+        )
+    if pipeline.config.compile_ranges:
+        notes.append(
+            "passkit's compile_ranges is not used inside SGLang: SGLang's shapes decide the compiles"
+        )
+    return notes
+
+
+# ---------------------------------------------------------------------------------------
+# the adapter
+
+
+class SGLangAdapter:
+    """One passkit pipeline serving SGLang's compiles in this process.
+
+    ``pipeline``: the configured passes; per compile the adapter uses
+    ``pipeline.for_range(token_range)`` (cached per range), whose reports land in
+    ``pipeline.reports`` (:attr:`reports`).
+    """
+
+    def __init__(self, pipeline: Pipeline, version: str):
+        self.pipeline = pipeline
+        self.version = version
+        self._ranges: dict[tuple[TokenRange, int | None], Pipeline] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def reports(self) -> list[Report]:
+        """One report per graph SGLang compiled with passkit, oldest first."""
+        return self.pipeline.reports
+
+    def for_shape(self, runtime_shape: int | None, capture_sizes: Sequence[int] = ()) -> Pipeline:
+        """The pipeline of a compile for SGLang's ``runtime_shape``."""
+        tokens = token_range(runtime_shape, capture_sizes)
+        key = (tokens, runtime_shape)
+        with self._lock:
+            found = self._ranges.get(key)
+            if found is None:
+                notes = range_notes(self.pipeline, tokens, runtime_shape)
+                found = self._ranges[key] = self.pipeline.for_range(tokens, note="; ".join(notes))
+        return found
+
+    # -- the piecewise backend ---------------------------------------------------------
+    def post_grad_pass(self, stage: Stage = Stage.POST, capture_sizes: Sequence[int] = ()) -> SGLangPass:
+        """The SGLang ``InductorPass`` running ``stage`` of the pipeline (imports SGLang)."""
+        from ._sglang_pass import SGLangPass
+
+        return SGLangPass(self, stage, tuple(capture_sizes))
+
+    def attach(self, backend: Any) -> None:
+        """Add the pipeline to an ``SGLangBackend`` whose ``configure_post_pass`` ran: the
+        post stage to its ``PostGradPassManager``, the pre stage to its Inductor config."""
+        if not self.pipeline.enabled or getattr(backend, "_passkit_attached", None) is self:
+            return
+        sizes = _capture_sizes(backend)
+        for stage in self.pipeline.stages:
+            stage_pass = self.post_grad_pass(stage, sizes)
+            if stage is Stage.POST:
+                backend.post_grad_pass_manager.add(stage_pass)
+            else:
+                from ..integration import ComposedPass
+
+                existing = backend.inductor_config.get("post_grad_custom_pre_pass")
+                backend.inductor_config["post_grad_custom_pre_pass"] = (
+                    stage_pass if existing is None else ComposedPass(existing, stage_pass)
+                )
+        backend._passkit_attached = self
+        logs.log.info(
+            "passkit: added %s to SGLang's post-grad pass manager (capture sizes %s)",
+            ", ".join(self.pipeline.names()),
+            list(sizes) or "none",
+        )
+
+    def reported_compile(
+        self, compile_fn: Callable[[], Any], pipeline: Pipeline, gm: Any, example_inputs: Sequence[Any]
+    ) -> Any:
+        """Run ``compile_fn`` (one compile of ``gm`` with ``pipeline``); when Inductor serves
+        it from its cache (no pass runs), record a report restored from passkit's report
+        cache, as :class:`passkit.Backend` does."""
+        from .. import report_cache
+        from ..integration import _cache_hits
+
+        before, hits = len(pipeline.reports), _cache_hits()
+        compiled = compile_fn()
+        try:
+            cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs)
+        except Exception:  # a graph passkit cannot key: no restored report, nothing else lost
+            logs.log.debug("passkit: no report-cache key for an SGLang compile", exc_info=True)
+            return compiled
+        new = pipeline.reports[before:]
+        if new:
+            report_cache.save(cache_key, new)
+        elif _cache_hits() > hits:
+            restored = report_cache.load(cache_key)
+            records = [r for old in restored for r in old.records] if restored else []
+            pipeline.record_cache_hit("inductor", records)
+        return compiled
+
+    # -- --enable-torch-compile ----------------------------------------------------------
+    def compiled_forward(self, forward: Callable[..., Any], num_tokens: int | None) -> Callable[..., Any]:
+        """Wrap the ``torch.compile``'d ``forward`` SGLang compiles for ``num_tokens`` tokens
+        (None: a dynamic compile serving every size): each call runs inside an Inductor
+        config patch with passkit's pipeline for that size."""
+        if not self.pipeline.enabled:
+            return forward
+        pipeline = self.for_shape(num_tokens)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            from ..integration import _cache_hits
+
+            before, hits = len(pipeline.reports), _cache_hits()
+            with _inductor_patch(pipeline):
+                result = forward(*args, **kwargs)
+            if len(pipeline.reports) == before and _cache_hits() > hits:
+                # compiled from Inductor's cache: no pass ran (torch.compile hides the graph,
+                # so passkit's report cache cannot say what they did when it was built)
+                pipeline.record_cache_hit("inductor")
+            return result
+
+        run.__wrapped__ = forward  # type: ignore[attr-defined]
+        run.passkit_pipeline = pipeline  # type: ignore[attr-defined]
+        return run
+
+
+def _capture_sizes(backend: Any) -> tuple[int, ...]:
+    config = getattr(backend, "compile_config", None)
+    getter = getattr(config, "get_capture_sizes", None)
+    try:
+        return tuple(int(s) for s in (getter() if getter else ()) or ())
+    except (TypeError, ValueError):
+        return ()
+
+
+@contextlib.contextmanager
+def _inductor_patch(pipeline: Pipeline) -> Iterator[None]:
+    """Inductor's global config patched (for the block) with the pipeline, composed after
+    custom passes already there."""
+    import torch._inductor.config as inductor_config
+
+    from ..integration import ComposedPass
+
+    patches = {}
+    for key, stage_pass in pipeline.inductor_patches().items():
+        existing = getattr(inductor_config, key)
+        patches[key] = stage_pass if existing is None else ComposedPass(existing, stage_pass)
+    with inductor_config.patch(patches):
+        yield
+
+
+# ---------------------------------------------------------------------------------------
+# the hooks SGLang calls
+
+_active: SGLangAdapter | None = None
+_error: PasskitError | None = None
+_explicit = False
+_hooks_registered = False
+
+
+def active() -> SGLangAdapter | None:
+    """The adapter SGLang's compiles in this process use (None: passkit is not installed)."""
+    return _active
+
+
+def _adapter_for_compile() -> SGLangAdapter | None:
+    if _error is not None:
+        raise _error  # a config that failed when the plugin loaded: fail the compile loudly
+    return _active
+
+
+def _after_configure_post_pass(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
+    adapter = _adapter_for_compile()
+    if adapter is not None:
+        adapter.attach(backend)
+
+
+def _around_compile(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    adapter = _adapter_for_compile()
+    if adapter is None or not adapter.pipeline.enabled:
+        return original(*args, **kwargs)
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    slots = bound.arguments["inductor_config"]
+    manager, pre = slots.get("post_grad_custom_post_pass"), slots.get("post_grad_custom_pre_pass")
+    candidates = [*getattr(manager, "passes", ()), pre, getattr(pre, "second", None)]
+    ours = [p for p in candidates if getattr(p, "adapter", None) is adapter]
+    if not ours:  # this backend was configured before passkit was installed
+        return original(*args, **kwargs)
+    pipeline = adapter.for_shape(bound.arguments.get("runtime_shape"), ours[0].capture_sizes)
+    return adapter.reported_compile(
+        lambda: original(*args, **kwargs),
+        pipeline,
+        bound.arguments["graph"],
+        bound.arguments["example_inputs"],
+    )
+
+
+def _around_patch_model(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    adapter = _adapter_for_compile()
+    if adapter is None or not adapter.pipeline.enabled:
+        return original(*args, **kwargs)
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    if not bound.arguments.get("enable_compile"):
+        return original(*args, **kwargs)
+    num_tokens = bound.arguments.get("num_tokens")
+    if _dynamic_torch_compile(original):
+        num_tokens = None
+
+    @contextlib.contextmanager
+    def patched() -> Iterator[Any]:
+        with original(*args, **kwargs) as forward:
+            yield adapter.compiled_forward(forward, num_tokens)
+
+    return patched()
+
+
+def _dynamic_torch_compile(original: Callable[..., Any]) -> bool:
+    """Whether SGLang's ``patch_model`` compiles with dynamic shapes (ROCm with
+    ``SGLANG_TORCH_DYNAMIC_SHAPE=1``): one compile then serves every batch size."""
+    module = inspect.getmodule(inspect.unwrap(original))
+    is_hip = bool(getattr(module, "_is_hip", False))
+    return is_hip and os.environ.get("SGLANG_TORCH_DYNAMIC_SHAPE", "").lower() in ("1", "true", "yes")
+
+
+def _register_hooks() -> None:
+    """Register passkit's hooks with SGLang's ``HookRegistry`` (once per process)."""
+    global _hooks_registered
+    if _hooks_registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(PIECEWISE_TARGET, _after_configure_post_pass, HookType.AFTER)
+    HookRegistry.register(COMPILE_TARGET, _around_compile, HookType.AROUND)
+    HookRegistry.register(TORCH_COMPILE_TARGET, _around_patch_model, HookType.AROUND)
+    if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") == "1":
+        HookRegistry.register(CPU_TORCH_COMPILE_TARGET, _around_patch_model, HookType.AROUND)
+    _hooks_registered = True
+
+
+def check_api(version: str) -> None:
+    """Raise :class:`~passkit.hosts.HostError` naming what SGLang ``version`` lacks of
+    :data:`REQUIRED_API` (or which of its modules fails to import, and why)."""
+    import importlib
+
+    missing, broken = [], []
+    for module_name, path in REQUIRED_API:
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                missing.append(module_name)
+            else:
+                broken.append(f"{module_name} ({type(exc).__name__}: {exc})")
+            continue
+        except Exception as exc:
+            broken.append(f"{module_name} ({type(exc).__name__}: {exc})")
+            continue
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            missing.append(f"{module_name}.{path}")
+    if broken:
+        raise HostError(f"passkit.hosts.sglang: SGLang {version} fails to import {'; '.join(broken)}")
+    if missing:
+        from . import HOSTS
+
+        supported = ", ".join(f"{s}.x" for s in HOSTS[HOST].supported)
+        raise HostError(
+            f"passkit.hosts.sglang: SGLang {version} lacks {', '.join(missing)}; passkit supports "
+            f"SGLang {supported} (tested with 0.5.23)"
+        )
+
+
+def install(
+    config: Config | dict[str, Any] | None = None,
+    *,
+    pipeline: Pipeline | None = None,
+    on_unknown_version: OnUnknown = "warn",
+    **overrides: Any,
+) -> SGLangAdapter:
+    """Make SGLang's compiles in this process run a passkit pipeline; return its adapter.
+
+    ``config``/``overrides`` as for :func:`passkit.backend` (``passes=[...]``), or a
+    ``pipeline`` built elsewhere. Replaces a pipeline installed before (by the entry point
+    or an earlier call). An SGLang version passkit was not tested with warns
+    (``on_unknown_version="raise"``: a :class:`~passkit.hosts.HostError`); one lacking an
+    API the adapter uses raises, naming it.
+    """
+    global _active, _error, _explicit
+    version = check_version(HOST, on_unknown=on_unknown_version)
+    check_api(version)
+    logs.register_with_torch()
+    if pipeline is not None and (config is not None or overrides):
+        raise TypeError("give either a pipeline or a config, not both")
+    adapter = SGLangAdapter(
+        pipeline if pipeline is not None else build_pipeline(config, **overrides), version
+    )
+    _register_hooks()
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    HookRegistry.apply_hooks()  # idempotent: targets already patched are skipped
+    _active, _error, _explicit = adapter, None, True
+    return adapter
+
+
+def uninstall() -> None:
+    """Stop adding passkit to SGLang's compiles in this process (the hooks stay, idle)."""
+    global _active, _error, _explicit
+    _active, _error, _explicit = None, None, False
+
+
+def plugin() -> None:
+    """The ``sglang.srt.plugins`` entry point, run by SGLang in each of its processes.
+
+    Does nothing unless the passkit config enables passes. A config or version error is
+    logged here (SGLang would swallow an exception) and raised at the first compile, so a
+    server never starts silently without the passes it was configured with.
+    """
+    global _active, _error
+    if _explicit:
+        return  # install() in this process decides
+    try:
+        config = load_config()
+    except PasskitError as exc:
+        _fail(exc)
+        return
+    if not config.passes:
+        return
+    try:
+        version = check_version(HOST)
+        logs.register_with_torch()
+        pipeline = build_pipeline(config)
+        check_api(version)
+        _active = SGLangAdapter(pipeline, version)
+    except PasskitError as exc:
+        _fail(exc)
+        return
+    _register_hooks()  # SGLang's load_plugins applies them after every plugin ran
+    logs.log.info("passkit: SGLang plugin enabled %s", ", ".join(_active.pipeline.names()))
+
+
+def _fail(exc: PasskitError) -> None:
+    global _error
+    _error = exc
+    logs.log.error("passkit: not enabled in SGLang: %s", exc)
+    try:
+        _register_hooks()
+    except ImportError:  # pragma: no cover - SGLang calls this entry point, so it exists
+        pass
+
+
+__all__ = [
+    "HOST",
+    "SGLangAdapter",
+    "active",
+    "applies",
+    "check_api",
+    "constraints",
+    "install",
+    "plugin",
+    "range_notes",
+    "token_range",
+    "uninstall",
+]

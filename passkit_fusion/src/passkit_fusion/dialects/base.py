@@ -1,0 +1,337 @@
+"""The :class:`Dialect` interface: how one software stack writes collectives and norms.
+
+passkit-fusion's passes look for the same computations in every graph (``all_reduce ->
+(add residual) -> RMSNorm``, ``all_gather -> matmul``, ``matmul -> reduce_scatter``), but
+each host writes them with its own ops: torch's functional collectives
+(``_c10d_functional.all_reduce`` + ``wait_tensor``), vLLM's ``vllm.all_reduce(x,
+group_name)``, SGLang's ``sglang.inplace_all_reduce`` wrapped by functionalization...
+A dialect reads one host's form and hands the passes what they need in one vocabulary:
+
+* :meth:`Dialect.all_reduces`: each all-reduce of the graph as an :class:`AllReduce` (its
+  input, the node holding the sum, the nodes the site replaces, the host's group name);
+* :meth:`Dialect.match_norm`: the host's RMSNorm *op* after the sum, if it has one
+  (vLLM IR's ``rms_norm`` / ``fused_add_rms_norm``), as a :class:`HostNorm`; the native
+  ATen decomposition is matched by :mod:`passkit_fusion.patterns.rmsnorm` for every dialect;
+* :meth:`Dialect.collectives`: the all-gathers and reduce-scatters (dim 0) as
+  :class:`Collective`, for ``async_tp`` (which rewrites them to torch's functional form
+  around PyTorch's matcher and puts back those it did not fuse);
+* :meth:`Dialect.resolve_group`: the host's group name -> the torch ``ProcessGroup`` that
+  workspaces, rank agreement and the ops passkit writes use;
+* :attr:`Dialect.SCHEMAS`: the exact schema of every host op the dialect reads. An op of
+  the graph whose registered schema differs makes the dialect decline (every site of that
+  op is rejected with the reason, which reaches the pass report): never a rewrite built on
+  arguments read at the wrong positions;
+* :attr:`Dialect.HOST_FUSIONS`: ops a host's own fusion leaves in the graph where it
+  already fused these sites (vLLM's ``fuse_allreduce_rms``), named in the report.
+
+A dialect must never import its host: it reads ops from the graph by their qualified
+name, and imports the host's module (to resolve groups) only when the host's ops are in
+the graph, i.e. when the host is running. Everything it decides comes from the graph and
+the process groups, identically on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+
+__all__ = [
+    "AllReduce",
+    "Collective",
+    "Declined",
+    "Dialect",
+    "HostNorm",
+    "arg",
+    "functionalized",
+    "node_op",
+    "op_name",
+    "registered_schema",
+    "sole_user",
+    "val",
+]
+
+
+class Declined(Exception):
+    """A dialect will not read a node (a schema that differs from the one it knows, an
+    argument it does not understand, a norm the fused kernels compute differently); the
+    message is the report's reason. (Dialects sit below :mod:`passkit_fusion.patterns`,
+    whose matchers turn it into a rejection.)"""
+
+
+def val(node: fx.Node) -> torch.Tensor:
+    """The tensor (fake) value ``node`` carries; :class:`Declined` when it has none."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        raise Declined(f"{node.name} has no tensor metadata")
+    return value
+
+
+def sole_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def dtype_str(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduce:
+    """One all-reduce (sum) as a dialect read it from the graph."""
+
+    anchor: fx.Node
+    """The collective's node (what the report names)."""
+    x: fx.Node
+    """The tensor reduced."""
+    group: str
+    """The group as the graph names it (the host's name: ``"tp:0"`` in vLLM)."""
+    result: fx.Node
+    """The node holding the sum (``wait_tensor``; the host op itself; the functionalized
+    op's new value of its mutated input)."""
+    nodes: tuple[fx.Node, ...]
+    """The nodes from ``anchor`` to ``result`` (both included) that the site replaces."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostNorm:
+    """A host's RMSNorm op reading an all-reduce's sum (after :meth:`Dialect.match_norm`).
+
+    ``kind="rms_norm"``: ``out = node(total, ...)`` (``total`` is the sum, or the residual
+    add the matcher found before the op). ``kind="fused_add"``: one op computes
+    ``(norm_out, residual_out)`` from the sum and a residual: ``node`` is that op, ``out``
+    and ``total`` its two outputs (``total`` may be None when nothing reads it)."""
+
+    kind: Literal["rms_norm", "fused_add"]
+    node: fx.Node
+    weight: fx.Node
+    eps: float
+    weight_bias: float
+    out: fx.Node
+    nodes: tuple[fx.Node, ...]
+    """The op and its output nodes, replaced with the site."""
+    residual: fx.Node | None = None
+    """``fused_add``: the residual the op adds to the sum."""
+    total: fx.Node | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """An all-gather or reduce-scatter along dim 0, as a dialect read it."""
+
+    kind: Literal["all_gather", "reduce_scatter"]
+    anchor: fx.Node
+    x: fx.Node
+    group: str
+    world_size: int | None
+    """As the graph states it (None: the group's size)."""
+    result: fx.Node
+    nodes: tuple[fx.Node, ...]
+    """Nodes that die once ``result``'s users read something else (the output buffer of
+    a mutating op included)."""
+
+
+def op_name(target: Any) -> str | None:
+    """``"namespace::name"`` of an op overload or packet (None for anything else)."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return str(schema.name)
+    qualified = getattr(target, "_qualified_op_name", None)
+    return str(qualified) if qualified else None
+
+
+_AUTO_FUNCTIONALIZED = ("auto_functionalized", "auto_functionalized_v2")
+
+
+def node_op(node: fx.Node) -> tuple[Any, str | None, bool]:
+    """``(op, "ns::name", functionalized)`` of a call node: the op a node calls, looking
+    through ``auto_functionalized`` / ``auto_functionalized_v2`` (how an in-place custom
+    op appears in a functional graph)."""
+    if node.op != "call_function":
+        return None, None, False
+    target = node.target
+    if (
+        getattr(target, "__name__", "") in _AUTO_FUNCTIONALIZED
+        or getattr(target, "_name", "") in _AUTO_FUNCTIONALIZED
+    ):
+        inner = node.args[0] if node.args else None
+        return inner, op_name(inner), True
+    return target, op_name(target), False
+
+
+def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """Argument ``name`` (position ``index``) of a call, however it was passed."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def functionalized(node: fx.Node, name: str) -> tuple[fx.Node, fx.Node]:
+    """``(input, new_value)`` of the mutated argument ``name`` of an ``auto_functionalized``
+    (v1: ``getitem(node, 1 + i)`` in the order of the mutated arguments; the ops read here
+    mutate one) or ``auto_functionalized_v2`` node (``_all_bases[_name_base_index]``, new
+    value ``getitem(node, 1 + base index)``). Raises :class:`Declined` for a mutated view
+    of a base or a new value nothing reads."""
+    v2 = "_all_bases" in node.kwargs
+    label = str(op_name(node.args[0])).replace("::", ".")
+    if v2:
+        views = [k for k in node.kwargs if k.startswith(f"_{name}_") and k != f"_{name}_base_index"]
+        index = node.kwargs.get(f"_{name}_base_index")
+        if views or not isinstance(index, int):
+            raise Declined(f"{label} mutates a view of its base tensor")
+        source = node.kwargs["_all_bases"][index]
+        out_index = 1 + index
+    else:
+        source = node.kwargs.get(name)
+        out_index = 1
+    outs = [u for u in node.users if u.target is operator.getitem and u.args[1] == out_index]
+    if not isinstance(source, fx.Node) or len(outs) != 1:
+        raise Declined(f"{label}'s result is not read exactly once")
+    return source, outs[0]
+
+
+def registered_schema(qualified: str) -> str | None:
+    """``str(schema)`` of the default overload registered in this process under
+    ``"ns::name"``, or None when no such op exists (never imports the host)."""
+    namespace, _, name = qualified.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return str(packet.default._schema)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class Dialect:
+    """How one software stack writes the collectives and norms passkit-fusion rewrites.
+
+    Subclass it, set :attr:`name`, :attr:`SCHEMAS` (and :attr:`NAMESPACES`), implement
+    :meth:`all_reduces` (and :meth:`collectives`, :meth:`match_norm`,
+    :meth:`resolve_group` as the host needs), and return the class from a
+    ``passkit_fusion_dialects`` hook implementation (see :mod:`.hookspecs`). Instances are
+    stateless; one is made per registry.
+    """
+
+    name: ClassVar[str] = ""
+    """Short name, unique among dialects (``"torch"``, ``"vllm"``, ``"sglang"``)."""
+    host: ClassVar[str] = ""
+    """The host and version the schemas were read from (``"vLLM 0.33.0"``)."""
+    NAMESPACES: ClassVar[tuple[str, ...]] = ()
+    """Op namespaces that announce the host in a graph (``("vllm", "vllm_ir")``)."""
+    SCHEMAS: ClassVar[dict[str, str]] = {}
+    """``{"ns::op": str(torch.ops.ns.op.default._schema)}`` for every op the dialect reads,
+    exactly as the host registers it."""
+    PACKAGE: ClassVar[str | None] = None
+    """The host's importable package (``"vllm"``), for :meth:`version_note`."""
+    VERSIONS: ClassVar[tuple[str, ...]] = ()
+    """The host versions whose schemas :attr:`SCHEMAS` holds."""
+    ALL_REDUCE_OPS: ClassVar[tuple[str, ...]] = ()
+    """The ops :meth:`all_reduces` reads (rejected all at once when the dialect declines)."""
+    HOST_FUSIONS: ClassVar[dict[str, str]] = {}
+    """``{"ns::op": "which host fusion leaves it"}``: ops meaning the host already fused
+    all-reduce + RMSNorm sites itself."""
+
+    # -- what a pass calls ---------------------------------------------------------------
+    def present(self, graph: fx.Graph) -> bool:
+        """Whether the graph calls any op of :attr:`NAMESPACES` (a scan; nothing imported)."""
+        return any(self._namespace_of(n) in self.NAMESPACES for n in graph.nodes)
+
+    def schema_problems(self, graph: fx.Graph) -> dict[str, str]:
+        """``{"ns::op": reason}`` for the ops of :attr:`SCHEMAS` that the graph calls and
+        whose registered schema differs from the expected one."""
+        problems: dict[str, str] = {}
+        for node in graph.nodes:
+            _, qualified, _ = node_op(node)
+            if qualified is None or qualified not in self.SCHEMAS or qualified in problems:
+                continue
+            found = registered_schema(qualified)  # the default overload's (vLLM IR's
+            # maybe_inplace overload shares its signature under another name)
+            expected = self.SCHEMAS[qualified]
+            if found != expected:
+                problems[qualified] = (
+                    f"{self.name} dialect declined: {qualified} has schema {found!r}, "
+                    f"expected {expected!r} ({self.host or self.name})"
+                )
+        return problems
+
+    def all_reduces(self, graph: fx.Graph) -> Iterator[AllReduce | Declined | tuple[fx.Node, str]]:
+        """Every all-reduce of the graph in this dialect, in graph order: an
+        :class:`AllReduce`, or ``(node, reason)`` for one that cannot be a site (a reduce
+        op other than sum, arguments not understood)."""
+        return iter(())
+
+    def match_norm(self, total: fx.Node) -> HostNorm | None:
+        """The host's RMSNorm op reading ``total`` (the sum, or sum + residual), or None.
+        Raises :class:`Declined` for a norm op the fused kernels would compute differently
+        (no weight, a partial variance)."""
+        return None
+
+    def collectives(self, graph: fx.Graph) -> Iterator[Collective | tuple[fx.Node, str]]:
+        """Every all-gather / reduce-scatter of the graph in this dialect that is *not*
+        torch's functional form: ``async_tp`` rewrites them to it for PyTorch's matcher.
+        ``(node, reason)`` for one left in the host's form (e.g. another dim than 0)."""
+        return iter(())
+
+    def resolve_group(self, group: str) -> dist.ProcessGroup:
+        """The torch process group behind the graph's group name ``group``."""
+        from ..collective.groups import resolve_group
+
+        return resolve_group(group)
+
+    def torch_group_name(self, group: str) -> str:
+        """The name under which torch (and the ops passkit writes) finds ``group``'s
+        process group; raises :class:`Declined` when it cannot be resolved."""
+        try:
+            return str(self.resolve_group(group).group_name)
+        except Exception as exc:
+            raise Declined(f"{self.name} dialect: group {group!r} cannot be resolved ({exc})") from None
+
+    def host_fusions(self, graph: fx.Graph) -> dict[str, int]:
+        """``{description: count}`` of the host-fusion ops (:attr:`HOST_FUSIONS`) in the graph."""
+        found: dict[str, int] = {}
+        for node in graph.nodes:
+            _, qualified, _ = node_op(node)
+            if qualified in self.HOST_FUSIONS:
+                label = f"{self.HOST_FUSIONS[qualified]} ({qualified})"
+                found[label] = found.get(label, 0) + 1
+        return found
+
+    def version_note(self) -> str | None:
+        """A note when the running host (already imported: never imported here) is another
+        version than :attr:`VERSIONS`: matching goes on wherever the schemas still agree
+        (best effort; a changed schema declines)."""
+        import sys
+
+        module = sys.modules.get(self.PACKAGE) if self.PACKAGE else None
+        found = getattr(module, "__version__", None)
+        if not self.VERSIONS or not isinstance(found, str) or found in self.VERSIONS:
+            return None
+        return (
+            f"{self.name} dialect: written for {self.PACKAGE} {', '.join(self.VERSIONS)}, running "
+            f"{found}: sites matched where the ops' schemas agree"
+        )
+
+    def ops_in(self, graph: fx.Graph, names: Iterable[str]) -> Iterator[tuple[fx.Node, Any, bool]]:
+        """``(node, op, functionalized)`` for the graph's calls of the ops ``names``."""
+        wanted = set(names)
+        for node in list(graph.nodes):
+            op, qualified, functionalized = node_op(node)
+            if qualified in wanted:
+                yield node, op, functionalized
+
+    def identity(self) -> dict[str, Any]:
+        """What enters the passes' cache identity: name, host, schemas, source hash."""
+        from passkit.pass_base import source_hash
+
+        return {"name": self.name, "host": self.host, "source": source_hash(type(self))}
+
+    @staticmethod
+    def _namespace_of(node: fx.Node) -> str | None:
+        _, qualified, _ = node_op(node)
+        return qualified.partition("::")[0] if qualified else None
+
+    def __repr__(self) -> str:
+        return f"<dialect {self.name} ({self.host})>"

@@ -1,0 +1,384 @@
+"""Find ``all_reduce -> (add residual) -> RMSNorm`` sites in post-grad ATen graphs, in
+every host's dialect.
+
+The all-reduce comes from a dialect (:mod:`passkit_fusion.dialects`): torch's
+``wait_tensor(all_reduce(x, "sum", group))`` (functional collectives, DTensor; followed by
+``aten.copy`` for an in-place ``dist.all_reduce``), vLLM's ``vllm.all_reduce(x,
+group)``, SGLang's ``sglang.outplace_all_reduce`` / functionalized
+``sglang.inplace_all_reduce``... From its sum the matcher walks forward:
+
+* to the host's norm op when the dialect has one (vLLM IR's ``rms_norm``, or
+  ``fused_add_rms_norm`` which also adds the residual);
+* else over the optional residual add, in the activation dtype (Llama, Hugging Face) or
+  in fp32 (``h = sum.float() + residual.float()``, ``residual = h.to(dtype)``: SGLang's
+  and vLLM's native RMSNorm with a residual), to the native RMSNorm decomposition
+  (:func:`passkit_fusion.patterns.rmsnorm.match_rmsnorm`: Llama's fp32 upcast,
+  ``F.rms_norm``, Gemma's ``1 + weight``, ``x * x``, the weight on either side of the
+  downcast).
+
+The group the graph names is resolved by the dialect to the torch process group the
+rewrites use (:attr:`Site.group_name`). Everything is decided from the graph and the
+process group's size, never from rank-local state, so every rank finds the same sites.
+A dialect whose ops' registered schemas differ from the ones it knows declines: each of
+its all-reduces is rejected with the reason.
+
+With ``fp8=True`` the matcher also looks after the norm for a static per-tensor
+``float8_e4m3fn`` quantization (:func:`passkit_fusion.patterns.fp8.match_fp8_quant`) and
+records it in :attr:`Site.quant`; a quantization the kernel would compute differently
+leaves the site fused without it, the reason in :attr:`Site.quant_skipped`.
+
+A candidate the fused kernel would compute differently is rejected with a reason: a reduce
+op other than sum, a norm over another dim, a weight in another dtype than the activations,
+an intermediate (the all-reduce result included) also used outside the match, a residual
+add that broadcasts or promotes, an unsupported dtype, hidden size or world size. (The
+fp32-residual form is fused although the kernel normalizes the rounded sum rather than
+the fp32 one: the hosts' own fusions make the same substitution.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.fx as fx
+
+from ..dialects.base import AllReduce, Declined, Dialect, HostNorm
+from .fp8 import Fp8Quant, NoQuant, match_fp8_quant
+from .graph import (
+    Mismatch,
+    dtype_str,
+    group_world_size,
+    module_path,
+    same_shape,
+    shape_str,
+    sole_user,
+    val,
+)
+from .rmsnorm import NoNorm, RMSNorm, cast_dtype, match_rmsnorm, match_rmsnorm_fp32
+
+aten = torch.ops.aten
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SUPPORTED_WORLD_SIZES = (2, 4, 8, 16)
+"""World sizes of flashinfer's fused all-reduce kernels (16 runs one-shot only)."""
+HIDDEN_MULTIPLE = 8
+"""The kernel moves 16-byte vectors: 8 elements of a 16-bit dtype."""
+MAX_HIDDEN = 16384
+"""Largest hidden size the kernel is known to launch with (one token per thread block cluster)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One all-reduce -> (add residual) -> RMSNorm that the fused op can replace."""
+
+    all_reduce: fx.Node
+    x: fx.Node
+    """The all-reduce's input."""
+    group_name: str
+    """The torch process group's name (resolved by the dialect from :attr:`host_group`)."""
+    world_size: int
+    residual: fx.Node | None
+    total: fx.Node | None
+    """The node whose value ``residual_out`` takes over: the residual add, or the all-reduce
+    result without a residual; None when the host's fused add+norm op has a residual
+    output nothing reads."""
+    weight: fx.Node
+    """The norm weight as stored (before any upcast); its dtype is the activations'."""
+    weight_bias: float
+    eps: float
+    out: fx.Node
+    """The norm's output node."""
+    nodes: tuple[fx.Node, ...]
+    """Every node the fused op replaces (``total`` and ``out`` included); all of them are
+    used only inside the site, except ``total`` and ``out``."""
+    hidden: int
+    dtype: torch.dtype
+    module: str
+    """Where the norm lives in the model (``layers.0.post_attention_layernorm``), or ``""``."""
+    quant: Fp8Quant | None = None
+    """The static FP8 quantization of the norm output the fused op also takes over (only
+    when matched with ``fp8=True``); its nodes are not in :attr:`nodes`."""
+    quant_skipped: str | None = None
+    """Why an FP8 quantization after the norm is left out of the fusion, if one is."""
+    need_norm_out: bool = True
+    """Whether anything besides :attr:`quant` reads the norm output (then the fused op
+    writes the norm output too); always True without a quantization."""
+    result: fx.Node | None = None
+    """The node holding the all-reduce's sum (in :attr:`head`)."""
+    head: tuple[fx.Node, ...] = ()
+    """The all-reduce's own nodes, from the collective to :attr:`result`."""
+    dialect: str = "torch"
+    host_group: str = ""
+    """The group as the graph names it (the host's name)."""
+    host_norm: HostNorm | None = None
+    """The host's norm op, when the norm is one (else the native decomposition)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """An all-reduce that is not a site, and why."""
+
+    all_reduce: fx.Node
+    reason: str
+
+
+def candidates(
+    graph: fx.Graph,
+    *,
+    kernel_limits: bool = True,
+    fp8: bool = False,
+    dialects: Sequence[Dialect] | None = None,
+) -> Iterator[Site | Rejection]:
+    """Match each all-reduce of ``graph``, dialect by dialect and in graph order within
+    one, lazily: the caller may replace a site before taking the next item (sites are
+    disjoint, and a later site sees the earlier one's outputs where it used its nodes,
+    e.g. as its residual). ``dialects``: default every registered one.
+    ``kernel_limits``, ``fp8``: see :func:`match_site`."""
+    present = _present(graph, dialects)
+    for dialect in present:
+        problems = dialect.schema_problems(graph)
+        if problems:  # never read arguments at positions the op may no longer have
+            reason = "; ".join(problems.values())
+            for node, _, _ in list(dialect.ops_in(graph, dialect.ALL_REDUCE_OPS)):
+                yield Rejection(node, reason)
+            continue
+        for found in dialect.all_reduces(graph):
+            if isinstance(found, tuple):
+                yield Rejection(*found)
+                continue
+            try:
+                yield match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present)
+            except (Mismatch, Declined) as exc:
+                yield Rejection(found.anchor, str(exc))
+
+
+def find_sites(
+    graph: fx.Graph,
+    *,
+    kernel_limits: bool = True,
+    fp8: bool = False,
+    dialects: Sequence[Dialect] | None = None,
+) -> tuple[list[Site], list[Rejection]]:
+    """Every site of ``graph`` and every rejected all-reduce, without changing the graph."""
+    found = list(candidates(graph, kernel_limits=kernel_limits, fp8=fp8, dialects=dialects))
+    return [c for c in found if isinstance(c, Site)], [c for c in found if isinstance(c, Rejection)]
+
+
+def host_fusion_note(graph: fx.Graph, dialects: Sequence[Dialect] | None = None) -> str | None:
+    """``"host already fused: N site(s) by vLLM's fuse_allreduce_rms (...)"`` and, for a host
+    of another version than its dialect's, a line saying so; None when neither applies."""
+    found: dict[str, int] = {}
+    versions: list[str] = []
+    for dialect in _present(graph, dialects):
+        for label, n in dialect.host_fusions(graph).items():
+            found[label] = found.get(label, 0) + n
+        if note := dialect.version_note():
+            versions.append(note)
+    lines = versions
+    if found:
+        lines = [
+            "host already fused: " + ", ".join(f"{n} site(s) by {label}" for label, n in found.items()),
+            *lines,
+        ]
+    return "; ".join(lines) if lines else None
+
+
+def _present(graph: fx.Graph, dialects: Sequence[Dialect] | None) -> list[Dialect]:
+    if dialects is None:
+        from ..dialects import registered
+
+        dialects = registered()
+    namespaces = {_namespace(n) for n in graph.nodes if n.op == "call_function"}
+    return [d for d in dialects if namespaces & set(d.NAMESPACES)]
+
+
+def _namespace(node: fx.Node) -> str | None:
+    from ..dialects.base import node_op
+
+    _, qualified, _ = node_op(node)
+    return qualified.partition("::")[0] if qualified else None
+
+
+def match_site(
+    ar: AllReduce,
+    dialect: Dialect,
+    *,
+    kernel_limits: bool = True,
+    fp8: bool = False,
+    norms: Sequence[Dialect] = (),
+) -> Site:
+    """The site starting at the all-reduce ``ar`` (read by ``dialect``); raises
+    :class:`Mismatch` (or :class:`~passkit_fusion.dialects.Declined`) with the reason if none.
+
+    ``norms``: the dialects whose norm ops may follow the all-reduce besides ``dialect``'s
+    (vLLM on CPU: torch's all-reduce, vLLM IR's norms).
+
+    ``kernel_limits=False`` drops the fused kernel's own limits (hidden size, world sizes
+    2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``).
+    ``fp8=True`` also matches a static FP8 quantization of the norm output."""
+    result = ar.result
+    readers = [dialect, *(d for d in norms if d is not dialect)]
+    host_norm = _host_norm(result, readers)
+    residual: fx.Node | None = None
+    rest: tuple[fx.Node, ...] = ()
+    if host_norm is not None and host_norm.kind == "fused_add":
+        residual, total = host_norm.residual, host_norm.total
+    elif host_norm is not None:
+        total = result
+    else:
+        total, residual, rest = _residual_add(result)
+        host_norm = _host_norm(total, readers) if residual is not None and not rest else None
+    dtype, shape = val(result).dtype, val(result).shape
+    if host_norm is not None:
+        norm = RMSNorm(host_norm.weight, host_norm.weight_bias, host_norm.eps, host_norm.out, host_norm.nodes)
+    elif rest:
+        norm = match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
+    else:
+        norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
+    _check_residual(result, residual, shape)
+    hidden = _check_supported(dtype, shape, kernel_limits)
+    group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
+    world_size = _world_size(group_name, kernel_limits)
+    # the all-reduce, then the residual add (in fp32: the upcasts, the add, the rounding);
+    # a host's fused add+norm op adds the residual itself (its nodes are the norm's)
+    adds = () if host_norm is not None and host_norm.kind == "fused_add" else (*rest, total)
+    head = tuple(dict.fromkeys((*ar.nodes, *adds)))
+    quant, quant_skipped = None, None
+    if fp8:
+        try:
+            quant = match_fp8_quant(norm.out, {ar.anchor, *head, *norm.nodes})
+        except NoQuant:
+            pass
+        except Mismatch as exc:
+            quant_skipped = str(exc)
+    return Site(
+        all_reduce=ar.anchor,
+        x=ar.x,
+        group_name=group_name,
+        world_size=world_size,
+        residual=residual,
+        total=total,
+        weight=norm.weight,
+        weight_bias=norm.weight_bias,
+        eps=norm.eps,
+        out=norm.out,
+        nodes=tuple(dict.fromkeys((*head, *norm.nodes))),
+        hidden=hidden,
+        dtype=dtype,
+        module=module_path(norm.out),
+        quant=quant,
+        quant_skipped=quant_skipped,
+        need_norm_out=quant is None or any(u is not quant.nodes[0] for u in norm.out.users),
+        result=result,
+        head=ar.nodes,
+        dialect=dialect.name,
+        host_group=ar.group,
+        host_norm=host_norm,
+    )
+
+
+def _host_norm(total: fx.Node, dialects: Sequence[Dialect]) -> HostNorm | None:
+    for dialect in dialects:
+        found = dialect.match_norm(total)
+        if found is not None:
+            return found
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# the residual add
+
+
+def _residual_add(result: fx.Node) -> tuple[fx.Node, fx.Node | None, tuple[fx.Node, ...]]:
+    """``(total, residual, fp32_nodes)``:
+
+    * ``(add, residual, ())`` when the sum's only use is ``add(result, residual)`` (either
+      order) in the activation dtype;
+    * ``(rounded, residual, (upcast, residual_upcast, h))`` when it is added in fp32:
+      ``h = add(result.float(), residual.float())`` read by ``rounded = h.to(dtype)`` and
+      the norm (SGLang's and vLLM's native RMSNorm with a residual);
+    * else ``(result, None, ())``: the norm must then start at the result itself."""
+    add = sole_user(result)
+    if add is not None and cast_dtype(add) == torch.float32 and val(result).dtype != torch.float32:
+        fp32 = _fp32_residual_add(result, add)
+        if fp32 is not None:
+            return fp32
+    if add is None or add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
+        return result, None, ()
+    a, b = add.args[:2]
+    residual = b if a is result else a
+    if not isinstance(residual, fx.Node) or residual is result:
+        return result, None, ()
+    return add, residual, ()
+
+
+def _fp32_residual_add(result: fx.Node, up: fx.Node) -> tuple[fx.Node, fx.Node, tuple[fx.Node, ...]] | None:
+    h = sole_user(up)
+    if h is None or h.target is not aten.add.Tensor or h.kwargs.get("alpha", 1) != 1:
+        return None
+    a, b = h.args[:2]
+    other = b if a is up else a
+    if not isinstance(other, fx.Node) or other is up or cast_dtype(other) != torch.float32:
+        return None
+    residual = other.args[0]
+    if not isinstance(residual, fx.Node) or len(other.users) != 1:
+        return None
+    dtype = val(result).dtype
+    rounded = [u for u in h.users if cast_dtype(u) == dtype]
+    if len(rounded) != 1:
+        return None
+    return rounded[0], residual, (up, other, h)
+
+
+def _check_residual(result: fx.Node, residual: fx.Node | None, shape: torch.Size) -> None:
+    if residual is None:
+        return
+    rval, wval = val(residual), val(result)
+    if rval.dtype != wval.dtype:
+        raise Mismatch(f"residual is {dtype_str(rval.dtype)} but the all-reduce is {dtype_str(wval.dtype)}")
+    if not (same_shape(rval.shape, shape) and same_shape(wval.shape, shape)):
+        raise Mismatch(f"residual add broadcasts ({shape_str(wval.shape)} + {shape_str(rval.shape)})")
+
+
+# ---------------------------------------------------------------------------------------
+# the RMSNorm (its forms: passkit_fusion.patterns.rmsnorm)
+
+
+def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> RMSNorm:
+    """The RMSNorm whose input is ``total``. ``total``'s other users are fine (they will
+    read ``residual_out``); every node inside the norm must be used only by the norm."""
+    try:
+        return match_rmsnorm(total)
+    except NoNorm:
+        shared = after_all_reduce and len(total.users) > 1
+        if shared and any(u.target is aten.add.Tensor for u in total.users):
+            raise Mismatch("all-reduce result is also used outside the residual add") from None
+        raise
+
+
+# ---------------------------------------------------------------------------------------
+# what the kernel supports
+
+
+def _check_supported(dtype: torch.dtype, shape: torch.Size, kernel_limits: bool = True) -> int:
+    if dtype not in SUPPORTED_DTYPES:
+        raise Mismatch(f"dtype {dtype_str(dtype)} not supported by the fused kernel")
+    hidden = shape[-1]
+    if not kernel_limits:
+        return hidden  # type: ignore[return-value]
+    if not isinstance(hidden, int):
+        raise Mismatch(f"hidden size {hidden} is symbolic")
+    if hidden % HIDDEN_MULTIPLE:
+        raise Mismatch(f"hidden size {hidden} is not a multiple of {HIDDEN_MULTIPLE}")
+    if hidden > MAX_HIDDEN:
+        raise Mismatch(f"hidden size {hidden} is above {MAX_HIDDEN}")
+    return hidden
+
+
+def _world_size(group_name: str, kernel_limits: bool = True) -> int:
+    size = group_world_size(group_name)
+    if kernel_limits and size not in SUPPORTED_WORLD_SIZES:
+        sizes = ", ".join(map(str, SUPPORTED_WORLD_SIZES))
+        raise Mismatch(f"world size {size} not supported by the fused kernel ({sizes})")
+    return size

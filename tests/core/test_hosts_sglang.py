@@ -1,0 +1,169 @@
+"""The SGLang adapter's logic that needs no SGLang installed: its shapes as passkit token
+ranges, applicability, report notes, the entry point doing nothing without passes, the
+``--enable-torch-compile`` wrapper (the real SGLang: ``tests/hosts/test_sglang.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import passkit
+from passkit import TokenConstraint, TokenRange
+from passkit.hosts import HostVersionWarning, check_version
+from passkit.hosts import sglang as host
+
+NO_SGLANG = importlib.util.find_spec("sglang") is None
+
+
+class _Everywhere(passkit.GraphPass):
+    name = "everywhere"
+
+    def run(self, gm, ctx):
+        return passkit.PassResult()
+
+
+class _Small(passkit.GraphPass):
+    name = "small"
+    tokens = TokenConstraint(max_tokens=512)
+
+    def run(self, gm, ctx):
+        return passkit.PassResult()
+
+
+class _Plugin:
+    @passkit.hookimpl
+    def passkit_register_passes(self):
+        return [_Everywhere, _Small]
+
+
+@pytest.fixture
+def pipeline_of(clean_env):
+    passkit.register(_Plugin())
+    yield lambda *names, **config: passkit.build_pipeline(passes=list(names), **config)
+    host.uninstall()
+
+
+def test_importing_the_sglang_adapter_imports_no_sglang(clean_env):
+    code = (
+        "import sys, passkit, passkit.hosts.sglang as h\n"
+        "h.plugin()  # no pass configured: does nothing\n"
+        "assert h.active() is None and not h._hooks_registered\n"
+        "assert not {m for m in sys.modules if m.split('.')[0] == 'sglang'}, 'sglang was imported'\n"
+        "assert 'passkit.hosts._sglang_pass' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=clean_env)
+
+
+def test_sglang_versions():
+    assert check_version("sglang", "0.5.23") == "0.5.23"
+    with pytest.warns(HostVersionWarning, match=r"found sglang 0\.6\.0; passkit supports sglang 0\.5\.x"):
+        check_version("sglang", "0.6.0")
+
+
+def test_sglang_shapes_map_to_token_ranges():
+    assert host.token_range(8) == TokenRange(8, 8, 8)  # a per-shape compile
+    assert host.token_range(None, [16, 4, 256, 8]) == TokenRange(4, 256)  # general: the capture sizes
+    assert host.token_range(None) == TokenRange(1, None)  # nothing known: every size
+    assert host.token_range(0) == TokenRange(1, 1, 1)
+
+
+def test_is_applicable_for_shape_comes_from_the_passes_token_constraints(pipeline_of):
+    small = pipeline_of("small")
+    assert host.applies(small, host.token_range(None, [1, 512]))
+    assert not host.applies(small, host.token_range(None, [1, 1024]))
+    assert not host.applies(small, host.token_range(600))
+    assert host.applies(pipeline_of("small", "everywhere"), host.token_range(600))
+
+
+def test_range_notes_say_what_the_compile_serves(pipeline_of):
+    notes = host.range_notes(pipeline_of("small", compile_ranges=[64]), TokenRange(1, 1024), None)
+    assert "general-shape compile (serves the CUDA-graph capture sizes 1..1024)" in notes[0]
+    assert "small applies to part of this range only" in notes[1]
+    assert "compile_ranges is not used inside SGLang" in notes[2]
+    assert host.range_notes(pipeline_of("small"), TokenRange(8, 8, 8), 8) == [
+        "SGLang compile for runtime shape 8"
+    ]
+
+
+def test_the_adapter_keeps_one_pipeline_per_shape_and_reports_in_one_list(pipeline_of):
+    adapter = host.SGLangAdapter(pipeline_of("small", "everywhere"), "0.5.23")
+    general = adapter.for_shape(None, [4, 2048])
+    assert general is adapter.for_shape(None, [4, 2048])
+    assert general.current_range() == TokenRange(4, 2048)
+    assert general.reports is adapter.reports
+    assert general.uuid() != adapter.for_shape(8).uuid() != adapter.pipeline.uuid()
+
+
+def _fake_patch_model(model, enable_compile, num_tokens, tp_group):
+    """SGLang's ``torch_compile_decoration.patch_model``'s signature; yields the forward."""
+
+    @contextlib.contextmanager
+    def patched():
+        yield (lambda: torch._inductor.config.post_grad_custom_post_pass) if enable_compile else model
+
+    return patched()
+
+
+def test_enable_torch_compile_forward_runs_inside_passkits_inductor_patch(pipeline_of):
+    import torch._inductor.config
+
+    host._active = host.SGLangAdapter(pipeline_of("everywhere"), "0.5.23")
+    with host._around_patch_model(_fake_patch_model, "model", True, num_tokens=8, tp_group=None) as forward:
+        installed = forward()  # what Inductor's global config holds while SGLang's forward runs
+        assert forward.passkit_pipeline.current_range() == TokenRange(8, 8, 8)
+    assert installed.pipeline is forward.passkit_pipeline
+    assert torch._inductor.config.post_grad_custom_post_pass is None  # restored afterwards
+    with host._around_patch_model(_fake_patch_model, "model", False, num_tokens=8, tp_group=None) as forward:
+        assert forward == "model"  # not compiled: untouched
+    host.uninstall()
+    with host._around_patch_model(_fake_patch_model, "model", True, num_tokens=8, tp_group=None) as forward:
+        assert not hasattr(forward, "passkit_pipeline")  # not installed: untouched
+
+
+def test_an_enable_torch_compile_cache_hit_gets_a_report(pipeline_of):
+    from torch._dynamo.utils import counters
+
+    adapter = host.SGLangAdapter(pipeline_of("everywhere"), "0.5.23")
+
+    def served_from_cache():
+        counters["inductor"]["fxgraph_cache_hit"] += 1
+
+    adapter.compiled_forward(served_from_cache, 8)()
+    adapter.compiled_forward(lambda: None, 8)()  # a call that compiles nothing: no report
+    (report,) = adapter.reports
+    assert report.cache_hit and report.token_range == "tokens 8, multiples of 8"
+
+
+@pytest.mark.skipif(not NO_SGLANG, reason="SGLang is installed here")
+def test_the_entry_point_with_passes_but_no_sglang_fails_clearly(clean_env, monkeypatch, caplog):
+    monkeypatch.setenv("PASSKIT_PASSES", "cleanup")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        host.plugin()
+    try:
+        assert host.active() is None
+        assert "sglang is not installed" in str(host._error)
+        assert "passkit: not enabled in SGLang" in caplog.text
+        with pytest.raises(passkit.PasskitError, match="sglang is not installed"):
+            host._around_patch_model(_fake_patch_model, "model", True, num_tokens=8, tp_group=None)
+    finally:
+        host.uninstall()
+
+
+def test_the_entry_point_reports_a_config_error_at_the_first_compile(clean_env, monkeypatch):
+    monkeypatch.setenv("PASSKIT_PASSES", "no_such_pass")
+    host.plugin()
+    try:
+        error = host._error  # without SGLang: it is not installed; with it: the unknown pass
+        assert isinstance(error, passkit.PasskitError)
+        assert ("sglang is not installed" if NO_SGLANG else "no_such_pass") in str(error)
+        with pytest.raises(passkit.PasskitError):
+            host._after_configure_post_pass(None, object())
+    finally:
+        host.uninstall()

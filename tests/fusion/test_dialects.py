@@ -1,0 +1,507 @@
+"""Host op dialects on traced graphs (fake world): vLLM's and SGLang's collectives and
+norms, as their compiled graphs carry them, are matched site by site by
+``allreduce_rmsnorm`` and ``sequence_parallel``; host group names resolve through the
+host's registry; a changed schema makes a dialect decline; a third-party dialect added
+through the ``passkit_fusion_dialects`` hook works; the host's own fusion is named.
+
+The host ops are stand-ins with the hosts' exact schemas (:mod:`host_ops`).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import host_ops
+import pytest
+import torch
+from passkit_fusion.dialects import Dialect, check_schemas
+from passkit_fusion.dialects.base import node_op
+from passkit_fusion.dialects.sglang import SGLangDialect
+from passkit_fusion.dialects.torch import TorchDialect
+from passkit_fusion.dialects.vllm import VllmDialect
+from passkit_fusion.patterns.sites import find_sites
+
+import passkit
+from passkit_fusion import dialects
+from passkit_testing import fake_world, op_counts, run_passes
+
+REFERENCE = {"name": "allreduce_rmsnorm", "implementation": "reference"}
+SP = {"name": "sequence_parallel", "min_tokens": 1}
+FUSED = "passkit_fusion.allreduce_rmsnorm.default"
+bf16 = torch.bfloat16
+EPS = 1e-6
+
+vllm = torch.ops.vllm
+vllm_ir = torch.ops.vllm_ir
+sglang = torch.ops.sglang
+
+
+def native_norm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    dtype = h.dtype
+    h = h.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).to(dtype)
+
+
+def native_add_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's ``RMSNorm.forward_native(x, residual)``: the residual added in fp32."""
+    dtype = x.dtype
+    h = x.float() + r.float()
+    r = h.to(dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return (h * w).to(dtype), r  # cast_x_before_out_mul=False, SGLang's default
+
+
+# -- the blocks, as each host's layers write them ---------------------------------------
+
+
+def vllm_block(group: str):
+    """Two decoder-layer tails: all-reduce -> vLLM IR fused_add_rms_norm, then rms_norm."""
+
+    def fn(x, r, w, w2):
+        y = vllm.all_reduce(x @ w2, group)
+        out, r = vllm_ir.fused_add_rms_norm(y, r, w, EPS)
+        z = vllm.all_reduce(out @ w2, group)
+        out2, r = vllm_ir.fused_add_rms_norm(z, r, w, EPS)
+        final = vllm_ir.rms_norm(vllm.all_reduce(out2 @ w2, group), w, EPS)
+        return final, r
+
+    return fn
+
+
+def vllm_native(group: str):
+    """vLLM ops without IR (the native decomposition: HF-style bf16 add)."""
+
+    def fn(x, r, w, w2):
+        h = vllm.all_reduce(x @ w2, group) + r
+        return native_norm(h, w), h
+
+    return fn
+
+
+def sglang_block(group: str):
+    """SGLang: out-of-place, in-place (functionalized) and flashinfer all-reduces, each
+    followed by forward_native's fp32 residual add and norm."""
+
+    def fn(x, r, w, w2):
+        y = sglang.outplace_all_reduce(x @ w2, group, "auto")
+        out, r = native_add_norm(y, r, w)
+        z = out @ w2
+        sglang.inplace_all_reduce(z, group)
+        out, r = native_add_norm(z, r, w)
+        u = sglang.flashinfer_allreduce(out @ w2, group)
+        out, r = native_add_norm(u, r, w)
+        return out, r
+
+    return fn
+
+
+def inputs(tokens: int = 8, hidden: int = 64) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=g).to(bf16)
+    r = torch.randn(tokens, hidden, generator=g).to(bf16)
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(bf16)
+    w2 = (0.1 * torch.randn(hidden, hidden, generator=g)).to(bf16)
+    return x, r, w, w2
+
+
+def notes(result: Any, name: str) -> str:
+    return " | ".join(result.report[name].notes)
+
+
+# -- allreduce_rmsnorm ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("block", "sites", "host_ops_left"),
+    [
+        (
+            vllm_block,
+            3,
+            ("vllm.all_reduce.default", "vllm_ir.fused_add_rms_norm.default", "vllm_ir.rms_norm.default"),
+        ),
+        (vllm_native, 1, ("vllm.all_reduce.default",)),
+        (sglang_block, 3, ("sglang.outplace_all_reduce.default", "sglang.flashinfer_allreduce.default")),
+    ],
+    ids=["vllm-ir", "vllm-native", "sglang"],
+)
+def test_allreduce_rmsnorm_matches_host_sites(block, sites, host_ops_left) -> None:
+    with fake_world(2) as world:
+        result = run_passes(block(world.group_name), *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", sites)
+    after = op_counts(result.graph_after)
+    assert after[FUSED] == sites
+    for op in host_ops_left:
+        assert after.get(op, 0) == 0, (op, after)
+    assert "auto_functionalized_v2" not in str(result.graph_after.code)
+    assert "rejected" not in notes(result, "allreduce_rmsnorm")
+
+
+def test_sites_carry_the_dialect_and_the_torch_group() -> None:
+    with fake_world(2) as world:
+        result = run_passes(sglang_block(world.group_name), *inputs(), passes=["cleanup"])
+        found, rejected = find_sites(result.graph_after.graph)
+    assert not rejected
+    assert [s.dialect for s in found] == ["sglang"] * 3
+    assert {s.group_name for s in found} == {world.group_name}
+    assert [s.residual is not None for s in found] == [True] * 3
+
+
+def test_host_group_names_resolve_through_the_host_registry() -> None:
+    """``"tp:0"`` is vLLM's/SGLang's name; the dialect finds the coordinator's torch group."""
+    with fake_world(2) as world:
+        with host_ops.host_registry("vllm", {"tp:0": world.group}):
+            assert VllmDialect().torch_group_name("tp:0") == world.group_name
+            result = run_passes(vllm_block("tp:0"), *inputs(), passes=[REFERENCE])
+        with host_ops.host_registry("sglang", {"tp:0": world.group}):
+            assert SGLangDialect().torch_group_name("tp:0") == world.group_name
+    result.assert_matches("allreduce_rmsnorm", 3)
+    fused = result.graph_after.graph.find_nodes(
+        op="call_function", target=torch.ops.passkit_fusion.allreduce_rmsnorm.default
+    )
+    assert {n.args[5] for n in fused} == {world.group_name}  # passkit's op reads torch's name
+
+
+def test_unknown_host_group_is_rejected_with_the_reason() -> None:
+    with fake_world(2) as world:
+        graph = run_passes(vllm_native(world.group_name), *inputs(), passes=["cleanup"]).graph_after.graph
+        (node,) = graph.find_nodes(op="call_function", target=vllm.all_reduce.default)
+        node.args = (node.args[0], "tp:7")  # a name neither vLLM's registry nor torch knows
+        found, rejected = find_sites(graph)
+    assert not found
+    assert [r.reason for r in rejected] == [
+        "vllm dialect: group 'tp:7' cannot be resolved (passkit_fusion: no process group named 'tp:7' "
+        "(is torch.distributed initialised?): Could not resolve the process group registered under the name tp:7)"
+    ]
+
+
+# -- sequence_parallel ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("block", "residuals"),
+    [
+        (vllm_block, "1 residual(s) sliced (first), 1 already sharded (middle), 1 without residual"),
+        (sglang_block, "1 residual(s) sliced (first), 2 already sharded (middle), 0 without residual"),
+    ],
+    ids=["vllm-ir", "sglang"],
+)
+def test_sequence_parallel_shards_host_sites(block, residuals) -> None:
+    with fake_world(2) as world:
+        result = run_passes(block(world.group_name), *inputs(), passes=[SP])
+    result.assert_matches("sequence_parallel", 3)
+    after = op_counts(result.graph_after)
+    assert after["_c10d_functional.reduce_scatter_tensor.default"] == 3
+    assert residuals in notes(result, "sequence_parallel")
+    if block is vllm_block:  # the host's norm ops run on the shards
+        shapes = [
+            tuple(n.meta["val"][0].shape if isinstance(n.meta["val"], tuple) else n.meta["val"].shape)
+            for n in result.graph_after.graph.nodes
+            if n.op == "call_function" and "vllm_ir" in str(n.target)
+        ]
+        assert shapes == [(4, 64)] * 3
+
+
+# -- schema drift, host fusions, third-party dialects --------------------------------------
+
+
+def test_check_schemas_reports_absent_and_matching_ops() -> None:
+    assert check_schemas(VllmDialect) == []
+    assert check_schemas(SGLangDialect) == []
+    assert check_schemas(TorchDialect) == []
+
+    class Other(Dialect):
+        name = "other"
+        SCHEMAS = {
+            "nowhere::op": "nowhere::op(Tensor x) -> Tensor",
+            "vllm::all_reduce": "vllm::all_reduce(Tensor x) -> Tensor",
+        }
+
+    problems = check_schemas(Other)
+    assert problems[0].startswith("nowhere::op: absent from this process")
+    assert problems[1].startswith(
+        "vllm::all_reduce: schema 'vllm::all_reduce(Tensor tensor, str group_name) -> Tensor'"
+    )
+
+
+_DRIFTED = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {tests!r})
+    lib = torch.library.Library("vllm", "FRAGMENT")
+    lib.define("all_reduce(Tensor tensor, str group_name, int algo=0) -> Tensor")  # a drifted schema
+    lib.impl("all_reduce", lambda t, g, algo=0: t.clone(), "CPU")
+    torch.library.register_fake("vllm::all_reduce", lambda t, g, algo=0: torch.empty_like(t), lib=lib)
+    from test_dialects import inputs, vllm_native
+    from passkit_testing import fake_world, run_passes
+    with fake_world(2) as world:
+        result = run_passes(vllm_native(world.group_name), *inputs(),
+                            passes=[{{"name": "allreduce_rmsnorm", "implementation": "reference"}}])
+    print("MATCHES", result.report["allreduce_rmsnorm"].matches)
+    print("NOTES", result.report["allreduce_rmsnorm"].notes)
+    """
+)
+
+
+def test_changed_schema_makes_the_dialect_decline() -> None:
+    """A host op registered with another schema than the dialect's: no rewrite, the reason
+    in the report (a fresh process: an op's schema cannot change within one)."""
+    tests = str(Path(__file__).parent)
+    code = _DRIFTED.format(tests=tests)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tests)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "MATCHES 0" in out.stdout
+    assert (
+        "vllm dialect declined: vllm::all_reduce has schema "
+        "'vllm::all_reduce(Tensor tensor, str group_name, int algo=0) -> Tensor', "
+        "expected 'vllm::all_reduce(Tensor tensor, str group_name) -> Tensor'"
+    ) in out.stdout
+
+
+def test_host_fusion_is_named_in_the_report() -> None:
+    """A graph where vLLM's fuse_allreduce_rms already ran: its op is named."""
+    lib = torch.library.Library("vllm", "FRAGMENT")
+    if not hasattr(torch.ops.vllm, "flashinfer_trtllm_fused_allreduce_norm"):
+        lib.define("flashinfer_trtllm_fused_allreduce_norm(Tensor allreduce_in, Tensor weight) -> Tensor")
+        lib.impl("flashinfer_trtllm_fused_allreduce_norm", lambda x, w: x * w, "CPU")
+        torch.library.register_fake(
+            "vllm::flashinfer_trtllm_fused_allreduce_norm", lambda x, w: torch.empty_like(x), lib=lib
+        )
+
+    def fn(x, r, w, w2):
+        return vllm.flashinfer_trtllm_fused_allreduce_norm(x @ w2, w)
+
+    with fake_world(2):
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+    assert notes(result, "allreduce_rmsnorm") == (
+        "no all-reduce in the graph | host already fused: 1 site(s) by vLLM's fuse_allreduce_rms "
+        "(AllReduceFusionPass, flashinfer) (vllm::flashinfer_trtllm_fused_allreduce_norm)"
+    )
+
+
+# a third party's stack: all-reduce is "mystack.reduce(x, group)", written with a torch op
+_mylib = torch.library.Library("mystack", "DEF")
+_mylib.define("reduce(Tensor x, str group) -> Tensor")
+_mylib.impl("reduce", lambda x, g: x.clone(), "CPU")
+torch.library.register_fake("mystack::reduce", lambda x, g: torch.empty_like(x), lib=_mylib)
+
+
+def readme_dialect_plugin(groups: dict[str, Any]) -> types.ModuleType:
+    """The third-party dialect of passkit_fusion/README.md, run as written (a plugin module;
+    ``my_stack.groups`` maps its group names to objects with ``torch_group``)."""
+    readme = (Path(__file__).parents[2] / "passkit_fusion" / "README.md").read_text()
+    block = next(
+        b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "class MyStackDialect" in b
+    )
+    module = types.ModuleType("mystack_passkit_plugin")
+    module.my_stack = types.SimpleNamespace(groups=groups)  # type: ignore[attr-defined]
+    exec(compile(block, "passkit_fusion/README.md", "exec"), module.__dict__)
+    return module
+
+
+def test_third_party_dialect_through_the_hook() -> None:
+    def fn(x, r, w, w2):
+        h = torch.ops.mystack.reduce(x @ w2, "world") + r
+        return native_norm(h, w), h
+
+    with passkit.plugins.isolated(), fake_world(2) as world:
+        plugin = readme_dialect_plugin({"world": types.SimpleNamespace(torch_group=world.group)})
+        passkit.register(plugin)
+        assert [d.name for d in dialects.registered()] == ["torch", "vllm", "sglang", "mystack"]
+        assert not passkit.get_plugins().failures
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+        sp = run_passes(fn, *inputs(), passes=[SP])
+    result.assert_matches("allreduce_rmsnorm", 1)
+    assert "(1 in the mystack dialect)" in notes(result, "allreduce_rmsnorm")
+    (fused,) = result.graph_after.graph.find_nodes(
+        op="call_function", target=torch.ops.passkit_fusion.allreduce_rmsnorm.default
+    )
+    assert fused.args[5] == world.group_name  # "world" resolved by the plugin's resolve_group
+    sp.assert_matches("sequence_parallel", 1)
+    assert "mystack" not in [d.name for d in dialects.registered()]  # gone with the plugin
+
+
+def test_importing_the_dialects_imports_no_host() -> None:
+    code = (
+        "import sys, passkit_fusion.dialects as d, passkit_fusion.plugin; d.registered(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_in_place_all_reduce_on_a_view_is_declined() -> None:
+    def fn(x, r, w, w2):
+        h = x @ w2
+        view = h[:, :32]
+        sglang.inplace_all_reduce(view, group)
+        return native_add_norm(h, r, w)
+
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 0)
+    assert "sglang.inplace_all_reduce mutates a view of its base tensor" in notes(result, "allreduce_rmsnorm")
+
+
+# -- async_tp ------------------------------------------------------------------------------
+
+ASYNC_TP = {"name": "async_tp", "implementation": "test_mode", "min_tokens": 1}
+AG, RS = (
+    "passkit_fusion.async_tp_all_gather_matmul.default",
+    "passkit_fusion.async_tp_matmul_reduce_scatter.default",
+)
+
+
+def vllm_mlp(group: str):
+    """vLLM's sequence-parallel MLP: vllm.all_gather -> matmuls -> vllm.reduce_scatter, and
+    an all-gather along dim 1 that stays vLLM's."""
+
+    def fn(x, w1, w2):
+        a = vllm.all_gather(x, 0, 2, group)
+        h = torch.relu(a @ w1)
+        side = vllm.all_gather(x, 1, 2, group)
+        return vllm.reduce_scatter(h @ w2, 0, 2, group), side
+
+    return fn
+
+
+def sglang_mlp(group: str):
+    def fn(x, w1, w2):
+        a = torch.empty(x.shape[0] * 2, x.shape[1], dtype=x.dtype)
+        sglang.reg_all_gather_into_tensor(a, x, group)
+        h = torch.relu(a @ w1)
+        y = h @ w2
+        out = torch.empty(y.shape[0] // 2, y.shape[1], dtype=y.dtype)
+        sglang.reg_reduce_scatter_tensor(out, y, group)
+        gathered = torch.empty(x.shape[0] * 2, x.shape[1], dtype=x.dtype)  # feeds no matmul
+        sglang.reg_all_gather_into_tensor(gathered, x, group)
+        return out, gathered
+
+    return fn
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize(
+    ("block", "host_left", "expected"),
+    [
+        (
+            vllm_mlp,
+            {"vllm::all_gather": 1},
+            "2 host collective(s) (vllm dialect) read as torch's for its matcher: 2 fused, 0 put back",
+        ),
+        (
+            sglang_mlp,
+            {"sglang::reg_all_gather_into_tensor": 1},
+            "3 host collective(s) (sglang dialect) read as torch's for its matcher: 2 fused, 1 put back",
+        ),
+    ],
+    ids=["vllm", "sglang"],
+)
+def test_async_tp_fuses_host_collectives(block, host_left, expected) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, generator=g) for s in ((8, 64), (64, 128), (128, 64)))
+    with fake_world(2) as world:
+        result = run_passes(block(world.group_name), x, w1, w2, passes=[ASYNC_TP])
+    result.assert_matches("async_tp", 2)
+    after = op_counts(result.graph_after)
+    assert after[AG] == 1 and after[RS] == 1
+    host = Counter(node_op(n)[1] for n in result.graph_after.graph.nodes)
+    for op, n in host_left.items():  # left unfused: the host's op, put back
+        assert host[op] == n, host
+    assert after["_c10d_functional.all_gather_into_tensor.default"] == 0
+    assert (
+        "vllm.reduce_scatter.default" not in after and "sglang.reg_reduce_scatter_tensor.default" not in after
+    )
+    assert expected in notes(result, "async_tp")
+    if block is vllm_mlp:
+        assert "all_gather_1: vllm.all_gather along dim 1 (only dim 0 is rewritten)" in notes(
+            result, "async_tp"
+        )
+
+
+# -- FP8 -----------------------------------------------------------------------------------
+
+
+def test_fp8_quant_after_host_norm_ops_is_fused() -> None:
+    """vLLM IR norms followed by a static FP8 quantization (FP8 checkpoints): the FP8 variant."""
+
+    def fn(x, r, w, w2, s):
+        y = vllm.all_reduce(x @ w2, group)
+        out, r = vllm_ir.fused_add_rms_norm(y, r, w, EPS)
+        q1 = (out / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        z = vllm_ir.rms_norm(vllm.all_reduce(x @ w2 * 0.5, group), w, EPS)
+        q2 = (z / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q1, q2, r
+
+    scale = torch.tensor([0.05])
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), scale, passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 2)
+    after = op_counts(result.graph_after)
+    assert after["passkit_fusion.allreduce_rmsnorm_fp8.default"] == 2
+    assert "2 with FP8 quant (div=2)" in notes(result, "allreduce_rmsnorm")
+
+
+def test_schema_check_command_names_a_missing_host(capsys) -> None:
+    from passkit_fusion.dialects.__main__ import main
+
+    assert main(["nohost"]) == 2
+    assert "nohost: not installed (known hosts: vllm, sglang)" in capsys.readouterr().out
+
+
+def test_host_norm_ops_the_kernel_computes_differently_are_rejected() -> None:
+    def fn(x, r, w, w2):
+        y = vllm.all_reduce(x @ w2, group)
+        out, r2 = vllm_ir.fused_add_rms_norm(y, r, w, EPS)  # y is read again below
+        z = vllm.all_reduce(x @ w2 * 0.5, group)
+        partial = vllm_ir.rms_norm(z, w, EPS, 32)  # variance over part of the hidden dim
+        u = vllm.all_reduce(x @ w2 * 0.25, group)
+        unweighted = vllm_ir.rms_norm(u, None, EPS)
+        return out, r2, y, partial, unweighted
+
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 0)
+    assert notes(result, "allreduce_rmsnorm") == (
+        "3 candidate(s) rejected: all-reduce result is also used outside the residual add; "
+        "RMSNorm over part of the hidden dim (variance_size); RMSNorm without a weight"
+    )
+
+
+def test_another_host_version_is_named_and_matched_by_schema(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.34.1"))
+    with fake_world(2) as world:
+        result = run_passes(vllm_native(world.group_name), *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 1)
+    assert (
+        "vllm dialect: written for vllm 0.33.0, running 0.34.1: sites matched where the ops' schemas agree"
+        in notes(result, "allreduce_rmsnorm")
+    )
+
+
+def test_torch_all_reduce_then_vllm_ir_norms() -> None:
+    """vLLM on CPU: its all-reduce traces as torch's functional one, its norms as vLLM IR."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        y = funcol.all_reduce(x @ w2, "sum", group)
+        out, r = vllm_ir.fused_add_rms_norm(y, r, w, EPS)
+        return vllm_ir.rms_norm(funcol.all_reduce(out @ w2, "sum", group), w, EPS), r
+
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+        sp = run_passes(fn, *inputs(), passes=[SP])
+    result.assert_matches("allreduce_rmsnorm", 2)
+    sp.assert_matches("sequence_parallel", 2)
+    assert op_counts(result.graph_after).get("vllm_ir.fused_add_rms_norm.default", 0) == 0

@@ -1,0 +1,484 @@
+"""passkit inside the real vLLM 0.33 (run by ``nox -s hosts``; skipped where vLLM is absent).
+
+A TP=2 block written with vLLM's own ``ColumnParallelLinear``/``RowParallelLinear``/``RMSNorm``
+runs in a 2-rank gloo world started with vLLM's ``init_distributed_environment`` and
+``initialize_model_parallel``; ``@support_torch_compile`` compiles it through vLLM's
+``VllmBackend`` -> ``PiecewiseBackend`` (one compile per vLLM compile range) ->
+``CompilerManager`` -> Inductor -> vLLM's ``PostGradPassManager``, where the passkit pass
+sits, added by the one line ``inductor_compile_config={"post_grad_custom_post_pass": ...}``.
+
+What cannot run on a CPU machine, and what stands in for it:
+
+* vLLM's CUDA kernels (``vllm._C_stable_libtorch`` needs ``libcuda.so.1``): vLLM's
+  ``FixFunctionalizationPass`` looks up ``torch.ops._C.rotary_embedding``, so the ranks
+  register a schema-only stand-in of that op (never called: the block has no rotary
+  embedding). vLLM's IR ops lower to their native implementations.
+* vLLM's platform is ``UnspecifiedPlatform`` with ``DeviceConfig(device="cpu")``: its TP group
+  calls gloo directly; the ranks set ``use_custom_op_call = True`` on it (what CUDA
+  platforms do), so the all-reduce traces as ``vllm.all_reduce``, as on GPUs, and make its
+  communicator's all-reduce out of place, as CUDA's are (see :func:`_as_on_cuda`).
+* No CUDA graphs (``cudagraph_mode=NONE``), no engine, scheduler, attention or model
+  loading: the block is compiled and called directly.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+from passkit_testing.worlds import gloo_world  # noqa: E402
+
+import passkit  # noqa: E402
+import passkit.hosts.vllm  # noqa: E402
+
+HIDDEN, INTERMEDIATE = 64, 128
+ENDPOINTS = [8, 64]
+SIZES = [4]
+TOKENS = {4: "(4, 4)", 5: "(1, 8)", 20: "(9, 64)", 100: "(65, 2048)"}
+"""A call's token count -> the vLLM compile (size or range) serving it."""
+RANGES = ["(4, 4)", "(1, 8)", "(9, 64)", "(65, 2048)"]
+"""vLLM compiles its ``compile_sizes`` first, then ``compile_ranges_endpoints``' ranges."""
+SITES_PER_GRAPH = 2
+
+
+# ---------------------------------------------------------------------------- in-test passes
+
+
+class SiteCensus(passkit.GraphPass):
+    """Counts, in the graph vLLM hands passkit, vLLM's collectives and IR norm ops."""
+
+    name = "vllm_site_census"
+    TARGETS = (
+        "vllm.all_reduce",
+        "vllm_ir.fused_add_rms_norm",
+        "vllm_ir.rms_norm",
+        "_c10d_functional.all_reduce",
+    )
+
+    def run(self, gm, ctx):
+        found = {t: 0 for t in self.TARGETS}
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                for t in self.TARGETS:
+                    if str(node.target).startswith(t + "."):
+                        found[t] += 1
+        notes = [f"{t}={n}" for t, n in found.items()]
+        return passkit.PassResult(matches=found["vllm.all_reduce"], notes=notes)
+
+
+class SmallOnly(passkit.GraphPass):
+    """A pass that applies to token counts up to 8 only."""
+
+    name = "small_only"
+    tokens = passkit.TokenConstraint(max_tokens=8)
+
+    def run(self, gm, ctx):
+        return passkit.PassResult.unchanged(f"ran for {ctx.token_range}")
+
+
+class _CensusPlugin:
+    @passkit.hookimpl
+    def passkit_register_passes(self):
+        return [SiteCensus, SmallOnly]
+
+
+PLUGIN = _CensusPlugin()
+
+
+# ---------------------------------------------------------------------------- vLLM side
+
+
+def _standin_cuda_ops() -> None:
+    """Register ``_C::rotary_embedding`` (vLLM's schema) when vLLM's CUDA kernels cannot load:
+    vLLM's FixFunctionalizationPass looks it up by attribute."""
+    if hasattr(torch.ops._C, "rotary_embedding"):
+        return
+    global _STANDIN_LIB
+    _STANDIN_LIB = torch.library.Library("_C", "FRAGMENT")
+    _STANDIN_LIB.define(
+        "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+        "Tensor cos_sin_cache, bool is_neox) -> ()"
+    )
+
+
+def _as_on_cuda(tp_group: Any) -> None:
+    """Make the TP group's all-reduce what it is on CUDA platforms: the ``vllm.all_reduce``
+    op (``use_custom_op_call``), computed out of place. vLLM's base device communicator (a CPU
+    group's) all-reduces its input in place and returns it, which the op's contract forbids
+    (torch warns; Inductor then reuses the buffer and the compiled block differs from eager by
+    ~2.7 with no passkit pass at all); CUDA communicators return a new tensor."""
+    tp_group.use_custom_op_call = True
+    communicator = tp_group.device_communicator
+    in_place = communicator.all_reduce
+    communicator.all_reduce = lambda t: in_place(t.clone())
+
+
+def _vllm_config(custom_pass: Any) -> Any:
+    from vllm.config import CompilationConfig, CompilationMode, DeviceConfig, VllmConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    compilation = CompilationConfig(
+        mode=CompilationMode.VLLM_COMPILE,
+        backend="inductor",
+        inductor_compile_config={"post_grad_custom_post_pass": custom_pass},  # the one line
+        compile_ranges_endpoints=ENDPOINTS,
+        compile_sizes=SIZES,
+        cudagraph_mode=CUDAGraphMode.NONE,
+    )
+    return VllmConfig(device_config=DeviceConfig(device="cpu"), compilation_config=compilation)
+
+
+def _block_class() -> type:
+    from vllm.compilation.decorators import support_torch_compile
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    @support_torch_compile(dynamic_arg_dims={"x": 0, "residual": 0})
+    class Block(torch.nn.Module):
+        """Two TP MLPs, each followed by vLLM's residual RMSNorm (AR + add + RMSNorm sites)."""
+
+        def __init__(self, *, vllm_config, prefix=""):
+            super().__init__()
+            self.up1 = ColumnParallelLinear(HIDDEN, INTERMEDIATE, bias=False, prefix=f"{prefix}.up1")
+            self.down1 = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=False, prefix=f"{prefix}.down1")
+            self.norm1 = RMSNorm(HIDDEN, eps=1e-6)
+            self.up2 = ColumnParallelLinear(HIDDEN, INTERMEDIATE, bias=False, prefix=f"{prefix}.up2")
+            self.down2 = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=False, prefix=f"{prefix}.down2")
+            self.norm2 = RMSNorm(HIDDEN, eps=1e-5)
+
+        def forward(self, x: torch.Tensor, residual: torch.Tensor):
+            x = torch.neg(torch.neg(x))  # what the example plugin's fold_double_neg removes
+            h, _ = self.up1(x)
+            h, _ = self.down1(torch.nn.functional.silu(h))
+            h, residual = self.norm1(h, residual)
+            h, _ = self.up2(h)
+            h, _ = self.down2(torch.nn.functional.silu(h))
+            return self.norm2(h, residual)
+
+    return Block
+
+
+def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
+    """On each rank: compile the TP=2 block through vLLM with passkit, call it for every
+    token count of TOKENS, compare with eager; return reports and differences."""
+    import logging
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        get_tp_group,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    _standin_cuda_ops()
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    passkit.register(PLUGIN)
+    if "dump_dir" in config:
+        config = {**config, "dump_dir": f"{config['dump_dir']}/rank{rank}"}
+    custom_pass = passkit.hosts.vllm.post_grad_pass(**config)
+    logging.getLogger("passkit").addHandler(handler)
+    vllm_config = _vllm_config(custom_pass)
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(world_size, rank, backend="gloo", local_rank=rank)
+        initialize_model_parallel(tensor_model_parallel_size=world_size)
+        _as_on_cuda(get_tp_group())
+        torch.manual_seed(0)
+        block = _block_class()(vllm_config=vllm_config, prefix="block")
+        with torch.no_grad():
+            for p in block.parameters():
+                p.normal_(0.0, 0.1)
+            inputs = {n: (torch.randn(n, HIDDEN), torch.randn(n, HIDDEN)) for n in TOKENS}
+            # clones: vLLM's residual RMSNorm may update its inputs in place
+            eager = {n: block.forward(*(t.clone() for t in xs)) for n, xs in inputs.items()}
+            compiled = {n: block(*(t.clone() for t in xs)) for n, xs in inputs.items()}
+    diffs = {
+        n: max((a - b).abs().max().item() for a, b in zip(eager[n], compiled[n], strict=True)) for n in TOKENS
+    }
+    return {
+        "reports": [r.to_dict() for r in custom_pass.reports],
+        "diffs": diffs,
+        "logged_reports": sum("passkit report" in m for m in logged),
+        "passkit_log_level": logging.getLogger("passkit").getEffectiveLevel(),
+        "uuid": custom_pass.uuid(),
+    }
+
+
+def _run_block(tmp_path: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
+    env = {
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+        "VLLM_DISABLE_COMPILE_CACHE": "1",
+        "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "TORCH_LOGS": "passkit",
+        "PASSKIT_ON_ERROR": "raise",  # config from the environment reaches the pass too
+    }
+    return gloo_world(_compiled_block, 2, args=(config,), timeout=420, env=env)
+
+
+def _notes(record: dict[str, Any]) -> dict[str, int]:
+    return {k: int(v) for k, v in (n.split("=") for n in record["notes"])}
+
+
+# ---------------------------------------------------------------------------- tests
+
+PASSES = [
+    "noop_elimination",
+    "cleanup",
+    "fold_double_neg",  # the example third-party plugin (examples/passkit-example-plugin)
+    "small_only",
+    "vllm_site_census",
+    {"name": "allreduce_rmsnorm", "implementation": "reference"},  # passkit-fusion, vLLM dialect
+]
+NAMES = [p if isinstance(p, str) else p["name"] for p in PASSES]
+
+
+@pytest.fixture(scope="module")
+def block_run(tmp_path_factory):
+    """The TP=2 block compiled through vLLM with every pass of PASSES, on 2 gloo ranks."""
+    root = tmp_path_factory.mktemp("vllm-block")
+    results = _run_block(root, {"passes": PASSES, "dump_dir": str(root / "dumps")})
+    return root, results
+
+
+def _records(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["name"]: p for p in report["passes"]}
+
+
+@pytest.mark.slow
+def test_passkit_runs_inside_vllms_pass_manager_once_per_compile_range(block_run):
+    _, results = block_run
+    for rank, result in enumerate(results):
+        reports = result["reports"]
+        # one report per vLLM compile (compile_sizes first, then each range), named by it
+        assert [r["token_range"].split("vLLM ")[1] for r in reports] == [
+            f"{'size' if r == '(4, 4)' else 'range'} {r})" for r in RANGES
+        ], [r["token_range"] for r in reports]
+        for report, vllm_range in zip(reports, RANGES, strict=True):
+            records = _records(report)
+            assert list(records) == NAMES
+            census = _notes(records["vllm_site_census"])
+            # the graph inside vLLM's manager: vLLM's collective and its IR norm ops, which
+            # the manager lowers only after the added pass ran
+            assert census["vllm.all_reduce"] == SITES_PER_GRAPH, (rank, vllm_range, census)
+            assert census["vllm_ir.fused_add_rms_norm"] == SITES_PER_GRAPH, census
+            assert census["_c10d_functional.all_reduce"] == 0, census
+            small = records["small_only"]
+            if vllm_range in ("(4, 4)", "(1, 8)"):
+                assert small["status"] == "ran", small
+            else:  # outside its constraint: skipped with the reason, vLLM's ranges not re-split
+                assert small["status"] == "skipped", small
+                assert "applies to tokens 1..8" in small["reason"], small
+        assert result["logged_reports"] == len(RANGES)  # TORCH_LOGS=passkit: each report logged
+        assert result["passkit_log_level"] <= 20
+    assert results[0]["uuid"] == results[1]["uuid"]  # ranks agree on the cache identity
+
+
+@pytest.mark.slow
+def test_every_vllm_all_reduce_site_is_fused_and_the_block_equals_eager(block_run):
+    _, results = block_run
+    for result in results:
+        matched = 0
+        for report in result["reports"]:
+            fusion = _records(report)["allreduce_rmsnorm"]
+            assert fusion["status"] == "ran", fusion
+            # the adapter says which fusion handles the sites: vLLM's own is off here
+            assert (
+                "vLLM's fuse_allreduce_rms is off: passkit's allreduce_rmsnorm is the pass fusing"
+                in (report["notes"][0])
+            ), report["notes"]
+            assert fusion["matches"] == _notes(_records(report)["vllm_site_census"])["vllm.all_reduce"]
+            matched += fusion["matches"]
+        assert matched == SITES_PER_GRAPH * len(RANGES)
+        # every token count, each served by its vLLM compile, equals the eager block
+        assert all(d < 1e-5 for d in result["diffs"].values()), result["diffs"]
+
+
+@pytest.mark.slow
+def test_a_third_party_pass_runs_inside_vllm_and_dumps_work_there(block_run):
+    root, results = block_run
+    for rank, result in enumerate(results):
+        for report in result["reports"]:
+            fold = _records(report)["fold_double_neg"]
+            assert (fold["status"], fold["matches"]) == ("ran", 1), fold
+        folder = root / "dumps" / f"rank{rank}"  # dumps: each pass's before/after/diff, the report
+        diffs = sorted(folder.glob("graph_*/*_fold_double_neg.diff"))
+        assert len(diffs) == len(RANGES), diffs
+        assert "neg" in diffs[0].read_text()
+        assert len(list(folder.glob("graph_*/report.json"))) == len(RANGES)
+
+
+@pytest.mark.slow
+def test_sequence_parallel_runs_only_in_vllm_compiles_of_multiples_of_the_world_size(tmp_path):
+    """vLLM's ranges hold every token count, so a pass constrained to multiples of 2 runs only
+    in its single-size compiles (``compile_sizes``: size 4 here) and is skipped, with why,
+    in the ranges; where it runs, every site is rewritten and the block still equals eager."""
+    passes = ["vllm_site_census", {"name": "sequence_parallel", "min_tokens": 1}]
+    for result in _run_block(tmp_path, {"passes": passes}):
+        for report, vllm_range in zip(result["reports"], RANGES, strict=True):
+            sp = _records(report)["sequence_parallel"]
+            if vllm_range == "(4, 4)":
+                assert (sp["status"], sp["matches"]) == ("ran", SITES_PER_GRAPH), sp
+            else:
+                assert sp["status"] == "skipped", sp
+                assert "multiples of 2; this compile serves tokens" in sp["reason"], sp
+        assert all(d < 1e-5 for d in result["diffs"].values()), result["diffs"]
+
+
+def test_vllm_dialect_schemas_match_the_real_ops():
+    """The stand-in ops of the default suite (tests/fusion/host_ops.py) are registered from
+    these schemas: a drift of vLLM's ops fails here."""
+    import importlib
+
+    from passkit_fusion.dialects import check_schemas
+
+    importlib.import_module("vllm.distributed.parallel_state")  # registers vllm::all_reduce...
+    importlib.import_module("vllm.model_executor.layers.layernorm")  # registers vllm_ir::*
+    from passkit_fusion.dialects.vllm import VllmDialect
+
+    assert check_schemas(VllmDialect) == []
+
+
+# -- cache identity ------------------------------------------------------------------------
+
+
+def _manager_uuid(custom_pass: Any, start: int, end: int) -> str:
+    from vllm.compilation.passes.inductor_pass import pass_context
+    from vllm.compilation.passes.pass_manager import PostGradPassManager
+    from vllm.config import set_current_vllm_config
+    from vllm.config.utils import Range
+
+    config = _vllm_config(custom_pass)
+    manager = PostGradPassManager()
+    with set_current_vllm_config(config):
+        manager.configure(config)
+    manager.add(custom_pass)
+    with pass_context(Range(start, end)):
+        return manager.uuid()
+
+
+def test_vllms_cache_keys_change_with_passkit_config(clean_env):
+    passkit.register(PLUGIN)
+    make = passkit.hosts.vllm.post_grad_pass
+    a = make(passes=["noop_elimination"])
+    same = make(passes=["noop_elimination"])
+    more = make(passes=["noop_elimination", "cleanup"])
+    options = make(passes=["noop_elimination", {"name": "fuse_addcmul", "min_numel": 8}])
+    options2 = make(passes=["noop_elimination", {"name": "fuse_addcmul", "min_numel": 16}])
+    # vLLM's config hash (its compile-cache directory) hashes the pass's uuid
+    hashes = [_vllm_config(p).compute_hash() for p in (a, same, more, options, options2)]
+    assert hashes[0] == hashes[1]
+    assert len(set(hashes[1:])) == 4
+    # vLLM's PostGradPassManager.uuid (Inductor's FX-graph-cache key) per compile range
+    assert _manager_uuid(a, 1, 8) == _manager_uuid(same, 1, 8)
+    assert _manager_uuid(a, 1, 8) != _manager_uuid(more, 1, 8)
+    assert _manager_uuid(options, 1, 8) != _manager_uuid(options2, 1, 8)
+    assert _manager_uuid(a, 1, 8) != _manager_uuid(a, 9, 64)
+
+
+def test_the_pass_pickles_as_its_config_and_deepcopies_as_itself(clean_env):
+    import copy
+
+    custom_pass = passkit.hosts.vllm.post_grad_pass(passes=["noop_elimination", "fold_double_neg"])
+    clone = pickle.loads(pickle.dumps(custom_pass))  # how vLLM ships its config to workers
+    assert clone.pipeline.names() == custom_pass.pipeline.names()
+    assert clone.uuid() == custom_pass.uuid()
+    assert copy.deepcopy({"p": custom_pass})["p"] is custom_pass  # VllmBackend deep-copies
+
+
+# -- applicability ---------------------------------------------------------------------------
+
+
+def _traced_graph() -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(lambda x: torch.relu(x) + 1)(torch.randn(4, 8))
+
+
+def test_vllm_skips_a_range_where_no_pass_applies_and_the_report_says_why(clean_env):
+    from vllm.compilation.passes.inductor_pass import pass_context
+    from vllm.compilation.passes.pass_manager import PostGradPassManager
+    from vllm.config import set_current_vllm_config
+    from vllm.config.utils import Range
+
+    _standin_cuda_ops()
+    passkit.register(PLUGIN)
+    custom_pass = passkit.hosts.vllm.post_grad_pass(passes=["small_only"])
+    assert custom_pass.is_applicable_for_range(Range(1, 8))
+    assert custom_pass.is_applicable_for_range(Range(8, 8))
+    config = _vllm_config(custom_pass)
+    manager = PostGradPassManager()
+    with set_current_vllm_config(config):
+        manager.configure(config)
+        manager.add(custom_pass)
+        for start, end in ((1, 8), (9, 64)):
+            with pass_context(Range(start, end)):
+                manager(_traced_graph().graph)
+    ran, skipped = custom_pass.reports
+    assert ran.token_range == "tokens 1..8 (vLLM range (1, 8))"
+    assert ran["small_only"].status == "ran"
+    assert skipped.token_range == "tokens 9..64 (vLLM range (9, 64))"
+    assert skipped["small_only"].status == "skipped"
+    assert skipped["small_only"].reason == "applies to tokens 1..8; this compile serves tokens 9..64"
+    assert any("compile_ranges_endpoints" in n for n in skipped.notes) is False  # 8 is not inside 9..64
+
+
+def test_a_range_straddling_a_bound_is_not_split_again_and_the_note_says_where(clean_env):
+    from vllm.compilation.passes.inductor_pass import pass_context
+    from vllm.config.utils import Range
+
+    passkit.register(PLUGIN)
+    custom_pass = passkit.hosts.vllm.post_grad_pass(passes=["small_only", "noop_elimination"])
+    assert custom_pass.is_applicable_for_range(Range(1, 64))  # noop_elimination applies
+    with pass_context(Range(1, 64)):
+        custom_pass(_traced_graph().graph)
+    (report,) = custom_pass.reports
+    assert report["small_only"].status == "skipped"
+    assert report["noop_elimination"].status == "ran"
+    assert any("add [8] to compilation_config.compile_ranges_endpoints" in n for n in report.notes), (
+        report.notes
+    )
+
+
+def test_the_installed_vllm_is_a_supported_version():
+    from passkit.hosts import HOSTS, check_version, series_of
+
+    version = check_version("vllm", on_unknown="raise")
+    assert version == vllm.__version__
+    assert series_of(version) in HOSTS["vllm"].supported
+
+
+def test_importing_passkit_hosts_vllm_does_not_import_vllm():
+    import subprocess
+    import sys
+
+    code = "import sys, passkit, passkit.hosts.vllm; assert 'vllm' not in sys.modules, 'imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_config_files_and_the_cli_work_the_same_in_vllms_environment(clean_env):
+    import json
+    import subprocess
+    import sys
+
+    clean_env.joinpath("passkit.toml").write_text(
+        'passes = ["cleanup", {name = "fuse_addcmul", min_numel = 8}]\n'
+    )
+    custom_pass = passkit.hosts.vllm.post_grad_pass()  # no arguments: passkit.toml decides
+    assert custom_pass.pipeline.names() == ["cleanup", "fuse_addcmul"]
+    assert custom_pass.pipeline.passes[1].options.min_numel == 8
+    cli = [sys.executable, "-m", "passkit.cli"]
+    subprocess.run([*cli, "check", "passkit.toml"], check=True, cwd=clean_env, capture_output=True)
+    listed = subprocess.run(
+        [*cli, "list", "--json"], check=True, cwd=clean_env, capture_output=True, text=True
+    )
+    names = {p["name"] for p in json.loads(listed.stdout)["passes"]}
+    assert {"cleanup", "fold_double_neg", "allreduce_rmsnorm", "sequence_parallel"} <= names
