@@ -4,6 +4,7 @@ Enable installed passes by name in config; write your own as a ``Pass`` subclass
 register it with a ``passkit.hookimpl`` (see README, "Writing a pass").
 """
 
+from . import compiling
 from ._version import __version__
 from .config import Config, PassEntry, load_config
 from .context import CompileContext
@@ -57,6 +58,7 @@ __all__ = [
     "backend",
     "build_pipeline",
     "compile_range",
+    "compiling",
     "get_plugins",
     "hookimpl",
     "hookspec",

@@ -44,6 +44,43 @@ def test_fusion_e2e_cpu_smoke_run_shows_the_token_ranges():
 
 
 @pytest.mark.slow
+def test_tuned_e2e_cpu_smoke_run_tunes_both_stacks_and_times_the_three_variants(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/tuned_e2e.py",
+            "--cpu",
+            "--mode",
+            "eager",
+            "--tokens",
+            "2,8",
+            "--budget",
+            "300",
+        ],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PASSKIT_CACHE_DIR": str(tmp_path),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+        },
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for stack in ("llama8b", "prefill70b"):
+        assert f"## {stack}: 1 layers" in out.stdout
+    assert out.stdout.count("| tokens | Inductor (us) | tabled (us) | tabled | tuned (us) | tuned |") == 2
+    assert out.stdout.count("Tuning: ") == 2 and out.stdout.count("; decision: tokens ") == 2
+    rows = [line for line in out.stdout.splitlines() if line.startswith(("| 2 |", "| 8 |"))]
+    assert len(rows) == 2 * 2 + 2 * 2  # the side-by-side tables and the tuning medians
+    assert "- tuned, " in out.stdout and "- tabled, " in out.stdout
+    # one file per stack: the stack's graph is the same on both ranks (no rank-dependent constants)
+    assert len(list(tmp_path.joinpath("fusion-decisions").iterdir())) == 2
+
+
+@pytest.mark.slow
 def test_compile_modes_smoke_run_compares_the_modes():
     out = subprocess.run(
         [sys.executable, "benchmarks/compile_modes.py", "--smoke"],

@@ -37,6 +37,8 @@ _LAZY = {
     "RankAgreementError": "collective",
     "report_failure": "collective",
     "Table": "tuning.tables",
+    "tune_model": "tuning.measure",
+    "FuseDecision": "tuning.decisions",
     "load_table": "tuning.tables",
     "save_table": "tuning.tables",
 }

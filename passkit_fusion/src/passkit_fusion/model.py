@@ -253,3 +253,31 @@ def shard_dtensor(model: TinyLlama, mesh: Any) -> TinyLlama:
         )
     parallelize_module(model, mesh, plan)
     return model
+
+
+def tuning_target(rank: int, world_size: int, device: str = "cpu") -> Any:
+    """A :class:`~passkit_fusion.tuning.measure.Target` for ``passkit tune-model``: a
+    one-layer :class:`TinyLlama` sharded over the world (gloo's default group), with the
+    three fusion passes (reference op and test-mode async TP off CUDA)::
+
+        passkit tune-model passkit_fusion.model:tuning_target --cpu --world-size 2
+    """
+    import torch.distributed as dist
+
+    from .tuning.measure import Target
+
+    cfg = LlamaConfig(layers=1, kv_heads=max(2, world_size))
+    model = shard_functional(TinyLlama(cfg).eval().to(device), dist.group.WORLD, rank, world_size)
+    cuda = device == "cuda"
+
+    def inputs(tokens: int) -> tuple[torch.Tensor]:
+        gen = torch.Generator().manual_seed(tokens)
+        return (torch.randint(0, cfg.vocab, (1, tokens), generator=gen).to(device),)
+
+    passes = [
+        {"name": "sequence_parallel"},
+        {"name": "async_tp", "implementation": "auto" if cuda else "test_mode"},
+        {"name": "allreduce_rmsnorm", "implementation": "auto" if cuda else "reference"},
+        "cleanup",
+    ]
+    return Target(model, inputs, passes, lambda args: torch._dynamo.mark_dynamic(args[0], 1))

@@ -35,10 +35,13 @@ def passkit_demos() -> dict[str, Any]:
 
 @hookimpl
 def passkit_cli_commands(subparsers: Any) -> dict[str, Any]:
-    from .tuning.cli import TUNE_HELP, add_tune_arguments
+    from .tuning.cli import TUNE_HELP, TUNE_MODEL_HELP, add_tune_arguments, add_tune_model_arguments
 
     add_tune_arguments(subparsers.add_parser("tune", help=TUNE_HELP, description=TUNE_HELP))
-    return {"tune": _tune}
+    add_tune_model_arguments(
+        subparsers.add_parser("tune-model", help=TUNE_MODEL_HELP, description=TUNE_MODEL_HELP)
+    )
+    return {"tune": _tune, "tune-model": _tune_model}
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -47,6 +50,12 @@ def _tune(args: argparse.Namespace) -> int:
     from .tuning.cli import run_tune
 
     return run_tune(args, tune=tune, cleanup=destroy_workspaces)
+
+
+def _tune_model(args: argparse.Namespace) -> int:
+    from .tuning.cli import run_tune_model
+
+    return run_tune_model(args)
 
 
 def _demo(args: argparse.Namespace) -> int:

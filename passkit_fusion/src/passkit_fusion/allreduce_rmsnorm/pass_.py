@@ -42,7 +42,7 @@ from ..patterns import notes as notes_patterns
 from ..patterns import rmsnorm as rmsnorm_patterns
 from ..patterns import sites as sites_patterns
 from ..patterns.sites import Rejection, Site, candidates, host_fusion_note
-from ..tuning import tables
+from ..tuning import decisions, tables
 from . import ops
 
 _ADVICE = "set implementation='reference' to run the reference op"
@@ -65,7 +65,7 @@ class AllReduceRMSNormOptions(pydantic.BaseModel):
     """also fuse a static per-tensor float8_e4m3fn quantization of the norm output (flashinfer's FP8 patterns); the bf16/fp16 norm output is still written when something else reads it"""
 
 
-class AllReduceRMSNorm(GraphPass):
+class AllReduceRMSNorm(decisions.Tunable, GraphPass):
     """Fuse all-reduce (sum) + optional residual add + RMSNorm into one flashinfer kernel.
 
     The kernel is flashinfer's ``allreduce_fusion`` with pattern ``kARResidualRMSNorm``,
@@ -94,7 +94,11 @@ class AllReduceRMSNorm(GraphPass):
         on this GPU at this world size and dtype: there the fused kernel beats NCCL +
         Inductor's add+RMSNorm; above, the sizes compile without the pass. The hidden size
         is not known before the graph is seen, so the bound is the largest over the
-        table's hidden sizes (per hidden size, the op's table still decides per call)."""
+        table's hidden sizes (per hidden size, the op's table still decides per call).
+        A measured or stored fuse decision for this graph (:mod:`..tuning.decisions`)
+        replaces the table's bound unless ``max_tokens`` is set."""
+        if (applied := self.decided(ctx)) is not None:
+            return applied.constraint
         if not self.options.restrict_tokens:
             return None
         if self.options.max_tokens is not None:
@@ -105,7 +109,7 @@ class AllReduceRMSNorm(GraphPass):
         return TokenConstraint(max_tokens=bound) if bound else None
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
-        unmet = super().skip_reason(ctx)
+        unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet or self.options.implementation == "reference":
             return unmet
         if importlib.util.find_spec("flashinfer") is None:
@@ -147,6 +151,8 @@ class AllReduceRMSNorm(GraphPass):
             notes = [taken_note(gm.graph) or notes[0]]
         if host:
             notes.append(host)
+        if decided := self.decision_note(ctx):
+            notes.append(decided)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
 
     def _never_pays(self, site: Site) -> str | None:

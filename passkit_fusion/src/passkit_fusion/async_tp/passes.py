@@ -30,6 +30,7 @@ import torch.fx as fx
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
 from ..collective import spans_hosts
+from ..tuning import decisions
 from . import host, ops, runtime, torch_api
 
 _ADVICE = "set implementation='test_mode' to rewrite graphs without running the fused ops"
@@ -70,7 +71,7 @@ class _Candidate:
     why_not: str = ""
 
 
-class AsyncTP(GraphPass):
+class AsyncTP(decisions.Tunable, GraphPass):
     """Fuse all-gather + matmul and matmul + reduce-scatter into PyTorch's symmetric-memory
     micro-pipelined ops (async tensor parallelism)."""
 
@@ -94,13 +95,16 @@ class AsyncTP(GraphPass):
         return {**super().identity(), "dialects": [d.identity() for d in dialects.registered()]}
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
-        """``min_tokens..max_tokens`` unless ``restrict_tokens`` is off."""
+        """``min_tokens..max_tokens`` unless ``restrict_tokens`` is off; a measured or stored
+        fuse decision for this graph replaces them unless they are set."""
+        if (applied := self.decided(ctx)) is not None:
+            return applied.constraint
         if not self.options.restrict_tokens:
             return None
         return TokenConstraint(min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens)
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
-        unmet = super().skip_reason(ctx)
+        unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet:
             return unmet
         missing = torch_api.missing()
@@ -144,6 +148,8 @@ class AsyncTP(GraphPass):
             _drop_layout_hints(graph)
         _fill_meta(graph)
         notes = _summarize(fused, left, preexisting, wrapped, groups, self.options) + host.notes(hosts)
+        if decided := self.decision_note(ctx):
+            notes.append(decided)
         return PassResult(modified=wrapped > 0, matches=len(fused), notes=notes)
 
     def _retarget(self, graph: fx.Graph, ag_op: Any, rs_op: Any) -> int:

@@ -32,6 +32,7 @@ from ..patterns import marks
 from ..patterns import notes as notes_patterns
 from ..patterns import sites as sites_patterns
 from ..patterns.sites import Rejection, Site, find_sites, host_fusion_note
+from ..tuning import decisions
 from . import ops, rewrite
 
 NAME = "sequence_parallel"
@@ -56,7 +57,7 @@ class SequenceParallelOptions(pydantic.BaseModel):
         return self
 
 
-class SequenceParallel(GraphPass):
+class SequenceParallel(decisions.Tunable, GraphPass):
     """Shard the residual stream along tokens: all-reduce + residual add + RMSNorm becomes
     reduce-scatter + add + RMSNorm on 1/W of the tokens + all-gather."""
 
@@ -81,9 +82,12 @@ class SequenceParallel(GraphPass):
         number of tokens), from ``min_tokens`` up to ``max_tokens`` unless
         ``restrict_tokens`` is off. Sites on a smaller tensor-parallel subgroup need
         multiples of its size, which a multiple of the world size is when the subgroup
-        size divides the world size (checked per site)."""
+        size divides the world size (checked per site). A measured or stored fuse decision
+        for this graph replaces ``min_tokens``/``max_tokens`` unless they are set."""
         if ctx.world_size < 2:
             return None
+        if (applied := self.decided(ctx, multiple_of=ctx.world_size)) is not None:
+            return applied.constraint
         if not self.options.restrict_tokens:
             return TokenConstraint(multiple_of=ctx.world_size)
         first = -(-self.options.min_tokens // ctx.world_size) * ctx.world_size
@@ -94,9 +98,11 @@ class SequenceParallel(GraphPass):
         )
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
-        unmet = super().skip_reason(ctx)
+        unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet:
             return unmet
+        if self.decided(ctx) is not None:
+            return None
         if self.options.restrict_tokens and self.token_constraint(ctx) is None:
             return (
                 f"no multiple of the world size {ctx.world_size} in "
@@ -128,6 +134,8 @@ class SequenceParallel(GraphPass):
             notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
         if host:
             notes.append(host)
+        if decided := self.decision_note(ctx):
+            notes.append(decided)
         return PassResult(modified=bool(taken), matches=len(taken), notes=notes)
 
     def _problem(self, site: Site, ctx: CompileContext, symbol: object) -> str | None:

@@ -1,4 +1,9 @@
-"""The ``passkit tune`` command: its arguments, and the run on N local GPUs.
+"""The ``passkit tune`` and ``passkit tune-model`` commands: arguments, runs on N ranks.
+
+``passkit tune-model`` (:func:`run_tune_model`) measures fuse decisions for the user's
+model (:func:`passkit_fusion.tuning.measure.tune_model`) on N local GPUs (NCCL), or on N
+CPU processes (gloo, ``--cpu``: plumbing and smoke runs), and stores them where later
+compiles of that model find them.
 
 :func:`run_tune` spawns one process per GPU in an NCCL world, calls the ``tune`` function
 it is handed once per hidden size (collectively, on every rank), merges the tables and has
@@ -22,7 +27,15 @@ from passkit import PasskitError
 
 from .tables import DEFAULT_MARGIN, DEFAULT_TUNE_TOKENS, USER_TABLES_DIR, Table, save_table
 
-__all__ = ["TUNE_HELP", "Tuner", "add_tune_arguments", "run_tune"]
+__all__ = [
+    "TUNE_HELP",
+    "TUNE_MODEL_HELP",
+    "Tuner",
+    "add_tune_arguments",
+    "add_tune_model_arguments",
+    "run_tune",
+    "run_tune_model",
+]
 
 TUNE_HELP = "Measure fused vs unfused all-reduce+RMSNorm on this machine's GPUs and store a decision table."
 
@@ -109,3 +122,100 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+TUNE_MODEL_HELP = (
+    "Measure which fusion passes pay in which token range on your model and this machine, "
+    "and store the decision later compiles use."
+)
+
+
+def add_tune_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        help="module:function building the model on each rank: function(rank, world_size, device) "
+        "-> passkit_fusion.tuning.measure.Target (e.g. passkit_fusion.model:tuning_target)",
+    )
+    parser.add_argument(
+        "--world-size", type=int, default=0, help="ranks (default: all local GPUs; 2 with --cpu)"
+    )
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TUNE_TOKENS))
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds of measuring (default 600)")
+    parser.add_argument(
+        "--margin", type=float, default=0.01, help="ties within this fraction go to fewer passes"
+    )
+    parser.add_argument(
+        "--candidates",
+        nargs="+",
+        default=None,
+        help="pass sets to time besides Inductor, each as names joined by '+' (default: each pass, "
+        "sequence_parallel+async_tp, all of them)",
+    )
+    parser.add_argument("--mode", choices=["inductor", "eager"], default="inductor")
+    parser.add_argument(
+        "--cpu", action="store_true", help="gloo ranks on the CPU, wall-clock timing (smoke runs)"
+    )
+
+
+def run_tune_model(args: argparse.Namespace) -> int:
+    """Run ``passkit tune-model`` with parsed arguments: one process per rank."""
+    import importlib
+
+    module, _, function = args.target.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise PasskitError(f"tune-model: cannot load {args.target!r} ({type(exc).__name__}: {exc})") from None
+    available = 1 << 16 if args.cpu else torch.cuda.device_count()
+    world_size = args.world_size or (2 if args.cpu else available)
+    if not 2 <= world_size <= available:
+        raise PasskitError(
+            f"tune-model needs 2 to {available} local CUDA GPUs (this machine has {available}); "
+            f"asked for {world_size} (--cpu runs gloo ranks instead)"
+        )
+    import torch.multiprocessing as mp
+
+    del factory  # loaded here to fail early; each rank loads it again
+    mp.spawn(_tune_model_worker, args=(world_size, _free_port(), args), nprocs=world_size, join=True)
+    return 0
+
+
+def _tune_model_worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
+    import importlib
+
+    import torch.distributed as dist
+
+    from .measure import tune_model
+
+    module, _, function = args.target.partition(":")
+    factory = getattr(importlib.import_module(module), function)
+    device = "cpu" if args.cpu else "cuda"
+    kwargs: dict[str, Any] = {}
+    if not args.cpu:
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(
+        "gloo" if args.cpu else "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        **kwargs,
+    )
+    try:
+        target = factory(rank, world_size, device)
+        candidates = [c.split("+") for c in args.candidates] if args.candidates else None
+        result = tune_model(
+            target.model,
+            target.inputs,
+            target.passes,
+            token_counts=args.tokens,
+            budget_s=args.budget,
+            candidates=candidates,
+            margin=args.margin,
+            mark_dynamic=target.mark_dynamic,
+            mode=args.mode,
+        )
+        if rank == 0:
+            print(result.format(), flush=True)
+    finally:
+        dist.destroy_process_group()
