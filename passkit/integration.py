@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 import torch.fx
 
-from . import inductor_options, logs, report_cache, specialize
+from . import compiling, inductor_options, logs, report_cache, specialize
 from .config import Config
 from .context import Mode
 from .errors import ConfigError, PasskitError
@@ -94,7 +94,19 @@ class Backend:
     ) -> CompiledFn:
         """Compile one Dynamo graph. ``mode`` and ``options`` are torch.compile's
         (``torch.compile(m, backend=passkit.backend(...), mode="reduce-overhead")``): each
-        token-range specialization gets them as ``backend="inductor"`` would."""
+        token-range specialization gets them as ``backend="inductor"`` would. While it
+        compiles, :func:`passkit.compiling.current` names the graph and the passes."""
+        with compiling.scope(gm, example_inputs, self.pipeline) as current:
+            return self._call(gm, example_inputs, mode, options, current)
+
+    def _call(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        mode: str | None,
+        options: dict[str, Any] | None,
+        current: compiling.Compiling,
+    ) -> CompiledFn:
         patches = self._compile_patches(mode, options)
         if self.mode == "inductor":  # as backend="inductor" does: Triton's compile workers
             from torch._inductor.async_compile import maybe_warm_pool  # start while we plan
@@ -130,7 +142,7 @@ class Backend:
                 note=f"specialization {i + 1} of {count}; token count from {planned.token_dim.how}",
                 left_out={name: f"{why}; this compile serves {spec.label}" for name, why in spec.left_out},
             )
-            with specialize.reentered(tracing):
+            with specialize.reentered(tracing), compiling.reentered(current):
                 return self._compile(pipeline, specialize.copy_graph_module(source), example_inputs, patches)
 
         spare = specialize.copy_graph_module(gm)
@@ -138,14 +150,14 @@ class Backend:
             planned,
             compile_spec,
             fallback=lambda: self._compile_in(
-                tracing, self.pipeline.for_range(ANY_SIZE), spare, example_inputs, patches
+                tracing, current, self.pipeline.for_range(ANY_SIZE), spare, example_inputs, patches
             ),
             at_first_call=self.pipeline.config.compile_at == "first_call",
         )
         return self.last_dispatcher
 
-    def _compile_in(self, tracing: Any, *args: Any) -> CompiledFn:
-        with specialize.reentered(tracing):
+    def _compile_in(self, tracing: Any, current: compiling.Compiling, *args: Any) -> CompiledFn:
+        with specialize.reentered(tracing), compiling.reentered(current):
             return self._compile(*args)
 
     def _compile_patches(self, mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:

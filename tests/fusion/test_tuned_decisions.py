@@ -314,7 +314,7 @@ def _tiny(world) -> tuple[torch.nn.Module, object, object]:
 def _compile_reports(model, inputs, mark, passes, tokens=8):
     torch._dynamo.reset()
     backend = passkit.backend(passes=passes, mode="eager")
-    fn = torch.compile(model, backend=compiling.scoped(backend))
+    fn = torch.compile(model, backend=backend)
     args = inputs(tokens)
     mark(args)
     with torch.no_grad():

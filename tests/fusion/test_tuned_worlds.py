@@ -16,7 +16,6 @@ from passkit_fusion.model import LlamaConfig, TinyLlama, shard_functional
 from passkit_fusion.tuning import decisions, measure
 
 import passkit
-from passkit import compiling
 from passkit_testing import gloo_world
 
 AR = ("allreduce_rmsnorm",)
@@ -60,7 +59,7 @@ def _tune(rank: int, world_size: int) -> dict[str, Any]:
         decisions._measured.clear()
         torch._dynamo.reset()
         backend = passkit.backend(passes=PASSES, mode="eager")
-        fn = torch.compile(model, backend=compiling.scoped(backend))
+        fn = torch.compile(model, backend=backend)
         args = inputs(8)
         mark(args)
         with torch.no_grad():
