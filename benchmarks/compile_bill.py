@@ -56,20 +56,10 @@ def build_model(args: argparse.Namespace, rank: int, world: int):
     )
     torch.manual_seed(0)
     if args.model == "hf-llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from compile_modes import hf_llama
 
-        cfg = LlamaConfig(
-            hidden_size=4096,
-            intermediate_size=14336,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            num_hidden_layers=args.layers,
-            vocab_size=32000,
-            max_position_embeddings=8192,
-        )
-        model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
-        model.config.use_cache = False
-        return model, cfg.vocab_size, device
+        model, vocab = hf_llama(args.layers, device, dtype)
+        return model, vocab, device
     from passkit_fusion.model import LlamaConfig as TinyConfig
     from passkit_fusion.model import TinyLlama, shard_functional
 

@@ -72,6 +72,12 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, int, torch.device]
 
         cfg = LlamaConfig(layers=1)
         return TinyLlama(cfg).eval(), cfg.vocab, torch.device("cpu")
+    model, vocab = hf_llama(args.layers, torch.device("cuda"), torch.bfloat16)
+    return model, vocab, torch.device("cuda")
+
+
+def hf_llama(layers: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, int]:
+    """A Hugging Face Llama, 8B-shaped, ``layers`` layers, random weights, no KV cache."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -79,13 +85,13 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, int, torch.device]
         intermediate_size=14336,
         num_attention_heads=32,
         num_key_value_heads=8,
-        num_hidden_layers=args.layers,
+        num_hidden_layers=layers,
         vocab_size=32000,
         max_position_embeddings=8192,
     )
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
     model.config.use_cache = False
-    return model, cfg.vocab_size, torch.device("cuda")
+    return model, cfg.vocab_size
 
 
 def forward_fn(model: torch.nn.Module, smoke: bool):
