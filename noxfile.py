@@ -89,6 +89,9 @@ def hosts(session: nox.Session, host: str) -> None:
     runs on a CPU machine); the tests compile in 2-rank gloo worlds. Extra args go to pytest."""
     session.install(HOSTS[host])
     session.install(*PACKAGES, *EXAMPLE, *TEST_DEPS)
+    # the dialect's schemas and sites against the host's real ops (drift of the stand-ins
+    # the default suite uses shows here)
+    session.run("python", f"tests/fusion/real_hosts/check_{host}.py")
     session.run(
         "python",
         "-m",
