@@ -17,11 +17,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch.fx
+
 from .config import suggest
 from .errors import ConfigError
+from .pipeline import _register_custom_pass_type
 
 CUSTOM_PASS_KEYS = ("post_grad_custom_pre_pass", "post_grad_custom_post_pass")
 """The Inductor options passkit's pipeline is installed through."""
+
+__all__ = ["CUSTOM_PASS_KEYS", "ComposedPass", "compile_patches", "merge_patches", "uses_cudagraphs"]
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -79,8 +84,6 @@ def merge_patches(
         if existing is None:
             merged[key] = ours
         elif callable(existing) or isinstance(existing, (list, tuple)):
-            from .integration import ComposedPass
-
             merged[key] = ComposedPass(existing, ours)
         else:
             raise ConfigError(
@@ -88,6 +91,27 @@ def merge_patches(
                 "installs its pipeline there and can only compose with a callable pass"
             )
     return merged
+
+
+class ComposedPass:
+    """Runs an existing custom pass, then ours; its uuid combines both."""
+
+    def __init__(self, first: Any, second: Any):
+        _register_custom_pass_type(ComposedPass)
+        self.first, self.second = first, second
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.first(graph)
+        self.second(graph)
+
+    def uuid(self) -> Any:
+        first = self.first.uuid() if hasattr(self.first, "uuid") else None
+        if first is None:
+            return None  # the existing pass is uncacheable, so is the composition
+        return (first, self.second.uuid())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ComposedPass:
+        return self  # see StagePass.__deepcopy__
 
 
 def uses_cudagraphs(patches: Mapping[str, Any]) -> bool:

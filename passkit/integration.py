@@ -28,8 +28,9 @@ from . import compiling, inductor_options, logs, report_cache, specialize
 from .config import Config
 from .context import Mode
 from .errors import ConfigError, PasskitError
+from .inductor_options import ComposedPass
 from .pass_base import Stage
-from .pipeline import Pipeline, _register_custom_pass_type, build_pipeline
+from .pipeline import Pipeline, build_pipeline
 from .report import Report
 from .tokens import TokenRange
 
@@ -288,27 +289,6 @@ passkit_backend.reset = _reset_default_backend  # type: ignore[attr-defined]
 
 # ---------------------------------------------------------------------------------------
 # install into a framework's own Inductor config
-
-
-class ComposedPass:
-    """Runs an existing custom pass, then ours; its uuid combines both."""
-
-    def __init__(self, first: Any, second: Any):
-        _register_custom_pass_type(ComposedPass)
-        self.first, self.second = first, second
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        self.first(graph)
-        self.second(graph)
-
-    def uuid(self) -> Any:
-        first = self.first.uuid() if hasattr(self.first, "uuid") else None
-        if first is None:
-            return None  # the existing pass is uncacheable, so is the composition
-        return (first, self.second.uuid())
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> ComposedPass:
-        return self  # see StagePass.__deepcopy__
 
 
 def install(
