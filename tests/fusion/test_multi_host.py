@@ -69,11 +69,22 @@ def _decide(group: Any, world_size: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------ one TP group --
 
 
+def _republish(group: Any) -> None:
+    """A new host identity for this process (a new layout in the same world): publish it and
+    wait until the group's ranks have, before anyone reads."""
+    from passkit_fusion.collective import hosts
+
+    hosts.forget()
+    hosts.publish()
+    dist.barrier(group=group)
+
+
 def _two_ranks(rank: int, world: int) -> dict[str, Any]:
     group = dist.group.WORLD
     out = {}
     for layout, hosts in (("across", ["node-a", "node-b"]), ("one_host", ["node-a", "node-a"])):
         os.environ[HOST_ID_ENV] = hosts[rank]
+        _republish(group)
         out[layout] = {"hosts": hosts_of(group.group_name), **_decide(group, world)}
     return out
 
@@ -137,6 +148,7 @@ def _pp_tp(rank: int, world: int) -> dict[str, Any]:
     for layout in ("tp_per_host", "tp_across_hosts"):
         host = rank // 2 if layout == "tp_per_host" else rank % 2
         os.environ[HOST_ID_ENV] = f"node-{host}"
+        _republish(groups[stage])  # within the TP group only
         if stage == 1:
             store.wait([f"{layout}/stage0-done/0", f"{layout}/stage0-done/1"], datetime.timedelta(seconds=60))
         decided = _decide(groups[stage], world)  # a wait for stage 1 here: RankAgreementError

@@ -36,6 +36,7 @@ import torch.fx as fx
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
 from .. import dialects
+from ..collective import publish_host
 from ..patterns import fp8 as fp8_patterns
 from ..patterns import graph as graph_patterns
 from ..patterns import notes as notes_patterns
@@ -109,6 +110,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         return TokenConstraint(max_tokens=bound) if bound else None
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
+        if ctx.world_size > 1:  # at backend entry on every rank, cache hit or not
+            publish_host()
         unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet or self.options.implementation == "reference":
             return unmet

@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from ..collective import spans_hosts
+from ..collective import publish_host, spans_hosts
 from ..tuning import decisions
 from . import host, ops, runtime, torch_api
 
@@ -104,6 +104,8 @@ class AsyncTP(decisions.Tunable, GraphPass):
         return TokenConstraint(min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens)
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
+        if ctx.world_size > 1:  # at backend entry on every rank, cache hit or not
+            publish_host()
         unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet:
             return unmet

@@ -27,6 +27,7 @@ from .agreement import (
 )
 from .groups import collective_device, group_store, is_fake_group, resolve_group
 from .hosts import HOST_ID_ENV, hosts_of, spans_hosts
+from .hosts import publish as publish_host
 from .teardown import bounded
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "hosts_of",
     "is_fake_group",
     "plan_fingerprint",
+    "publish_host",
     "report_failure",
     "resolve_group",
     "spans_hosts",
