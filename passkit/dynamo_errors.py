@@ -36,7 +36,7 @@ def surface(exc: PasskitError, frame: types.FrameType | None, what: str) -> NoRe
     exception classes moved."""
     logs.log.error("passkit: %s: %s", what, exc)
     try:
-        short = _shortened(type(exc))
+        short = _shortened(type(exc))  # type: ignore[arg-type]  # classes are hashable
         err = short.__new__(short)
         err.__dict__.update(exc.__dict__)
         err.args = exc.args
