@@ -70,10 +70,11 @@ def _decide(group: Any, world_size: int) -> dict[str, Any]:
 
 
 def _republish(group: Any) -> None:
-    """A new host identity for this process (a new layout in the same world): publish it and
-    wait until the group's ranks have, before anyone reads."""
+    """A new host identity for this process (a new layout in the same world): once the
+    group's ranks are done with the last one, publish it and wait until they all have."""
     from passkit_fusion.collective import hosts
 
+    dist.barrier(group=group)  # every rank is done reading the last layout
     hosts.forget()
     hosts.publish()
     dist.barrier(group=group)
