@@ -8,9 +8,11 @@ from . import compiling
 from ._version import __version__
 from .config import Config, PassEntry, load_config
 from .context import CompileContext
+from .environment import EnvironmentCheck
 from .errors import (
     ConfigError,
     OrderError,
+    PassDeclinedWarning,
     PassFailedError,
     PasskitError,
     PluginError,
@@ -32,11 +34,13 @@ __all__ = [
     "CompileContext",
     "Config",
     "ConfigError",
+    "EnvironmentCheck",
     "GraphPass",
     "HookFailure",
     "NoOptions",
     "OrderError",
     "Pass",
+    "PassDeclinedWarning",
     "PassEntry",
     "PassFailedError",
     "PassRecord",

@@ -26,6 +26,7 @@ import torch.fx
 from . import hooks, logs
 from .config import Config, load_config, suggest
 from .context import CompileContext, Mode
+from .declined import warn_declined
 from .dump import Dumper
 from .errors import ConfigError, OrderError, PassFailedError, cut_repr, describe
 from .graph_utils import count_nodes, graph_code, restore, snapshot
@@ -442,12 +443,20 @@ class Pipeline:
             gm.recompile()
         record.status = "ran"
         record.matches, record.modified, record.notes = result.matches, result.modified, result.notes
+        if result.declined:
+            record.status, record.reason = "declined", str(result.declined)
+            warn_declined(p.name, self._origin(p), record.reason)
         record.nodes_after = count_nodes(graph)
         if dumper:
             dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
         self._hook("passkit_after_pass", report, p, None, pass_=p, gm=gm, result=result, record=record)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record
+
+    def _origin(self, p: Pass) -> str:
+        """``distribution version`` of the plugin that registered ``p`` (for messages)."""
+        info = self.plugins.passes.get(p.name)
+        return info.plugin.origin if info is not None else "in-process"
 
     def _failed(
         self,

@@ -29,6 +29,17 @@ def passkit_fusion_dialects() -> list[Any]:
 
 
 @hookimpl
+def passkit_environment_checks() -> list[Any]:
+    """Each registered dialect against the torch and hosts installed here (``passkit list``,
+    ``passkit check``): whether it can read the ops they register."""
+    from passkit import EnvironmentCheck
+
+    from .dialects import registered
+
+    return [EnvironmentCheck(f"{d.name} dialect", *d.check_environment()) for d in registered()]
+
+
+@hookimpl
 def passkit_demos() -> dict[str, Any]:
     return {"allreduce_rmsnorm": _demo, "tp_passes": _tp_demo}
 

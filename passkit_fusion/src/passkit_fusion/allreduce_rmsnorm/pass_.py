@@ -42,7 +42,7 @@ from ..patterns import graph as graph_patterns
 from ..patterns import notes as notes_patterns
 from ..patterns import rmsnorm as rmsnorm_patterns
 from ..patterns import sites as sites_patterns
-from ..patterns.sites import Rejection, Site, candidates, host_fusion_note
+from ..patterns.sites import Rejection, Site, candidates, host_fusion_note, schema_declined
 from ..tuning import decisions, tables
 from . import ops
 
@@ -156,6 +156,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             notes.append(host)
         if decided := self.decision_note(ctx):
             notes.append(decided)
+        if not sites and (declined := schema_declined(rejected)):
+            return PassResult.declining(declined, notes)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
 
     def _never_pays(self, site: Site) -> str | None:

@@ -79,15 +79,17 @@ def _cls(item: Any) -> type:
 
 
 def check_schemas(dialect: Dialect | type[Dialect]) -> list[str]:
-    """Each op of ``dialect.SCHEMAS`` whose schema in this process differs from the
-    expected one, or that this process does not register (``"... absent"``); empty when
-    all match. Import the host first (e.g. ``vllm.distributed.parallel_state``) to check
-    its real ops."""
+    """Each op of ``dialect.SCHEMAS`` that this process does not register (``"... absent"``)
+    or registers with a schema the dialect would read wrongly (compared argument by
+    argument, :func:`.schemas.schema_difference`); empty when all can be read. Import the
+    host first (e.g. ``vllm.distributed.parallel_state``) to check its real ops."""
+    from .schemas import schema_difference
+
     problems = []
     for qualified, expected in dialect.SCHEMAS.items():
         found = registered_schema(qualified)
         if found is None:
             problems.append(f"{qualified}: absent from this process (expected {expected!r})")
-        elif found != expected:
-            problems.append(f"{qualified}: schema {found!r}, expected {expected!r}")
+        elif difference := schema_difference(expected, found):
+            problems.append(f"{qualified}: {difference}: schema {found!r}, expected {expected!r}")
     return problems

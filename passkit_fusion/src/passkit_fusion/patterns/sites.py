@@ -121,6 +121,17 @@ class Rejection:
 
     all_reduce: fx.Node
     reason: str
+    schema: bool = False
+    """The dialect declined the op itself (a schema it would read wrongly), not this site:
+    a cause the user must act on (see :func:`schema_declined`)."""
+
+
+def schema_declined(rejected: Sequence[Rejection]) -> str | None:
+    """The reason(s) dialects declined ops for their schema among ``rejected`` (one line,
+    each reason once), or None: a pass that fused nothing for this reason returns
+    ``PassResult.declining(...)``, which the report marks ``declined`` and warns about."""
+    reasons = list(dict.fromkeys(r.reason for r in rejected if r.schema))
+    return "; ".join(reasons) if reasons else None
 
 
 def candidates(
@@ -141,7 +152,7 @@ def candidates(
         if problems:  # never read arguments at positions the op may no longer have
             reason = "; ".join(problems.values())
             for node, _, _ in list(dialect.ops_in(graph, dialect.ALL_REDUCE_OPS)):
-                yield Rejection(node, reason)
+                yield Rejection(node, reason, schema=True)
             continue
         for found in dialect.all_reduces(graph):
             if isinstance(found, tuple):

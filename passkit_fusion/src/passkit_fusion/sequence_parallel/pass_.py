@@ -31,7 +31,7 @@ from .. import dialects
 from ..patterns import marks
 from ..patterns import notes as notes_patterns
 from ..patterns import sites as sites_patterns
-from ..patterns.sites import Rejection, Site, find_sites, host_fusion_note
+from ..patterns.sites import Rejection, Site, find_sites, host_fusion_note, schema_declined
 from ..tuning import decisions
 from . import ops, rewrite
 
@@ -136,6 +136,8 @@ class SequenceParallel(decisions.Tunable, GraphPass):
             notes.append(host)
         if decided := self.decision_note(ctx):
             notes.append(decided)
+        if not taken and (declined := schema_declined(rejected)):
+            return PassResult.declining(declined, notes)
         return PassResult(modified=bool(taken), matches=len(taken), notes=notes)
 
     def _problem(self, site: Site, ctx: CompileContext, symbol: object) -> str | None:
