@@ -1,4 +1,4 @@
-"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``, ``hosts``.
+"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``, ``docs``, ``hosts``.
 
 Each session makes a fresh virtual environment, installs torch, then the three
 distributions of this repository in editable mode (so their entry points exist).
@@ -20,7 +20,7 @@ import subprocess
 
 import nox
 
-nox.options.sessions = ["tests"]  # hosts and torch_versions are never default sessions
+nox.options.sessions = ["tests"]  # docs, hosts and torch_versions are never default sessions
 nox.options.reuse_existing_virtualenvs = False
 PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
 # the example third-party plugin: its entry points are what the suite's discovery tests use
@@ -74,6 +74,22 @@ def bench(session: nox.Session) -> None:
     """CPU benchmarks of passkit's own overhead; results go to benchmarks/results/."""
     install(session)
     session.run("python", "benchmarks/core_overhead.py", *session.posargs)
+
+
+DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (``mkdocs.yml``, pages in ``docs/``) built into ``site/`` with
+    warnings as errors: a broken link or reference fails. ``nox -s docs -- serve`` serves it
+    while you edit. passkit is installed for the config's JSON schema, generated at build
+    time; the API reference reads the sources without importing them."""
+    install(session, *DOCS_DEPS)
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)
 
 
 TORCH_VERSIONS = ["2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.14.1"]

@@ -77,11 +77,15 @@ class Requirements:
 
 @dataclasses.dataclass
 class PassResult:
-    """What one run of a pass did."""
+    """What one run of a pass did: ``run(gm, ctx)`` returns it, and the report shows it."""
 
     modified: bool = False
+    """Whether the pass changed the graph (passkit then recompiles the module)."""
     matches: int = 0
+    """How many sites the pass rewrote: the report's ``matches`` column."""
     notes: list[str] = dataclasses.field(default_factory=list)
+    """Remarks for the report's ``note`` column (``PassResult(notes=["2 sites without a
+    residual"])``), joined with ``; ``."""
     declined: str | None = None
     """Why the pass could not read this graph at all, when it could not: an op whose schema
     or host version it does not know. The record's status becomes ``declined`` with this
