@@ -19,7 +19,7 @@ from .errors import (
     PluginHookError,
     VerificationError,
 )
-from .hooks import HookFailure
+from .hook_failure import HookFailure
 from .hookspecs import hookimpl, hookspec
 from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Any, Literal
 
-from .hooks import HookFailure
+from .hook_failure import HookFailure
 
 Status = Literal["ran", "skipped", "vetoed", "failed", "declined"]
 """``declined``: the pass ran but could not read the graph (an op schema or host version it
