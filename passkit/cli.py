@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .cli_hooks import call_hook
 from .environment import environment_checks
 from .errors import PasskitError, PluginHookError
 
@@ -32,25 +33,9 @@ Handler = Callable[[argparse.Namespace], int]
 
 def _plugins() -> Any:
     from .config import load_config
-    from .pipeline import plugins_for
+    from .pipeline_build import plugins_for
 
     return plugins_for(load_config())
-
-
-def call_hook(hook: str, **kwargs: Any) -> list[Any]:
-    """Call a CLI-time plugin hook (``passkit_cli_commands``, ``passkit_demos``), each
-    hookimpl isolated: one that raises is named on stderr and skipped (with
-    ``strict_plugins``: :class:`PluginHookError`)."""
-    from .config import load_config
-    from .pipeline import plugins_for
-
-    config = load_config()
-    plugins = plugins_for(config)
-    seen = len(plugins.hook_failures)
-    results = plugins.call(hook, strict=config.strict_plugins, **kwargs)
-    for failure in plugins.hook_failures[seen:]:
-        print(f"passkit: warning: {failure}", file=sys.stderr)
-    return results
 
 
 # -- list / show / schema ------------------------------------------------------------------
@@ -188,7 +173,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .config import file_source, merge
-    from .pipeline import instantiate, order_passes, plugins_for
+    from .pipeline_build import instantiate, order_passes, plugins_for
 
     path = Path(args.file)
     if not path.is_file():

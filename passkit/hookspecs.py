@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .context import CompileContext
     from .environment import EnvironmentCheck
     from .pass_base import Pass, PassResult
-    from .pipeline import PipelinePlan
+    from .pipeline_plan import PipelinePlan
     from .report import PassRecord, Report
 
 
