@@ -360,8 +360,6 @@ class Dialect:
         import importlib
         import importlib.util
 
-        from . import check_schemas
-
         if self.PACKAGE and importlib.util.find_spec(self.PACKAGE) is None:
             return True, f"{self.PACKAGE} not installed (dialect idle)"
         try:
@@ -404,3 +402,20 @@ class Dialect:
 
     def __repr__(self) -> str:
         return f"<dialect {self.name} ({self.host})>"
+
+
+def check_schemas(dialect: Dialect | type[Dialect]) -> list[str]:
+    """Each op of ``dialect.SCHEMAS`` that this process does not register (``"... absent"``)
+    or registers with a schema the dialect would read wrongly (compared argument by
+    argument, :func:`.schemas.schema_difference`); empty when all can be read. Import the
+    host first (e.g. ``vllm.distributed.parallel_state``) to check its real ops."""
+    from .schemas import schema_difference
+
+    problems = []
+    for qualified, expected in dialect.SCHEMAS.items():
+        found = registered_schema(qualified)
+        if found is None:
+            problems.append(f"{qualified}: absent from this process (expected {expected!r})")
+        elif difference := schema_difference(expected, found):
+            problems.append(f"{qualified}: {difference}: schema {found!r}, expected {expected!r}")
+    return problems
