@@ -76,7 +76,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/core_overhead.py", *session.posargs)
 
 
-DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+# (mkdocstrings formats the API pages' signatures with ruff)
+DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "ruff"]
 
 
 @nox.session
