@@ -1,6 +1,7 @@
 """A griffe extension for the API reference: passkit's docstrings use Sphinx roles
 (``:class:`~passkit.Config```, ``:func:`build_pipeline```), which Markdown would show as
-typed; this turns each into a code span of the name as Sphinx would print it."""
+typed; this turns each into a code span of the name as Sphinx would print it. A
+``Class attributes:`` section is read as Google style's ``Attributes:`` (a table)."""
 
 from __future__ import annotations
 
@@ -24,4 +25,5 @@ class SphinxRoles(griffe.Extension):
 
     def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = ROLE.sub(_replace, obj.docstring.value)
+            text = ROLE.sub(_replace, obj.docstring.value)
+            obj.docstring.value = re.sub(r"^(\s*)Class attributes:$", r"\1Attributes:", text, flags=re.M)
