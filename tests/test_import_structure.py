@@ -230,3 +230,26 @@ def test_modules_of_an_absent_host_are_skipped(name):
 def test_each_module_imports_first(name):
     """Each module as the first and only import of a fresh interpreter."""
     _import_in_fresh_process([name])
+
+
+def test_public_names_resolve():
+    """Every name each package lists in ``__all__`` is there (lazy exports included), and the
+    public API moved by the untangling is still where users import it from."""
+    code = textwrap.dedent(
+        """
+        import importlib
+        for package in ("passkit", "passkit_fusion", "passkit_testing", "passkit.hosts.vllm",
+                        "passkit.hosts.sglang"):
+            module = importlib.import_module(package)
+            missing = [n for n in module.__all__ if not hasattr(module, n)]
+            assert not missing, f"{package}.__all__ names what it lacks: {missing}"
+        import passkit, passkit.hooks, passkit.pipeline, passkit.cli
+        assert passkit.hooks.HookFailure is passkit.HookFailure
+        assert passkit.pipeline.PipelinePlan is passkit.PipelinePlan
+        for name in ("plugins_for", "instantiate", "order_passes", "pass_relations", "unknown_pass_message"):
+            assert callable(getattr(passkit.pipeline, name)), name
+        assert callable(passkit.cli.call_hook)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
