@@ -228,7 +228,12 @@ def reentered(tracing: Any) -> Iterator[None]:
         yield
 
 
-DYNAMO_GRAPH_ATTRIBUTES = ("_param_name_to_source", "_source_to_user_stacks", "compile_subgraph_reason", "_backend_id")
+DYNAMO_GRAPH_ATTRIBUTES = (
+    "_param_name_to_source",
+    "_source_to_user_stacks",
+    "compile_subgraph_reason",
+    "_backend_id",
+)
 """What Dynamo sets on the GraphModule it hands a backend, besides ``meta``. AOTAutograd
 reads ``_param_name_to_source`` (with each placeholder's ``_dynamo_source``) to know which
 inputs are parameters: without them a copy's parameters are not static inputs, and
