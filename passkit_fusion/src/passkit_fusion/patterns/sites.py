@@ -55,6 +55,7 @@ from .graph import (
     sole_user,
     val,
 )
+from .lead import describe_chain, walk_lead
 from .rmsnorm import NoNorm, RMSNorm, cast_dtype, match_rmsnorm, match_rmsnorm_fp32
 
 aten = torch.ops.aten
@@ -113,6 +114,19 @@ class Site:
     """The group as the graph names it (the host's name)."""
     host_norm: HostNorm | None = None
     """The host's norm op, when the norm is one (else the native decomposition)."""
+    lead: tuple[fx.Node, ...] = ()
+    """Views (keeping the hidden dim) and constant scales between :attr:`result` and the
+    residual add or norm (:mod:`.lead`), in order; in :attr:`nodes`. A rewrite that fuses
+    the all-reduce applies them to :attr:`x` first (:func:`.lead.replay_lead`)."""
+    shared: tuple[fx.Node, ...] = ()
+    """Terms added to the sum before :attr:`residual` (a shared expert's output:
+    ``norm(AR(routed) + shared + residual)``), in order; the fused op adds them to the
+    residual first. Their adds are in :attr:`nodes`."""
+
+    @property
+    def start(self) -> fx.Node:
+        """The node the residual add (or the norm) reads: the lead's last, else the sum."""
+        return self.lead[-1] if self.lead else self.result  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +224,13 @@ def match_site(
 ) -> Site:
     """The site starting at the all-reduce ``ar`` (read by ``dialect``); raises
     :class:`Mismatch` (or :class:`~passkit_fusion.dialects.Declined`) with the reason if none.
+    A :class:`Mismatch` names the chain of nodes the matcher walked and where it stopped
+    (``all_reduce -> wait_tensor -> mul(·, 0.22) -> add -> relu: no RMSNorm after the
+    all-reduce``).
+
+    Between the sum and the residual add (or the norm) the matcher reads through views that
+    keep the hidden dim and multiplications by constants (:mod:`.lead`); after the add,
+    through further adds of same-shaped terms (a shared expert's output).
 
     ``norms``: the dialects whose norm ops may follow the all-reduce besides ``dialect``'s
     (vLLM on CPU: torch's all-reduce, vLLM IR's norms).
@@ -217,33 +238,66 @@ def match_site(
     ``kernel_limits=False`` drops the fused kernel's own limits (hidden size, world sizes
     2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``).
     ``fp8=True`` also matches a static FP8 quantization of the norm output."""
+    try:
+        return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms)
+    except Mismatch as exc:
+        raise Mismatch(f"{_walked_chain(ar)}: {exc}") from None
+
+
+def _walked_chain(ar: AllReduce) -> str:
+    """The nodes from the collective through the lead and the adds, then the users where
+    the walk ended (see :func:`.lead.describe_chain`)."""
+    nodes = list(dict.fromkeys(ar.nodes))
+    lead = walk_lead(ar.result)
+    nodes.extend(lead)
+    node = lead[-1] if lead else ar.result
+    while (user := sole_user(node)) is not None and user.target is aten.add.Tensor:
+        nodes.append(user)
+        node = user
+    return describe_chain(nodes, node.users)
+
+
+def _match_site(
+    ar: AllReduce,
+    dialect: Dialect,
+    *,
+    kernel_limits: bool,
+    fp8: bool,
+    norms: Sequence[Dialect],
+) -> Site:
     result = ar.result
+    lead = walk_lead(result)
+    start = lead[-1] if lead else result
     readers = [dialect, *(d for d in norms if d is not dialect)]
-    host_norm = _host_norm(result, readers)
+    host_norm = _host_norm(start, readers)
     residual: fx.Node | None = None
+    shared: tuple[fx.Node, ...] = ()
     rest: tuple[fx.Node, ...] = ()
+    adds: tuple[fx.Node, ...] = ()
     if host_norm is not None and host_norm.kind == "fused_add":
         residual, total = host_norm.residual, host_norm.total
     elif host_norm is not None:
-        total = result
+        total = start
     else:
-        total, residual, rest = _residual_add(result)
+        total, residual, rest, shared, adds = _residual_add(start)
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
-    dtype, shape = val(result).dtype, val(result).shape
+    dtype, shape = val(start).dtype, val(start).shape
     if host_norm is not None:
         norm = RMSNorm(host_norm.weight, host_norm.weight_bias, host_norm.eps, host_norm.out, host_norm.nodes)
     elif rest:
         norm = match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
     else:
         norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
-    _check_residual(result, residual, shape)
+    for term in (*shared, residual):
+        _check_residual(start, term, shape)
     hidden = _check_supported(dtype, shape, kernel_limits)
     group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
     world_size = _world_size(group_name, kernel_limits)
-    # the all-reduce, then the residual add (in fp32: the upcasts, the add, the rounding);
-    # a host's fused add+norm op adds the residual itself (its nodes are the norm's)
-    adds = () if host_norm is not None and host_norm.kind == "fused_add" else (*rest, total)
-    head = tuple(dict.fromkeys((*ar.nodes, *adds)))
+    # the all-reduce, the lead, then the residual add(s) (in fp32: the upcasts, the add, the
+    # rounding); a host's fused add+norm op adds the residual itself (its nodes are the norm's)
+    if not (host_norm is not None and host_norm.kind == "fused_add"):
+        adds = (*rest, *adds, total)  # type: ignore[assignment]
+    head = tuple(dict.fromkeys((*ar.nodes, *lead, *adds)))
     quant, quant_skipped = None, None
     if fp8:
         try:
@@ -275,6 +329,8 @@ def match_site(
         dialect=dialect.name,
         host_group=ar.group,
         host_norm=host_norm,
+        lead=lead,
+        shared=shared,
     )
 
 
@@ -290,27 +346,48 @@ def _host_norm(total: fx.Node, dialects: Sequence[Dialect]) -> HostNorm | None:
 # the residual add
 
 
-def _residual_add(result: fx.Node) -> tuple[fx.Node, fx.Node | None, tuple[fx.Node, ...]]:
-    """``(total, residual, fp32_nodes)``:
+def _residual_add(
+    result: fx.Node,
+) -> tuple[fx.Node, fx.Node | None, tuple[fx.Node, ...], tuple[fx.Node, ...], tuple[fx.Node, ...]]:
+    """``(total, residual, fp32_nodes, shared, inner_adds)`` after ``result`` (the sum, or
+    the lead's last node):
 
-    * ``(add, residual, ())`` when the sum's only use is ``add(result, residual)`` (either
-      order) in the activation dtype;
-    * ``(rounded, residual, (upcast, residual_upcast, h))`` when it is added in fp32:
+    * ``(add, residual, (), (), ())`` when the sum's only use is ``add(result, residual)``
+      (either order) in the activation dtype;
+    * ``(add_n, residual, (), (s_1..s_n-1), (add_1..add_n-1))`` for a chain of such adds,
+      each the only use of the one before: ``((result + s_1) + ...) + residual`` (a shared
+      expert's output joins the residual);
+    * ``(rounded, residual, (upcast, residual_upcast, h), (), ())`` when it is added in fp32:
       ``h = add(result.float(), residual.float())`` read by ``rounded = h.to(dtype)`` and
       the norm (SGLang's and vLLM's native RMSNorm with a residual);
-    * else ``(result, None, ())``: the norm must then start at the result itself."""
+    * else ``(result, None, (), (), ())``: the norm must then start at the result itself."""
     add = sole_user(result)
     if add is not None and cast_dtype(add) == torch.float32 and val(result).dtype != torch.float32:
         fp32 = _fp32_residual_add(result, add)
         if fp32 is not None:
-            return fp32
-    if add is None or add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
-        return result, None, ()
+            return (*fp32, (), ())
+    terms: list[fx.Node] = []
+    adds: list[fx.Node] = []
+    node = result
+    while add is not None and (term := _added_term(add, node)) is not None:
+        terms.append(term)
+        adds.append(add)
+        node = add
+        add = sole_user(add)
+    if not adds:
+        return result, None, (), (), ()
+    return adds[-1], terms[-1], (), tuple(terms[:-1]), tuple(adds[:-1])
+
+
+def _added_term(add: fx.Node, node: fx.Node) -> fx.Node | None:
+    """The other operand of ``add(node, other)`` (either order, alpha 1), if a node."""
+    if add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
+        return None
     a, b = add.args[:2]
-    residual = b if a is result else a
-    if not isinstance(residual, fx.Node) or residual is result:
-        return result, None, ()
-    return add, residual, ()
+    other = b if a is node else a
+    if not isinstance(other, fx.Node) or other is node:
+        return None
+    return other
 
 
 def _fp32_residual_add(result: fx.Node, up: fx.Node) -> tuple[fx.Node, fx.Node, tuple[fx.Node, ...]] | None:
