@@ -261,7 +261,12 @@ class Rewriter:
         self._site += 1
 
     def _residual_shard(self, residual: fx.Node, group_name: str, world_size: int) -> fx.Node:
-        known = self.shards.get(residual)
+        source = residual  # a view of an earlier site's sum keeping H: the same rows
+        while source not in self.shards and is_view(source) and isinstance(source.args[0], fx.Node):
+            if source.args[0].meta["val"].shape[-1] != source.meta["val"].shape[-1]:
+                break
+            source = source.args[0]
+        known = self.shards.get(source)
         if known is not None and known.group_name == group_name:
             self.outcome.sharded += 1
             return known.node
