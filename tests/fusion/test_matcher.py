@@ -142,6 +142,13 @@ def unflatten_then_flatten(x, r, w):
     return llama_norm(y + r, w)
 
 
+def in_place_then_view_and_clone(x, r, w):
+    """Phi-3's tensor-parallel plan: an in-place all-reduce, views, then a copy."""
+    y = x.clone()
+    dist.all_reduce(y)
+    return llama_norm(y.view(-1, y.shape[-1]).view(r.shape).clone() + r, w)
+
+
 def granite_residual_multiplier(x, r, w):
     return llama_norm(r + ar(x) * 0.22, w)
 
@@ -278,6 +285,7 @@ FORMS = [
     Form(moe_reshape, shape=(2, 3, 64)),
     Form(moe_reshape, dtype=fp32, shape=(2, 3, 64)),
     Form(unflatten_then_flatten, shape=(2, 3, 64)),
+    Form(in_place_then_view_and_clone, shape=(2, 3, 64)),
     Form(granite_residual_multiplier),
     Form(granite_residual_multiplier, dtype=fp32, shape=(2, 3, 64)),
     Form(scale_is_a_0d_constant, dtype=fp16),

@@ -6,7 +6,8 @@ Models rarely add the all-reduce's sum to the residual directly:
 * the MoE blocks of Mixtral, Qwen3-MoE, DeepSeek... compute on ``[tokens, hidden]`` and
   reshape the result back to ``[batch, seq, hidden]`` after the all-reduce (``view``,
   ``reshape``, ``_unsafe_view``, ``flatten`` / ``unflatten`` / ``(un)squeeze`` of the leading
-  dims): a view that keeps the last (hidden) dimension is the same rows in the same order;
+  dims), or a copy of it (``clone``, ``.contiguous()``): a view that keeps the last (hidden)
+  dimension is the same rows in the same order;
 * Granite scales each block's output by ``residual_multiplier`` (and the embedding by
   ``embedding_multiplier``), Gemma the embedding by ``sqrt(hidden)``: a multiplication (or
   division) by a Python number or a 0-d constant tensor. The all-reduce is linear, so the
@@ -48,6 +49,8 @@ _VIEWS = frozenset(
         aten.unsqueeze.default,
         aten.squeeze.dim,
         aten.squeeze.dims,
+        aten.clone.default,  # a copy (``.contiguous()``): the same values
+        aten.alias.default,
     }
 )
 _SCALES = frozenset({aten.mul.Tensor, aten.mul.Scalar})
@@ -77,7 +80,7 @@ def walk_lead(result: fx.Node) -> tuple[fx.Node, ...]:
 
 
 def _is_lead_op(node: fx.Node, prev: fx.Node) -> bool:
-    if node.op != "call_function" or not node.args or node.kwargs.keys() - {"rounding_mode"}:
+    if node.op != "call_function" or not node.args or node.kwargs.keys() - {"rounding_mode", "memory_format"}:
         return False
     before, after = prev.meta.get("val"), node.meta.get("val")
     if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
@@ -85,6 +88,8 @@ def _is_lead_op(node: fx.Node, prev: fx.Node) -> bool:
     if after.dtype != before.dtype or after.dim() == 0 or before.dim() == 0:
         return False
     if node.target in _VIEWS:
+        if node.target is aten.clone.default and node.kwargs.keys() - {"memory_format"}:
+            return False
         return node.args[0] is prev and same_shape(after.shape[-1:], before.shape[-1:])
     if not same_shape(after.shape, before.shape):
         return False
