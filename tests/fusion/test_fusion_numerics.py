@@ -102,7 +102,15 @@ def shared_expert(x, r, w):
     return llama(h, w), h
 
 
+def shared_then_reshape(x, r, w):
+    """Qwen2-MoE: routed + shared on [tokens, hidden], reshaped to [B, S, H], + residual."""
+    shared = torch.tanh(r.reshape(-1, r.shape[-1]))  # the same on every rank
+    h = (ar(x.reshape(-1, x.shape[-1])) + shared).view(r.shape) + r
+    return llama(h, w), h
+
+
 CASES: dict[str, tuple[Callable[..., Any], torch.dtype, tuple[int, ...]]] = {
+    "shared-then-reshape-bf16-3d": (shared_then_reshape, bf16, (2, 5, 64)),
     "moe-reshape-bf16-3d": (moe_reshape, bf16, (2, 5, 64)),
     "scaled-residual-bf16-2d": (scaled_residual, bf16, (7, 64)),
     "scaled-residual-fp32-3d": (scaled_residual, fp32, (2, 5, 64)),

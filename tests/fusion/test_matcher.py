@@ -171,6 +171,12 @@ def shared_expert(x, r, w):
     return llama_norm(ar(x) + shared + r, w)
 
 
+def shared_expert_then_reshape(x, r, w):
+    """Qwen2-MoE: routed + shared on [tokens, hidden], reshaped to [B, S, H], + residual."""
+    tokens = x.reshape(-1, x.shape[-1])
+    return llama_norm((ar(tokens) + torch.tanh(tokens)).view(r.shape) + r, w)
+
+
 def reshape_scale_and_shared_expert(x, r, w):
     shared = torch.tanh(r)
     y = ar(x.reshape(-1, x.shape[-1])).view(r.shape) * 0.25
@@ -293,6 +299,7 @@ FORMS = [
     Form(gemma_embedding_scale, shape=(2, 3, 64), residuals=0),
     Form(shared_expert),
     Form(reshape_scale_and_shared_expert, shape=(2, 3, 64)),
+    Form(shared_expert_then_reshape, shape=(2, 3, 64)),
 ]
 
 NEGATIVES = [

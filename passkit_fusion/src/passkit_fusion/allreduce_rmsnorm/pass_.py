@@ -274,11 +274,16 @@ def _fused_inputs(graph: fx.Graph, site: Site) -> tuple[fx.Node, fx.Node | None,
     residual with the shared terms added first (``AR + (s + residual)``); then the nodes
     inserted, in order."""
     before = set(graph.nodes)
-    x = replay_lead(graph, site.lead, site.result, site.x)  # type: ignore[arg-type]
+    views = site.shared_views[0] if site.shared_views else ()
+    x = replay_lead(graph, (*site.lead, *views), site.result, site.x)  # type: ignore[arg-type]
     residual = site.residual
     if residual is not None and site.shared:
-        residual = site.shared[0]
-        for term in (*site.shared[1:], site.residual):
+        terms = [
+            replay_lead(graph, after, term, term)
+            for term, after in zip(site.shared, site.shared_views or [()] * len(site.shared))
+        ]
+        residual = terms[0]
+        for term in (*terms[1:], site.residual):
             residual = graph.call_function(torch.ops.aten.add.Tensor, (residual, term))
             residual.meta["val"] = _fake_call(torch.ops.aten.add.Tensor, residual.args)
     return x, residual, [n for n in graph.nodes if n not in before]

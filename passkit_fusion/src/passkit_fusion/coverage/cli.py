@@ -38,6 +38,7 @@ def add_explain_hf_arguments(parser: argparse.ArgumentParser) -> None:
         default="eager",
         help="eager: the passes' rewrite run without code generation (fast); inductor: compiled",
     )
+    parser.add_argument("--traceback", action="store_true", help="print a failing rank's whole traceback")
 
 
 def run_explain_hf(args: argparse.Namespace) -> int:
@@ -62,7 +63,14 @@ def run_explain_hf(args: argparse.Namespace) -> int:
         f"(hidden {getattr(small, 'hidden_size', '?')}), random weights, tp_plan='auto' on {args.tp} gloo "
         f"processes, {args.tokens} tokens, passkit mode {args.mode}"
     )
-    report = check_model(small, name=str(args.config), tp=args.tp, tokens=args.tokens, mode=args.mode)
+    report = check_model(
+        small,
+        name=str(args.config),
+        tp=args.tp,
+        tokens=args.tokens,
+        mode=args.mode,
+        tracebacks=args.traceback,
+    )
     print(format_report([report]))
     if report.error:
         return 1

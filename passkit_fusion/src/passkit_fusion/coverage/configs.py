@@ -135,8 +135,9 @@ def small_config(config: Any, layers: int = 2) -> Any:
     for key in _POSITIVE_ONLY:
         if values.get(key):
             values[key] = 1 if key == "n_shared_experts" else 64
-    if "qk_rope_head_dim" in values:  # MLA (DeepSeek): head_dim is the rotary part
+    if "qk_rope_head_dim" in values:  # MLA (DeepSeek): head_dim is the rotary part, no GQA
         values["head_dim"] = values["qk_rope_head_dim"]
+        values["num_key_value_heads"] = values["num_attention_heads"]
     if values.get("sliding_window"):
         values["sliding_window"] = _SLIDING_WINDOW
     values["num_hidden_layers"] = layers

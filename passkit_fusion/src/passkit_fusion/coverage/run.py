@@ -63,6 +63,8 @@ class FamilyReport:
     outcomes: list[PassOutcome]
     error: str | None = None
     """Why the model could not be built or run (then ``outcomes`` is empty)."""
+    note: str | None = None
+    """How the run differed from the defaults (eager attention where SDPA did not compile)."""
 
 
 def check_model(
@@ -74,10 +76,12 @@ def check_model(
     passes: dict[str, list[Any]] | None = None,
     mode: str = "eager",
     timeout: float = 900.0,
+    tracebacks: bool = False,
 ) -> FamilyReport:
     """Build ``config`` (a small ``PretrainedConfig``: see :func:`.configs.small_config`)
     with random weights, shard it with ``tp_plan="auto"`` on ``tp`` gloo processes and run
-    each of ``passes`` (default :data:`PASSES`) on ``tokens`` tokens against eager."""
+    each of ``passes`` (default :data:`PASSES`) on ``tokens`` tokens against eager.
+    ``tracebacks``: a rank's error in full rather than its first line."""
     from ..demo import run_world
 
     if tp < 2:
@@ -89,11 +93,14 @@ def check_model(
     try:
         try:
             _save_random_model(config, folder)
-        except Exception as exc:  # an architecture this transformers cannot build
-            return FamilyReport(label, type(config).__name__, tp, [], error=_short(exc))
+        except Exception as exc:  # an architecture this transformers cannot build or shard
+            error = str(exc) if _without_a_tp_plan(config) else f"cannot build it: {_short(exc)}"
+            return FamilyReport(label, type(config).__name__, tp, [], error=error)
         plans = passes or PASSES
         try:
-            ranks = run_world(_rank, "gloo", tp, args=(str(folder), plans, tokens, mode), timeout=timeout)
+            ranks = run_world(
+                _rank, "gloo", tp, args=(str(folder), plans, tokens, mode, tracebacks), timeout=timeout
+            )
         except Exception as exc:
             return FamilyReport(label, type(config).__name__, tp, [], error=_short(exc))
     finally:
@@ -105,40 +112,72 @@ def check_model(
     for i, first in enumerate(ranks[0]["outcomes"]):
         first.max_error = max(r["outcomes"][i].max_error for r in ranks)
         outcomes.append(first)
-    return FamilyReport(label, type(config).__name__, tp, outcomes)
+    return FamilyReport(label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"))
 
 
 def _save_random_model(config: Any, folder: Path) -> None:
     import transformers
 
     torch.manual_seed(0)
+    if why := _without_a_tp_plan(config):
+        raise RuntimeError(why)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if not (getattr(model, "_tp_plan", None) or getattr(config, "base_model_tp_plan", None)):
-        raise RuntimeError(
-            f"{type(config).__name__} has no tensor-parallel plan in transformers "
-            f"{transformers.__version__} (base_model_tp_plan is empty): tp_plan='auto' cannot shard it"
-        )
     model.save_pretrained(folder)
 
 
+def _without_a_tp_plan(config: Any) -> str | None:
+    """Why ``tp_plan="auto"`` will not shard ``config``'s decoder, or None."""
+    import transformers
+
+    if getattr(config, "base_model_tp_plan", None):
+        return None
+    return (
+        f"{type(config).__name__} has no tensor-parallel plan in transformers {transformers.__version__} "
+        "(base_model_tp_plan is empty): tp_plan='auto' shards none of its layers"
+    )
+
+
 def _rank(
-    rank: int, world_size: int, folder: str, plans: dict[str, list[Any]], tokens: int, mode: str
+    rank: int, world_size: int, folder: str, plans: dict[str, list[Any]], tokens: int, mode: str, full: bool
 ) -> dict:
+    """Load the sharded model and run every plan; when ``torch.compile`` fails with the
+    default attention (SDPA), once more with eager attention (the all-reduce sites do not
+    depend on it), saying so."""
     import os
 
+    os.environ.setdefault("WORLD_SIZE", str(world_size))
+    first = _run_plans(world_size, folder, plans, tokens, mode, full, attention=None)
+    if "compile_error" not in first:
+        return first
+    second = _run_plans(world_size, folder, plans, tokens, mode, full, attention="eager")
+    if "compile_error" in second:
+        return {"error": first["compile_error"]}
+    second["attention"] = f"eager attention: with SDPA {first['compile_error']}"
+    return second
+
+
+def _run_plans(
+    world_size: int,
+    folder: str,
+    plans: dict[str, list[Any]],
+    tokens: int,
+    mode: str,
+    full: bool,
+    attention: str | None,
+) -> dict:
     import transformers
 
     import passkit
 
-    os.environ.setdefault("WORLD_SIZE", str(world_size))
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             folder,
             distributed_config=transformers.DistributedConfig(tp_plan="auto", tp_size=world_size),
             dtype=torch.float32,
+            **({"attn_implementation": attention} if attention else {}),
         ).eval()
     except Exception as exc:
-        return {"error": f"tp_plan='auto' failed: {_short(exc)}"}
+        return {"error": f"tp_plan='auto' failed: {_short(exc, full=full)}"}
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
     outcomes = []
     with torch.no_grad():
@@ -149,7 +188,7 @@ def _rank(
             try:
                 got = torch.compile(model, backend=backend)(ids, use_cache=False).logits
             except Exception as exc:
-                return {"error": f"{label}: {_short(exc)}"}
+                return {"compile_error": f"torch.compile failed ({label}): {_short(exc, full=full)}"}
             outcomes.append(_outcome(label, passes, backend, (got - eager).abs().max().item()))
     return {"outcomes": outcomes}
 
@@ -179,9 +218,20 @@ def _outcome(label: str, passes: list[Any], backend: Any, error: float) -> PassO
     return PassOutcome(label, seen, rewritten, reasons, error, len(backend.reports), notes)
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    line = next((t for t in text if t.strip()), type(exc).__name__)
+def _short(exc: BaseException, limit: int = 300, full: bool = False) -> str:
+    """The exception's first line, and its cause's (dynamo wraps the real error); the whole
+    traceback with ``full``."""
+    import traceback
+
+    if full:
+        return "".join(traceback.format_exception(exc))
+    parts = []
+    for err in (exc, exc.__cause__):
+        if err is None:
+            continue
+        lines = [t.strip() for t in str(err).splitlines() if t.strip()]
+        parts.append(f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": "))
+    line = " <- ".join(parts)
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
@@ -209,7 +259,8 @@ def format_report(reports: list[FamilyReport]) -> str:
                 f"| {report.name} | {report.config_class} | {o.label} | {o.all_reduces} | {o.rewritten} | "
                 f"{why} | {o.max_error:.2e} |"
             )
-    return "\n".join(lines)
+    notes = [f"* {r.name}: {r.note}" for r in reports if r.note]
+    return "\n".join(lines + (["", *notes] if notes else []))
 
 
 _FUSED = re.compile(r"^(\d+) (all_gather -> matmul|matmul -> reduce_scatter) fused")

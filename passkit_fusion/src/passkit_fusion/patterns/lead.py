@@ -35,7 +35,7 @@ import torch.fx as fx
 
 from .graph import same_shape, sole_user
 
-__all__ = ["describe_chain", "is_view", "node_label", "replay_lead", "walk_lead"]
+__all__ = ["describe_chain", "is_lead_op", "is_view", "node_label", "replay_lead", "walk_lead"]
 
 aten = torch.ops.aten
 
@@ -73,13 +73,15 @@ def walk_lead(result: fx.Node) -> tuple[fx.Node, ...]:
     by several nodes or by anything else."""
     lead: list[fx.Node] = []
     node = result
-    while (user := sole_user(node)) is not None and _is_lead_op(user, node):
+    while (user := sole_user(node)) is not None and is_lead_op(user, node):
         lead.append(user)
         node = user
     return tuple(lead)
 
 
-def _is_lead_op(node: fx.Node, prev: fx.Node) -> bool:
+def is_lead_op(node: fx.Node, prev: fx.Node) -> bool:
+    """Whether ``node`` (reading ``prev``) is a view keeping the hidden dim or a constant
+    scale that keeps shape and dtype."""
     if node.op != "call_function" or not node.args or node.kwargs.keys() - {"rounding_mode", "memory_format"}:
         return False
     before, after = prev.meta.get("val"), node.meta.get("val")
@@ -128,7 +130,9 @@ def _is_constant(node: fx.Node, depth: int) -> bool:
 
 def replay_lead(graph: fx.Graph, lead: Sequence[fx.Node], start: fx.Node, x: fx.Node) -> fx.Node:
     """Copy the ``lead`` nodes (read from ``start``) onto ``x`` at the graph's insertion
-    point, with fake values; returns the last copy (``x`` itself for an empty lead). Views
+    point, with fake values; returns the last copy (``x`` itself for an empty lead). A view
+    reads its own first argument (so views that followed other ops in the graph, e.g. after
+    a shared term's add, apply too); a scale reads the node before it in ``lead``. Views
     become ``reshape`` where ``x`` is not contiguous (an all-reduce's sum always is)."""
     from torch._guards import detect_fake_mode
     from torch.fx.node import map_arg
@@ -136,7 +140,8 @@ def replay_lead(graph: fx.Graph, lead: Sequence[fx.Node], start: fx.Node, x: fx.
     current = x
     previous = start
     for node in lead:
-        copy = graph.node_copy(node, lambda a, prev=previous, cur=current: cur if a is prev else a)
+        source = node.args[0] if is_view(node) else previous
+        copy = graph.node_copy(node, lambda a, prev=source, cur=current: cur if a is prev else a)
         copy.meta = {k: v for k, v in node.meta.items() if k != "val"}
         source = current.meta["val"]
         if copy.target in (aten.view.default, aten._unsafe_view.default) and not source.is_contiguous():

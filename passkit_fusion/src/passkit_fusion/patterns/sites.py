@@ -55,7 +55,7 @@ from .graph import (
     sole_user,
     val,
 )
-from .lead import describe_chain, walk_lead
+from .lead import describe_chain, is_lead_op, is_view, walk_lead
 from .rmsnorm import NoNorm, RMSNorm, cast_dtype, match_rmsnorm, match_rmsnorm_fp32
 
 aten = torch.ops.aten
@@ -122,6 +122,10 @@ class Site:
     """Terms added to the sum before :attr:`residual` (a shared expert's output:
     ``norm(AR(routed) + shared + residual)``), in order; the fused op adds them to the
     residual first. Their adds are in :attr:`nodes`."""
+    shared_views: tuple[tuple[fx.Node, ...], ...] = ()
+    """For each :attr:`shared` term, the views keeping the hidden dim that follow its add
+    (``(AR + shared).view(B, S, H) + residual``: Qwen2-MoE); in :attr:`nodes`. The fused op
+    applies them to the term, and all of them (after :attr:`lead`) to :attr:`x`."""
 
     @property
     def start(self) -> fx.Node:
@@ -251,7 +255,9 @@ def _walked_chain(ar: AllReduce) -> str:
     lead = walk_lead(ar.result)
     nodes.extend(lead)
     node = lead[-1] if lead else ar.result
-    while (user := sole_user(node)) is not None and user.target is aten.add.Tensor:
+    while (user := sole_user(node)) is not None and (
+        user.target is aten.add.Tensor or (is_view(user) and is_lead_op(user, node))
+    ):
         nodes.append(user)
         node = user
     return describe_chain(nodes, node.users)
@@ -272,6 +278,7 @@ def _match_site(
     host_norm = _host_norm(start, readers)
     residual: fx.Node | None = None
     shared: tuple[fx.Node, ...] = ()
+    shared_views: tuple[tuple[fx.Node, ...], ...] = ()
     rest: tuple[fx.Node, ...] = ()
     adds: tuple[fx.Node, ...] = ()
     if host_norm is not None and host_norm.kind == "fused_add":
@@ -280,6 +287,7 @@ def _match_site(
         total = start
     else:
         total, residual, rest, shared, adds = _residual_add(start)
+        shared_views = _views_after_each(shared, adds)
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
     dtype, shape = val(start).dtype, val(start).shape
     if host_norm is not None:
@@ -288,8 +296,9 @@ def _match_site(
         norm = match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
     else:
         norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
-    for term in (*shared, residual):
-        _check_residual(start, term, shape)
+    _check_residual(start, residual, shape if residual is None or not shared_views else val(total).shape)
+    for term, add in zip(shared, (a for a in adds if not is_view(a))):
+        _check_residual(start, term, val(add).shape)
     hidden = _check_supported(dtype, shape, kernel_limits)
     group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
     world_size = _world_size(group_name, kernel_limits)
@@ -331,6 +340,7 @@ def _match_site(
         host_norm=host_norm,
         lead=lead,
         shared=shared,
+        shared_views=shared_views,
     )
 
 
@@ -367,16 +377,32 @@ def _residual_add(
         if fp32 is not None:
             return (*fp32, (), ())
     terms: list[fx.Node] = []
-    adds: list[fx.Node] = []
+    chain: list[fx.Node] = []  # the adds, and the views keeping H between them
     node = result
-    while add is not None and (term := _added_term(add, node)) is not None:
-        terms.append(term)
-        adds.append(add)
+    while add is not None:
+        if (term := _added_term(add, node)) is not None:
+            terms.append(term)
+        elif not (terms and is_view(add) and is_lead_op(add, node)):
+            break
+        chain.append(add)
         node = add
         add = sole_user(add)
-    if not adds:
+    while chain and is_view(chain[-1]):  # the norm starts at the last add
+        chain.pop()
+    if not chain:
         return result, None, (), (), ()
-    return adds[-1], terms[-1], (), tuple(terms[:-1]), tuple(adds[:-1])
+    return chain[-1], terms[-1], (), tuple(terms[:-1]), tuple(chain[:-1])
+
+
+def _views_after_each(
+    shared: tuple[fx.Node, ...], chain: tuple[fx.Node, ...]
+) -> tuple[tuple[fx.Node, ...], ...]:
+    """For each shared term (the i-th add of ``chain``), the views of ``chain`` after its add."""
+    out: list[tuple[fx.Node, ...]] = []
+    adds = [i for i, node in enumerate(chain) if not is_view(node)]
+    for i in adds[: len(shared)]:
+        out.append(tuple(n for n in chain[i + 1 :] if is_view(n)))
+    return tuple(out)
 
 
 def _added_term(add: fx.Node, node: fx.Node) -> fx.Node | None:
@@ -409,13 +435,15 @@ def _fp32_residual_add(result: fx.Node, up: fx.Node) -> tuple[fx.Node, fx.Node, 
 
 
 def _check_residual(result: fx.Node, residual: fx.Node | None, shape: torch.Size) -> None:
+    """``residual`` is added to a tensor of ``shape`` (the sum's, or after views keeping
+    the hidden dim): same shape (no broadcast), same dtype as the sum ``result``."""
     if residual is None:
         return
     rval, wval = val(residual), val(result)
     if rval.dtype != wval.dtype:
         raise Mismatch(f"residual is {dtype_str(rval.dtype)} but the all-reduce is {dtype_str(wval.dtype)}")
-    if not (same_shape(rval.shape, shape) and same_shape(wval.shape, shape)):
-        raise Mismatch(f"residual add broadcasts ({shape_str(wval.shape)} + {shape_str(rval.shape)})")
+    if not (same_shape(rval.shape, shape) and same_shape(wval.shape[-1:], shape[-1:])):
+        raise Mismatch(f"residual add broadcasts ({shape_str(shape)} + {shape_str(rval.shape)})")
 
 
 # ---------------------------------------------------------------------------------------

@@ -235,10 +235,8 @@ class Rewriter:
             part = self._call(c10d.reduce_scatter_tensor.default, (x2, "sum", w, g), like=site.x)
             part = self._call(c10d.wait_tensor.default, (part,), like=site.x)
             env: dict[fx.Node, fx.Node] = {site.result: part}
-            views = {node for node in site.lead if is_view(node)}
-            for node in site.lead:  # on [T / W, H] rows a view keeping H is the identity
-                if node in views:
-                    env[node] = env[node.args[0]]  # type: ignore[index]
+            # on [T / W, H] rows a view keeping H is the identity
+            views = {n for n in (*site.lead, *(v for vs in site.shared_views for v in vs)) if is_view(n)}
             if site.residual is None:
                 self.outcome.no_residual += 1
             else:
@@ -246,7 +244,10 @@ class Rewriter:
             for term in site.shared:
                 env[term] = self._term_shard(term, g)
             position = {n: i for i, n in enumerate(self.graph.nodes)}
-            for node in sorted(set(site.nodes) - set(site.head) - views, key=position.__getitem__):
+            for node in sorted(set(site.nodes) - set(site.head), key=position.__getitem__):
+                if node in views:
+                    env[node] = env[node.args[0]]  # type: ignore[index]
+                    continue
                 copy = self.graph.node_copy(node, lambda a: env.get(a, a))
                 if copy.target is aten.mean.dim:  # over the hidden dim, counted from the end
                     copy.args = (copy.args[0], [-1], *copy.args[2:])
