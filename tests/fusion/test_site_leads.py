@@ -44,8 +44,10 @@ class LeadsBlock(torch.nn.Module):
     """This rank's shard: column-parallel ``up`` weights, row-parallel ``down`` weights, a
     replicated shared expert and norm weights."""
 
-    def __init__(self, rank: int, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, rank: int, dtype: torch.dtype = torch.float32, sharded_shared: bool = False) -> None:
         super().__init__()
+        self.sharded_shared = sharded_shared
+        """DeepSeek's shared experts: row-parallel, their own all-reduce (summed into the site)"""
         own, same = torch.Generator().manual_seed(10 + rank), torch.Generator().manual_seed(0)
 
         def param(*shape: int, gen: torch.Generator) -> torch.nn.Parameter:
@@ -63,7 +65,11 @@ class LeadsBlock(torch.nn.Module):
         y = rms(h, self.norms[0])
         tokens = y.reshape(-1, HIDDEN)  # the MoE block works on [tokens, hidden]
         routed = ar(torch.relu(tokens @ self.up) @ self.down).view(h.shape)
-        h = routed + (y @ self.shared) + h  # the shared expert joins the residual
+        if self.sharded_shared:  # AR(routed) + AR(shared): one all-reduce of the sum
+            shared = ar(torch.relu(tokens @ self.up) @ self.shared[:INTER]).view(h.shape)
+        else:  # replicated: the shared expert joins the residual
+            shared = y @ self.shared
+        h = routed + shared + h
         y = rms(h, self.norms[1])
         out = torch.relu(y.reshape(-1, HIDDEN) @ self.up2) @ self.down2
         h = h + ar(out).view(h.shape) * 0.22  # Granite's residual_multiplier
@@ -99,15 +105,33 @@ def test_sequence_parallel_shards_every_site():
     assert "1 shared term(s) sliced" in note, note
 
 
+def test_a_summed_all_reduce_is_merged_into_the_site():
+    """DeepSeek: ``AR(routed).view(...) + AR(shared) + residual`` -> one all-reduce of the sum."""
+    with fake_world(2):
+        fused = run_passes(LeadsBlock(0, sharded_shared=True), _embedding(0), passes=[REFERENCE])
+        sharded = run_passes(LeadsBlock(0, sharded_shared=True), _embedding(0), passes=[SP])
+    assert count_ops(fused.graph_before, ALL_REDUCE) == 4
+    assert count_ops(fused.graph_after, ALL_REDUCE) == 0
+    assert count_ops(fused.graph_after, FUSED) == 3
+    assert "1 all-reduce(s) merged into a site's" in fused.report["allreduce_rmsnorm"].notes[0]
+    sharded.assert_matches("sequence_parallel", 3)
+    assert count_ops(sharded.graph_after, ALL_REDUCE) == 0
+    assert count_ops(sharded.graph_after, REDUCE_SCATTER) == 4  # the merged one reduce-scattered too
+    assert count_ops(sharded.graph_after, TOKEN_SHARD) == 0
+    assert "1 all-reduce(s) merged into a site's" in sharded.report["sequence_parallel"].notes[0]
+
+
 def _rank(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for label, passes in {
-        "allreduce_rmsnorm": [REFERENCE],
-        "sequence_parallel": [SP],
-        "sequence_parallel+async_tp": [SP, ATP],
-    }.items():
+    for label, passes, sharded_shared in (
+        ("allreduce_rmsnorm", [REFERENCE], False),
+        ("sequence_parallel", [SP], False),
+        ("sequence_parallel+async_tp", [SP, ATP], False),
+        ("allreduce_rmsnorm merged", [REFERENCE], True),
+        ("sequence_parallel merged", [SP], True),
+    ):
         torch._dynamo.reset()
-        model = LeadsBlock(rank)
+        model = LeadsBlock(rank, sharded_shared=sharded_shared)
         backend = passkit.backend(passes=passes, mode="eager", verify=True, on_error="raise")
         with torch.no_grad():
             compiled = torch.compile(model, backend=backend, fullgraph=True)(_embedding(rank))
@@ -123,7 +147,8 @@ def test_every_pass_matches_eager_on_gloo():
         for label, result in rank.items():
             for got, expected in zip(result["compiled"], result["eager"]):
                 assert_close(got, expected, rtol=1e-5, atol=1e-5)
-            assert result["records"][label.split("+")[0]][0] == 3, (label, result["records"])
+            name = label.split("+")[0].split(" ")[0]
+            assert result["records"][name][0] == 3, (label, result["records"])
         matches, notes = rank["sequence_parallel+async_tp"]["records"]["async_tp"]
         # all_gather -> mm: the two gathered norm outputs read by matmuls (up + shared, up2);
         # mm -> reduce_scatter: both row-parallel matmuls (the embedding's has no matmul)

@@ -274,8 +274,11 @@ def _fused_inputs(graph: fx.Graph, site: Site) -> tuple[fx.Node, fx.Node | None,
     residual with the shared terms added first (``AR + (s + residual)``); then the nodes
     inserted, in order."""
     before = set(graph.nodes)
-    views = site.shared_views[0] if site.shared_views else ()
-    x = replay_lead(graph, (*site.lead, *views), site.result, site.x)  # type: ignore[arg-type]
+    x = replay_lead(graph, (*site.lead, *site.chain_views), site.result, site.x)  # type: ignore[arg-type]
+    for merged in site.merged:  # AR(a) + AR(b) = AR(a + b)
+        other = replay_lead(graph, (*merged.views, *merged.after), merged.result, merged.x)
+        x = graph.call_function(torch.ops.aten.add.Tensor, (x, other))
+        x.meta["val"] = _fake_call(torch.ops.aten.add.Tensor, x.args)
     residual = site.residual
     if residual is not None and site.shared:
         terms = [
@@ -294,7 +297,11 @@ def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Nod
     usual case: weights are graph inputs); else after its last input, and the users of
     ``residual_out`` that came earlier must be moved after it (the bool is True)."""
     scale = site.quant.scale if site.quant is not None else None
-    inputs = [n for n in (site.x, site.residual, site.weight, scale, *site.shared) if n is not None]
+    inputs = [
+        n
+        for n in (site.x, site.residual, site.weight, scale, *site.shared, *(m.x for m in site.merged))
+        if n is not None
+    ]
     last_input = max(position[n] for n in inputs)
     anchor = site.total if site.total is not None else site.host_norm.node  # type: ignore[union-attr]
     if last_input < position[anchor]:
@@ -327,9 +334,13 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
             forms = Counter(s.quant.form for s in quantized if s.quant is not None)
             fp8 = f"; {len(quantized)} with FP8 quant ({', '.join(f'{k}={v}' for k, v in forms.items())}"
             fp8 += f"; {keep} also writing the norm output)" if keep else ")"
+        merged = sum(len(s.merged) for s in sites)
+        summed = (
+            f"; {merged} all-reduce(s) merged into a site's (AR(a) + AR(b) = AR(a + b))" if merged else ""
+        )
         notes.append(
             f"{len(sites)} site(s) -> {impl} op: {with_res} with residual, {len(sites) - with_res} without"
-            f"{fp8}{_dialects(sites)}; plan {plan_fingerprint(sites)}"
+            f"{fp8}{_dialects(sites)}; plan {plan_fingerprint(sites)}{summed}"
         )
         if layers := notes_patterns.per_layer(s.module for s in sites):
             notes.append(layers)
@@ -355,6 +366,7 @@ def plan_fingerprint(sites: list[Site]) -> str:
     plan = [
         [s.group_name, s.world_size, s.hidden, str(s.dtype), s.residual is not None, s.eps, s.weight_bias]
         + ([s.quant.form, s.need_norm_out] if s.quant is not None else [])
+        + ([len(s.merged)] if s.merged else [])
         for s in sites
     ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]

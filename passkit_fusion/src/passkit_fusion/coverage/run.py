@@ -35,6 +35,7 @@ PASSES: dict[str, list[Any]] = {
 """The pass configurations reported, by label (CPU stand-ins for the CUDA kernels)."""
 
 _REJECTED = re.compile(r"^(\d+) candidate\(s\) rejected: (.*)$")
+_MERGED = re.compile(r"; (\d+) all-reduce\(s\) merged into a site's")
 _COUNTED = re.compile(r"^(.*) \(x(\d+)\)$")
 
 
@@ -46,7 +47,8 @@ class PassOutcome:
     all_reduces: int
     """All-reduces the pass saw (its sites plus its rejected candidates), over every graph."""
     rewritten: int
-    """Sites the pass rewrote (``async_tp``: collective + matmul pairs fused)."""
+    """All-reduces the pass took: its sites and the all-reduces merged into them
+    (``async_tp``: collective + matmul pairs fused)."""
     reasons: dict[str, int]
     """Why the others were left, with counts: the node chain and what stopped the match."""
     max_error: float
@@ -207,6 +209,8 @@ def _outcome(label: str, passes: list[Any], backend: Any, error: float) -> PassO
             rewritten += record.matches
             notes.extend(record.notes)
             for note in record.notes:
+                if merged := _MERGED.search(note):  # summed into another site: taken too
+                    rewritten += int(merged.group(1))
                 if match := _REJECTED.match(note):
                     seen += int(match.group(1))
                     for reason in match.group(2).split("; "):

@@ -70,6 +70,27 @@ MAX_HIDDEN = 16384
 
 
 @dataclasses.dataclass(frozen=True)
+class Merged:
+    """Another all-reduce of the same group whose sum is added to a site's sum before the
+    residual (DeepSeek's routed experts + shared experts, each row-parallel): the all-reduce
+    is linear, so the site reduces both inputs at once, ``AR(a) + AR(b) = AR(a + b)``, one
+    collective instead of two."""
+
+    all_reduce: fx.Node
+    x: fx.Node
+    """Its input."""
+    result: fx.Node
+    term: fx.Node
+    """What the site's add reads: :attr:`result`, or the last view of it."""
+    nodes: tuple[fx.Node, ...]
+    """Its own nodes, from the collective to :attr:`result` (in the site's nodes)."""
+    views: tuple[fx.Node, ...]
+    """Views keeping the hidden dim from :attr:`result` to :attr:`term` (in the site's nodes)."""
+    after: tuple[fx.Node, ...]
+    """The site's views after the add reading :attr:`term` (the site's own chain)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Site:
     """One all-reduce -> (add residual) -> RMSNorm that the fused op can replace."""
 
@@ -122,10 +143,20 @@ class Site:
     """Terms added to the sum before :attr:`residual` (a shared expert's output:
     ``norm(AR(routed) + shared + residual)``), in order; the fused op adds them to the
     residual first. Their adds are in :attr:`nodes`."""
+    merged: tuple[Merged, ...] = ()
+    """All-reduces summed into this site (not in :attr:`shared`); their nodes are in
+    :attr:`nodes`."""
     shared_views: tuple[tuple[fx.Node, ...], ...] = ()
     """For each :attr:`shared` term, the views keeping the hidden dim that follow its add
     (``(AR + shared).view(B, S, H) + residual``: Qwen2-MoE); in :attr:`nodes`. The fused op
     applies them to the term, and all of them (after :attr:`lead`) to :attr:`x`."""
+
+    @property
+    def chain_views(self) -> tuple[fx.Node, ...]:
+        """The views keeping the hidden dim between the site's adds, in order (they apply to
+        every term added before them, the all-reduce input included)."""
+        own = set(self.lead) | {n for m in self.merged for n in m.views}
+        return tuple(n for n in self.nodes if is_view(n) and n not in own)
 
     @property
     def start(self) -> fx.Node:
@@ -161,14 +192,23 @@ def candidates(
             for node, _, _ in list(dialect.ops_in(graph, dialect.ALL_REDUCE_OPS)):
                 yield Rejection(node, reason)
             continue
+        merged: set[fx.Node] = set()
         for found in dialect.all_reduces(graph):
+            if _anchor(found) in merged or getattr(_anchor(found), "_erased", False):
+                continue  # summed into an earlier site (see Site.merged)
             if isinstance(found, tuple):
                 yield Rejection(*found)
                 continue
             try:
-                yield match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present)
+                site = match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present)
+                merged.update(m.all_reduce for m in site.merged)
+                yield site
             except (Mismatch, Declined) as exc:
                 yield Rejection(found.anchor, str(exc))
+
+
+def _anchor(found: AllReduce | tuple[fx.Node, str]) -> fx.Node:
+    return found.anchor if isinstance(found, AllReduce) else found[0]
 
 
 def find_sites(
@@ -279,6 +319,7 @@ def _match_site(
     residual: fx.Node | None = None
     shared: tuple[fx.Node, ...] = ()
     shared_views: tuple[tuple[fx.Node, ...], ...] = ()
+    merged: tuple[Merged, ...] = ()
     rest: tuple[fx.Node, ...] = ()
     adds: tuple[fx.Node, ...] = ()
     if host_norm is not None and host_norm.kind == "fused_add":
@@ -288,6 +329,8 @@ def _match_site(
     else:
         total, residual, rest, shared, adds = _residual_add(start)
         shared_views = _views_after_each(shared, adds)
+        if shared:
+            shared, shared_views, merged = _merge_all_reduces(ar, dialect, shared, shared_views)
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
     dtype, shape = val(start).dtype, val(start).shape
     if host_norm is not None:
@@ -297,7 +340,9 @@ def _match_site(
     else:
         norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
     _check_residual(start, residual, shape if residual is None or not shared_views else val(total).shape)
-    for term, add in zip(shared, (a for a in adds if not is_view(a))):
+    merged_terms = {m.term for m in merged}
+    shared_adds = [a for a in adds if not is_view(a) and not (set(a.args[:2]) & merged_terms)]
+    for term, add in zip(shared, shared_adds):
         _check_residual(start, term, val(add).shape)
     hidden = _check_supported(dtype, shape, kernel_limits)
     group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
@@ -306,7 +351,8 @@ def _match_site(
     # rounding); a host's fused add+norm op adds the residual itself (its nodes are the norm's)
     if not (host_norm is not None and host_norm.kind == "fused_add"):
         adds = (*rest, *adds, total)  # type: ignore[assignment]
-    head = tuple(dict.fromkeys((*ar.nodes, *lead, *adds)))
+    merged_nodes = [n for m in merged for n in (*m.nodes, *m.views)]
+    head = tuple(dict.fromkeys((*ar.nodes, *lead, *merged_nodes, *adds)))
     quant, quant_skipped = None, None
     if fp8:
         try:
@@ -341,6 +387,7 @@ def _match_site(
         lead=lead,
         shared=shared,
         shared_views=shared_views,
+        merged=merged,
     )
 
 
@@ -392,6 +439,38 @@ def _residual_add(
     if not chain:
         return result, None, (), (), ()
     return chain[-1], terms[-1], (), tuple(terms[:-1]), tuple(chain[:-1])
+
+
+def _merge_all_reduces(
+    ar: AllReduce,
+    dialect: Dialect,
+    shared: tuple[fx.Node, ...],
+    shared_views: tuple[tuple[fx.Node, ...], ...],
+) -> tuple[tuple[fx.Node, ...], tuple[tuple[fx.Node, ...], ...], tuple[Merged, ...]]:
+    """Split the shared terms into those that are another all-reduce's sum (same dialect,
+    group and sum; read only here, through views keeping the hidden dim), merged into the
+    site, and the others. Returns ``(shared, shared_views, merged)``."""
+    others = {
+        found.result: found
+        for found in dialect.all_reduces(ar.anchor.graph)
+        if isinstance(found, AllReduce) and found.anchor is not ar.anchor and found.group == ar.group
+    }
+    kept: list[fx.Node] = []
+    kept_views: list[tuple[fx.Node, ...]] = []
+    merged: list[Merged] = []
+    for term, after in zip(shared, shared_views):
+        source, views = term, []
+        while source not in others and is_view(source) and isinstance(source.args[0], fx.Node):
+            views.insert(0, source)
+            source = source.args[0]
+        other = others.get(source)
+        single_use = all(len(n.users) == 1 for n in (source, *views))
+        if other is None or not single_use:
+            kept.append(term)
+            kept_views.append(after)
+            continue
+        merged.append(Merged(other.anchor, other.x, other.result, term, other.nodes, tuple(views), after))
+    return tuple(kept), tuple(kept_views), tuple(merged)
 
 
 def _views_after_each(

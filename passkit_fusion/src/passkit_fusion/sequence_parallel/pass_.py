@@ -190,6 +190,7 @@ def summarize(sites: list[Site], rejected: list[Rejection], outcome: rewrite.Out
             f"sharded (middle), {outcome.no_residual} without residual; {outcome.gathered} sum(s) "
             f"gathered for other users (last); plan {plan_fingerprint(sites)}"
             + (f"; {outcome.shared} shared term(s) sliced" if outcome.shared else "")
+            + (f"; {outcome.merged} all-reduce(s) merged into a site's" if outcome.merged else "")
             + (f"; {outcome.rerouted} matmul(s) re-routed to read the all-gather" if outcome.rerouted else "")
         )
         if layers := notes_patterns.per_layer(s.module for s in sites):

@@ -107,6 +107,8 @@ class Outcome:
     no_residual: int = 0
     gathered: int = 0
     """residual sums gathered for users outside the sites (last sites, other users)"""
+    merged: int = 0
+    """all-reduces summed into a site, reduce-scattered alongside it"""
     shared: int = 0
     """terms added before the residual (shared experts' outputs) sliced with ``token_shard``"""
     rerouted: int = 0
@@ -236,7 +238,15 @@ class Rewriter:
             part = self._call(c10d.wait_tensor.default, (part,), like=site.x)
             env: dict[fx.Node, fx.Node] = {site.result: part}
             # on [T / W, H] rows a view keeping H is the identity
-            views = {n for n in (*site.lead, *(v for vs in site.shared_views for v in vs)) if is_view(n)}
+            views = {n for n in site.nodes if is_view(n)}
+            skipped = set(site.head)
+            for merged in site.merged:  # another all-reduce summed into the site: its shard
+                other = self._call(
+                    c10d.reduce_scatter_tensor.default, (self._to_2d(merged.x), "sum", w, g), like=merged.x
+                )
+                env[merged.result] = self._call(c10d.wait_tensor.default, (other,), like=merged.x)
+                skipped.update(merged.nodes)
+                self.outcome.merged += 1
             if site.residual is None:
                 self.outcome.no_residual += 1
             else:
@@ -244,7 +254,7 @@ class Rewriter:
             for term in site.shared:
                 env[term] = self._term_shard(term, g)
             position = {n: i for i, n in enumerate(self.graph.nodes)}
-            for node in sorted(set(site.nodes) - set(site.head), key=position.__getitem__):
+            for node in sorted(set(site.nodes) - skipped, key=position.__getitem__):
                 if node in views:
                     env[node] = env[node.args[0]]  # type: ignore[index]
                     continue
