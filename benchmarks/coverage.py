@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     from passkit_fusion.coverage.configs import FAMILIES, load_config, small_config
     from passkit_fusion.coverage.run import check_model
 
+    argv = sys.argv[1:] if argv is None else argv
+    if "--decode" in argv:  # the two-GPU timing has its own arguments
+        from coverage_decode import main as decode_main
+
+        return decode_main([a for a in argv if a != "--decode"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated (default: all)")
     ap.add_argument("--tp", type=int, default=2)
@@ -90,15 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("eager", "inductor"), default="eager")
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/coverage_cpu.{md,json}")
     ap.add_argument(
-        "--decode", action="store_true", help="the two-GPU decode timing (see coverage_decode.py)"
+        "--decode",
+        action="store_true",
+        help="the two-GPU decode timing; its arguments: coverage_decode.py --help",
     )
-    args, rest = ap.parse_known_args(argv)
-    if args.decode:
-        from coverage_decode import main as decode_main
-
-        return decode_main(rest)
-    if rest:
-        ap.error(f"unknown arguments: {' '.join(rest)}")
+    args = ap.parse_args(argv)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
