@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if "--decode" in argv:  # the two-GPU timing has its own arguments
+        if str(HERE) not in sys.path:
+            sys.path.insert(0, str(HERE))
         from coverage_decode import main as decode_main
 
         return decode_main([a for a in argv if a != "--decode"])

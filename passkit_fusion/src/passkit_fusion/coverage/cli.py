@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .run import PASSES
+
 EXPLAIN_HF_HELP = (
     "Build a Hugging Face architecture (config.json or config class) at small sizes with "
     "tp_plan='auto' on TP CPU processes and report, per pass, the all-reduce sites fused and why "
@@ -38,6 +40,11 @@ def add_explain_hf_arguments(parser: argparse.ArgumentParser) -> None:
         default="eager",
         help="eager: the passes' rewrite run without code generation (fast); inductor: compiled",
     )
+    parser.add_argument(
+        "--passes",
+        default=",".join(PASSES),
+        help=f"comma-separated, among {', '.join(PASSES)} (default: all)",
+    )
     parser.add_argument("--traceback", action="store_true", help="print a failing rank's whole traceback")
 
 
@@ -55,6 +62,10 @@ def run_explain_hf(args: argparse.Namespace) -> int:
     except (ConfigError, TypeError, ValueError) as exc:
         print(f"error: {exc}")
         return 2
+    labels = [p.strip() for p in args.passes.split(",") if p.strip()]
+    if unknown := [p for p in labels if p not in PASSES]:
+        print(f"error: unknown pass configuration(s) {unknown} (known: {', '.join(PASSES)})")
+        return 2
     if args.tp < 2 or args.tokens % args.tp:
         print(f"error: --tp must be >= 2 and divide --tokens (got --tp {args.tp}, --tokens {args.tokens})")
         return 2
@@ -68,6 +79,7 @@ def run_explain_hf(args: argparse.Namespace) -> int:
         name=str(args.config),
         tp=args.tp,
         tokens=args.tokens,
+        passes={label: PASSES[label] for label in labels},
         mode=args.mode,
         tracebacks=args.traceback,
     )
