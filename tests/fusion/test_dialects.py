@@ -102,6 +102,34 @@ def sglang_block(group: str):
     return fn
 
 
+def vllm_leads(group: str):
+    """vLLM's ops with a scale and an MoE-style reshape between the all-reduce and the norm
+    op: ``fused_add_rms_norm`` after ``view`` + ``mul``, ``rms_norm`` after a division."""
+
+    def fn(x, r, w, w2):
+        y = vllm.all_reduce(x @ w2, group).view(2, 4, -1) * 0.22
+        out, r = vllm_ir.fused_add_rms_norm(y, r.view(2, 4, -1), w, EPS)
+        z = vllm.all_reduce(out.reshape(8, -1) @ w2, group) / 2.0
+        return vllm_ir.rms_norm(z, w, EPS), r
+
+    return fn
+
+
+def sglang_leads(group: str):
+    """SGLang's out-of-place and functionalized in-place all-reduces, then a scale or a
+    reshape, then forward_native's fp32 residual add and norm."""
+
+    def fn(x, r, w, w2):
+        y = sglang.outplace_all_reduce(x @ w2, group, "auto") * 0.22
+        out, r = native_add_norm(y, r, w)
+        z = out @ w2
+        sglang.inplace_all_reduce(z, group)
+        out, r = native_add_norm(z.view(2, 4, -1), r.view(2, 4, -1), w)
+        return out, r
+
+    return fn
+
+
 def inputs(tokens: int = 8, hidden: int = 64) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, hidden, generator=g).to(bf16)
@@ -128,8 +156,14 @@ def notes(result: Any, name: str) -> str:
         ),
         (vllm_native, 1, ("vllm.all_reduce.default",)),
         (sglang_block, 3, ("sglang.outplace_all_reduce.default", "sglang.flashinfer_allreduce.default")),
+        (
+            vllm_leads,
+            2,
+            ("vllm.all_reduce.default", "vllm_ir.fused_add_rms_norm.default", "vllm_ir.rms_norm.default"),
+        ),
+        (sglang_leads, 2, ("sglang.outplace_all_reduce.default",)),
     ],
-    ids=["vllm-ir", "vllm-native", "sglang"],
+    ids=["vllm-ir", "vllm-native", "sglang", "vllm-ir-scaled-reshaped", "sglang-scaled-reshaped"],
 )
 def test_allreduce_rmsnorm_matches_host_sites(block, sites, host_ops_left) -> None:
     with fake_world(2) as world:
@@ -185,19 +219,21 @@ def test_unknown_host_group_is_rejected_with_the_reason() -> None:
 
 
 @pytest.mark.parametrize(
-    ("block", "residuals"),
+    ("block", "sites", "residuals"),
     [
-        (vllm_block, "1 residual(s) sliced (first), 1 already sharded (middle), 1 without residual"),
-        (sglang_block, "1 residual(s) sliced (first), 2 already sharded (middle), 0 without residual"),
+        (vllm_block, 3, "1 residual(s) sliced (first), 1 already sharded (middle), 1 without residual"),
+        (sglang_block, 3, "1 residual(s) sliced (first), 2 already sharded (middle), 0 without residual"),
+        (vllm_leads, 2, "1 residual(s) sliced (first), 0 already sharded (middle), 1 without residual"),
+        (sglang_leads, 2, "1 residual(s) sliced (first), 1 already sharded (middle), 0 without residual"),
     ],
-    ids=["vllm-ir", "sglang"],
+    ids=["vllm-ir", "sglang", "vllm-ir-scaled-reshaped", "sglang-scaled-reshaped"],
 )
-def test_sequence_parallel_shards_host_sites(block, residuals) -> None:
+def test_sequence_parallel_shards_host_sites(block, sites, residuals) -> None:
     with fake_world(2) as world:
         result = run_passes(block(world.group_name), *inputs(), passes=[SP])
-    result.assert_matches("sequence_parallel", 3)
+    result.assert_matches("sequence_parallel", sites)
     after = op_counts(result.graph_after)
-    assert after["_c10d_functional.reduce_scatter_tensor.default"] == 3
+    assert after["_c10d_functional.reduce_scatter_tensor.default"] == sites
     assert residuals in notes(result, "sequence_parallel")
     if block is vllm_block:  # the host's norm ops run on the shards
         shapes = [

@@ -28,6 +28,7 @@ import torch.fx as fx
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
 from .. import dialects
+from ..patterns import lead as lead_patterns
 from ..patterns import marks
 from ..patterns import notes as notes_patterns
 from ..patterns import sites as sites_patterns
@@ -69,7 +70,13 @@ class SequenceParallel(decisions.Tunable, GraphPass):
     one configured first takes them, and the other is left out of that token range."""
     Options = SequenceParallelOptions
     requires = Requirements(min_world_size=2)
-    source_files = (sites_patterns.__file__, rewrite.__file__, ops.__file__, marks.__file__)
+    source_files = (
+        sites_patterns.__file__,
+        lead_patterns.__file__,
+        rewrite.__file__,
+        ops.__file__,
+        marks.__file__,
+    )
 
     options: SequenceParallelOptions
 
@@ -184,6 +191,8 @@ def summarize(sites: list[Site], rejected: list[Rejection], outcome: rewrite.Out
             f"+ all-gather: {outcome.sliced} residual(s) sliced (first), {outcome.sharded} already "
             f"sharded (middle), {outcome.no_residual} without residual; {outcome.gathered} sum(s) "
             f"gathered for other users (last); plan {plan_fingerprint(sites)}"
+            + (f"; {outcome.shared} shared term(s) sliced" if outcome.shared else "")
+            + (f"; {outcome.merged} all-reduce(s) merged into a site's" if outcome.merged else "")
             + (f"; {outcome.rerouted} matmul(s) re-routed to read the all-gather" if outcome.rerouted else "")
         )
         if layers := notes_patterns.per_layer(s.module for s in sites):
