@@ -25,7 +25,9 @@ nox.options.reuse_existing_virtualenvs = False
 PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
 # the example third-party plugin: its entry points are what the suite's discovery tests use
 EXAMPLE = ["-e", "examples/passkit-example-plugin"]
-TEST_DEPS = ["pytest>=8"]
+TEST_DEPS = ["pytest>=8", "transformers==5.23.0", "accelerate==1.15.0"]
+"""transformers and accelerate: the Hugging Face families of the coverage tests and benchmarks
+(accelerate is what `tp_plan="auto"` shards with; without it a model loads unsharded)."""
 
 
 def _has_gpu() -> bool:
