@@ -106,6 +106,11 @@ def test_the_bound_comes_from_the_tuned_table(monkeypatch):
     # no entry for this world size: no range (the pass leaves such sites alone anyway)
     ctx4 = passkit.CompileContext(device="cuda", dtype=torch.bfloat16, world_size=4)
     assert _flashinfer_pass().token_constraint(ctx4) is None
+    # a GPU the table does not hold (an H100), world size 2: the op fuses by the conservative
+    # rule (8 MiB of activations: 1024 tokens at hidden 4096) and would fall back above it,
+    # slower than Inductor's code: those sizes compile without the pass
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Other GPU")
+    assert _flashinfer_pass().token_constraint(CUDA_CTX) == TokenConstraint(max_tokens=1024)
     # the reference op on the CPU: only an explicit max_tokens bounds it
     assert AllReduceRMSNorm(implementation="reference").token_constraint(passkit.CompileContext()) is None
 

@@ -95,8 +95,9 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
         """Token counts up to ``max_tokens``, else up to the largest the tuned table fuses
-        on this GPU at this world size and dtype: there the fused kernel beats NCCL +
-        Inductor's add+RMSNorm; above, the sizes compile without the pass. The hidden size
+        on this GPU at this world size and dtype (on a GPU the table does not hold, the
+        conservative rule's bound): there the fused kernel beats NCCL + Inductor's
+        add+RMSNorm; above, the sizes compile without the pass. The hidden size
         is not known before the graph is seen, so the bound is the largest over the
         table's hidden sizes (per hidden size, the op's table still decides per call).
         A measured or stored fuse decision for this graph (:mod:`..tuning.decisions`)
@@ -109,7 +110,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             return TokenConstraint(max_tokens=self.options.max_tokens)
         if self.impl != "flashinfer" or ctx.device != "cuda" or ctx.dtype is None:
             return None
-        bound = tables.default_table().largest_fused(torch.cuda.get_device_name(), ctx.world_size, ctx.dtype)
+        bound = tables.default_table().planned_bound(torch.cuda.get_device_name(), ctx.world_size, ctx.dtype)
         return TokenConstraint(max_tokens=bound) if bound else None
 
     def skip_reason(self, ctx: CompileContext) -> str | None:

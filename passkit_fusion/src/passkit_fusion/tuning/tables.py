@@ -50,6 +50,9 @@ USER_TABLES_DIR = (
 #: 1.16x at 2048 tokens, hidden 4096, bf16): 8 MiB is 1024 tokens at hidden 4096 in bf16.
 CONSERVATIVE_FUSE_BYTES = 8 * 2**20
 CONSERVATIVE_WORLD_SIZES = frozenset({2})
+CONSERVATIVE_PLAN_HIDDEN = 4096
+"""The hidden size the token-range plan assumes for :func:`conservative_rules` (the plan is
+made before the graph's hidden size is known; the op still decides per call)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +179,18 @@ class Table:
             if (key.gpu, key.world_size, key.dtype) == (gpu, world_size, dtype_name(dtype))
         ]
         return max(found) if found else None
+
+    def planned_bound(self, gpu: str, world_size: int, dtype: torch.dtype | str) -> int | None:
+        """The largest token count worth compiling the fused op for: :meth:`largest_fused`,
+        or, where no entry matches this GPU (the op then follows :func:`conservative_rules`),
+        the conservative bound at :data:`CONSERVATIVE_PLAN_HIDDEN`. Above it the op would
+        only fall back to its unfused path, slower than what Inductor generates (measured on
+        2x H100, hidden 4096: 0.82x at 2048 tokens, `benchmarks/results/hf_tp_h100x2_run2.md`),
+        so those sizes compile without the pass. None: no bound (nothing fuses here)."""
+        found = self.largest_fused(gpu, world_size, dtype)
+        if found is not None:
+            return found
+        return max_fused_tokens(conservative_rules(world_size, CONSERVATIVE_PLAN_HIDDEN, dtype)) or None
 
     def lookup(
         self, gpu: str, world_size: int, hidden: int, dtype: torch.dtype | str, tokens: int
