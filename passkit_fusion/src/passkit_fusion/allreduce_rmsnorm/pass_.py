@@ -36,6 +36,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..options_docs import attribute_docstrings
 from ..tuning import decisions
 
 if TYPE_CHECKING:
@@ -48,10 +49,11 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 _ADVICE = "set implementation='reference' to run the reference op"
 
 
+@attribute_docstrings
 class AllReduceRMSNormOptions(pydantic.BaseModel):
     """Options of the ``allreduce_rmsnorm`` pass."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     implementation: Literal["auto", "flashinfer", "reference"] = "auto"
     """auto: flashinfer on CUDA if installed, else skip; flashinfer: the same, pinned; reference: the torch op, any device"""

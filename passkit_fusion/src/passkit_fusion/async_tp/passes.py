@@ -30,6 +30,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..options_docs import attribute_docstrings
 from ..tuning import decisions
 from . import torch_api
 
@@ -42,10 +43,11 @@ _SYMM_MEM = "symmetric memory (async_tp)"
 _C10D = "_c10d_functional"
 
 
+@attribute_docstrings
 class AsyncTPOptions(pydantic.BaseModel):
     """Options of the ``async_tp`` pass."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     implementation: Literal["auto", "test_mode"] = "auto"
     """auto: fuse on CUDA graphs where torch has symmetric memory, else skip with the reason; test_mode: rewrite on any device (torch's test mode; the ops then compute the unfused result with functional collectives), for tracing and CPU tests"""

@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..options_docs import attribute_docstrings
 from ..tuning import decisions
 
 if TYPE_CHECKING:
@@ -40,10 +41,11 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 NAME = "sequence_parallel"
 
 
+@attribute_docstrings
 class SequenceParallelOptions(pydantic.BaseModel):
     """Options of the ``sequence_parallel`` pass."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     min_tokens: int = pydantic.Field(2048, ge=1)
     """the smallest token count the pass rewrites. Sequence parallelism pays only with many tokens: with async_tp, the 8-layer Llama-8B stack at TP=2 on H200 was 0.94x Inductor at 1024 tokens and 1.02x at 2048-8192 (benchmarks/fusion_e2e.py); allreduce_rmsnorm wins below"""
