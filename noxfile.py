@@ -1,4 +1,4 @@
-"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``, ``hosts``.
+"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``, ``docs``, ``hosts``.
 
 Each session makes a fresh virtual environment, installs torch, then the three
 distributions of this repository in editable mode (so their entry points exist).
@@ -20,12 +20,14 @@ import subprocess
 
 import nox
 
-nox.options.sessions = ["tests"]  # hosts is never a default session
+nox.options.sessions = ["tests"]  # docs, hosts and torch_versions are never default sessions
 nox.options.reuse_existing_virtualenvs = False
 PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
 # the example third-party plugin: its entry points are what the suite's discovery tests use
 EXAMPLE = ["-e", "examples/passkit-example-plugin"]
-TEST_DEPS = ["pytest>=8"]
+TEST_DEPS = ["pytest>=8", "transformers==5.23.0", "accelerate==1.15.0"]
+"""transformers and accelerate: the Hugging Face families of the coverage tests and benchmarks
+(accelerate is what `tp_plan="auto"` shards with; without it a model loads unsharded)."""
 
 
 def _has_gpu() -> bool:
@@ -74,6 +76,54 @@ def bench(session: nox.Session) -> None:
     """CPU benchmarks of passkit's own overhead; results go to benchmarks/results/."""
     install(session)
     session.run("python", "benchmarks/core_overhead.py", *session.posargs)
+
+
+# (mkdocstrings formats the API pages' signatures with ruff)
+DOCS_DEPS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "ruff"]
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (``mkdocs.yml``, pages in ``docs/``) built into ``site/`` with
+    warnings as errors: a broken link or reference fails. ``nox -s docs -- serve`` serves it
+    while you edit. passkit is installed for the config's JSON schema, generated at build
+    time; the API reference reads the sources without importing them."""
+    install(session, *DOCS_DEPS)
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)
+
+
+TORCH_VERSIONS = ["2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.14.1"]
+"""The torch releases passkit supports: ``nox -s torch_versions`` tests each (their schemas
+are recorded in passkit_fusion/dialects/recorded/torch.json; tests check the two agree)."""
+TORCH_VERSION_TESTS = [
+    "tests/fusion/test_dialect_schemas.py",
+    "tests/fusion/test_dialects.py",
+    "tests/fusion/test_matcher.py",
+    "tests/fusion/test_fusion_compile.py",
+    "tests/fusion/test_fusion_numerics.py",
+    "tests/fusion/test_fusion_ranges.py",
+    "tests/fusion/test_sequence_parallel_graphs.py",
+    "tests/fusion/test_async_tp.py",
+    "tests/core/test_integration.py",
+]
+"""What ``nox -s torch_versions`` runs on each torch: the fusion passes (fake and gloo worlds)
+and the backend."""
+
+
+@nox.session(name="torch_versions")
+@nox.parametrize("torch_version", TORCH_VERSIONS)
+def torch_versions(session: nox.Session, torch_version: str) -> None:
+    """The fusion passes on each supported torch (``nox -s torch_versions``; one:
+    ``nox -s "torch_versions(torch_version='2.11.0')"``). Releases other than the local CPU
+    2.13.0 install from the registry as CUDA builds (a few GB each), which run on the CPU.
+    First checks that the schemas recorded for that torch are the ones it registers."""
+    session.install(f"torch=={torch_version}", "numpy")
+    session.install(*PACKAGES, *EXAMPLE, *TEST_DEPS)
+    session.run("python", "-m", "passkit_fusion.dialects", "record", "torch", "--check")
+    session.run("python", "-m", "pytest", *TORCH_VERSION_TESTS, *session.posargs, success_codes=[0, 5])
 
 
 HOSTS = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23"}

@@ -8,16 +8,18 @@ from . import compiling
 from ._version import __version__
 from .config import Config, PassEntry, load_config
 from .context import CompileContext
+from .environment import EnvironmentCheck
 from .errors import (
     ConfigError,
     OrderError,
+    PassDeclinedWarning,
     PassFailedError,
     PasskitError,
     PluginError,
     PluginHookError,
     VerificationError,
 )
-from .hooks import HookFailure
+from .hook_failure import HookFailure
 from .hookspecs import hookimpl, hookspec
 from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
@@ -32,11 +34,13 @@ __all__ = [
     "CompileContext",
     "Config",
     "ConfigError",
+    "EnvironmentCheck",
     "GraphPass",
     "HookFailure",
     "NoOptions",
     "OrderError",
     "Pass",
+    "PassDeclinedWarning",
     "PassEntry",
     "PassFailedError",
     "PassRecord",

@@ -14,6 +14,7 @@ Plugins add commands through the ``passkit_cli_commands`` hook (``passkit-fusion
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import inspect
 import json
@@ -23,6 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .cli_hooks import call_hook
+from .environment import environment_checks
 from .errors import PasskitError, PluginHookError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -30,25 +33,9 @@ Handler = Callable[[argparse.Namespace], int]
 
 def _plugins() -> Any:
     from .config import load_config
-    from .pipeline import plugins_for
+    from .pipeline_build import plugins_for
 
     return plugins_for(load_config())
-
-
-def call_hook(hook: str, **kwargs: Any) -> list[Any]:
-    """Call a CLI-time plugin hook (``passkit_cli_commands``, ``passkit_demos``), each
-    hookimpl isolated: one that raises is named on stderr and skipped (with
-    ``strict_plugins``: :class:`PluginHookError`)."""
-    from .config import load_config
-    from .pipeline import plugins_for
-
-    config = load_config()
-    plugins = plugins_for(config)
-    seen = len(plugins.hook_failures)
-    results = plugins.call(hook, strict=config.strict_plugins, **kwargs)
-    for failure in plugins.hook_failures[seen:]:
-        print(f"passkit: warning: {failure}", file=sys.stderr)
-    return results
 
 
 # -- list / show / schema ------------------------------------------------------------------
@@ -89,8 +76,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         }
         for f in plugins.hook_failures
     ]
+    checks = environment_checks(plugins)
     if args.json:
-        print(json.dumps({"passes": rows, "failures": failures}, indent=2))
+        environment = [dataclasses.asdict(c) for c in checks]
+        print(json.dumps({"passes": rows, "failures": failures, "environment": environment}, indent=2))
         return 0
     if not rows:
         print("no passes installed")
@@ -101,6 +90,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"{r['name']:<{width}}  {r['stage']:<15} {origin:<{origin_width}}  {r['summary']}")
         for opt, desc in r["options"].items():
             print(f"{'':<{width}}    {opt}: {desc}")
+    if checks:
+        print("\nenvironment (what the installed passes can read here):")
+        for check in checks:
+            print(f"  {check}")
     for f in plugins.failures:
         print(f"FAILED TO LOAD: {f}", file=sys.stderr if not args.json else sys.stdout)
     for h in plugins.hook_failures:
@@ -180,7 +173,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .config import file_source, merge
-    from .pipeline import instantiate, order_passes, plugins_for
+    from .pipeline_build import instantiate, order_passes, plugins_for
 
     path = Path(args.file)
     if not path.is_file():
@@ -189,6 +182,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     passes = order_passes(instantiate(cfg, plugins_for(cfg)))
     names = ", ".join(f"{p.name} ({p.stage.value})" for p in passes) or "(no pass enabled)"
     print(f"{path}: OK — {len(passes)} pass(es): {names}")
+    checks = environment_checks(plugins_for(cfg))
+    for check in checks:
+        print(f"  {check}")
+    if failed := [c for c in checks if not c.ok]:
+        print(
+            f"{path}: {len(failed)} environment check(s) failed: the passes that depend on them will decline"
+        )
+        return 1
     return 0
 
 

@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
 
     wanted = set(args.only or [])
     status = run_core_demo(mode=args.mode) if not wanted or "core" in wanted else 0
-    from .cli import call_hook
+    from .cli_hooks import call_hook
 
     for demos in call_hook("passkit_demos"):
         for name, fn in (demos if isinstance(demos, dict) else {}).items():

@@ -86,3 +86,10 @@ class PassFailedError(PasskitError):
 
 class VerificationError(PasskitError):
     """A pass left a graph that fails lint or fake-tensor re-propagation."""
+
+
+class PassDeclinedWarning(UserWarning):
+    """An enabled pass declined a graph for a reason the user must act on: it cannot read
+    an op of this torch or host version (a schema it does not know), so it changed nothing.
+    The report's status says ``declined`` with the reason; this warning is emitted once per
+    process for each pass and reason, so a pass that fuses nothing is never silent."""

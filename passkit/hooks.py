@@ -19,62 +19,43 @@ isolates it the same way, as a load failure.)
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import pluggy
 
 from . import logs
 from .errors import PluginHookError, describe
-
-if TYPE_CHECKING:
-    from .plugins import PluginSet
+from .hook_failure import HookFailure
 
 Undo = Callable[[], None]
 
 
-@dataclasses.dataclass(frozen=True)
-class HookFailure:
-    """A plugin's hookimpl that raised, and was disabled."""
-
-    hook: str
-    plugin: str
-    distribution: str | None
-    version: str | None
-    error: str
-    """``ExceptionType: message`` (a long message is cut)."""
-    during: str | None = None
-    """What passkit was doing (``"pass 'cleanup'"``, ``"compile of graph 3"``), if known."""
-    detail: str = dataclasses.field(default="", compare=False, repr=False)
-    """The last frames of the traceback (in ``passkit list --json`` and logs, not reports)."""
+class PluginOrigin(Protocol):
+    """Where a plugin comes from (a :class:`passkit.plugins.PluginInfo`)."""
 
     @property
-    def who(self) -> str:
-        who = f"plugin {self.plugin!r}"
-        if self.distribution:
-            who += f" (distribution {self.distribution} {self.version or ''})".replace(" )", ")")
-        else:
-            who += " (in-process)"
-        return who
+    def name(self) -> str: ...
+    @property
+    def distribution(self) -> str | None: ...
+    @property
+    def version(self) -> str | None: ...
 
-    def __str__(self) -> str:
-        during = f" during {self.during}" if self.during else ""
-        return (
-            f"hook {self.hook} of {self.who} raised{during}: {self.error}; "
-            f"that hookimpl is disabled for the rest of the process"
-        )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "detail"}
+class PluginSetLike(Protocol):
+    """What :func:`call` uses of a :class:`passkit.plugins.PluginSet`: a protocol, so that
+    this module imports nothing of :mod:`passkit.plugins`, which calls hooks through it."""
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HookFailure:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+    pm: pluggy.PluginManager
+    disabled_hooks: set[tuple[str, int]]
+    hook_failures: list[HookFailure]
+
+    def info_of(self, plugin: object) -> PluginOrigin | None: ...
 
 
 def call(
-    plugins: PluginSet,
+    plugins: PluginSetLike,
     hook: str,
     kwargs: dict[str, Any],
     *,
@@ -132,7 +113,7 @@ def _during(during: str | None) -> str:
 
 
 def _failure(
-    plugins: PluginSet, hook: str, plugin: object, exc: BaseException, during: str | None
+    plugins: PluginSetLike, hook: str, plugin: object, exc: BaseException, during: str | None
 ) -> HookFailure:
     info = plugins.info_of(plugin)
     return HookFailure(

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     import torch.fx
 
     from .context import CompileContext
+    from .environment import EnvironmentCheck
     from .pass_base import Pass, PassResult
-    from .pipeline import PipelinePlan
+    from .pipeline_plan import PipelinePlan
     from .report import PassRecord, Report
 
 
@@ -78,3 +79,11 @@ def passkit_demos() -> dict[str, Any]:  # type: ignore[empty-body]
 
     ``fn(args) -> int`` prints its own output and returns an exit status.
     """
+
+
+@hookspec
+def passkit_environment_checks() -> list[EnvironmentCheck]:  # type: ignore[empty-body]
+    """Return what this plugin depends on in the running environment, each checked: a
+    list of :class:`passkit.EnvironmentCheck` (e.g. whether its passes can read the ops
+    the installed torch registers). ``passkit list`` prints them; ``passkit check`` fails
+    when one is not ok."""

@@ -77,15 +77,30 @@ class Requirements:
 
 @dataclasses.dataclass
 class PassResult:
-    """What one run of a pass did."""
+    """What one run of a pass did: ``run(gm, ctx)`` returns it, and the report shows it."""
 
     modified: bool = False
+    """Whether the pass changed the graph (passkit then recompiles the module)."""
     matches: int = 0
+    """How many sites the pass rewrote: the report's ``matches`` column."""
     notes: list[str] = dataclasses.field(default_factory=list)
+    """Remarks for the report's ``note`` column (``PassResult(notes=["2 sites without a
+    residual"])``), joined with ``; ``."""
+    declined: str | None = None
+    """Why the pass could not read this graph at all, when it could not: an op whose schema
+    or host version it does not know. The record's status becomes ``declined`` with this
+    reason and a :class:`~passkit.errors.PassDeclinedWarning` is emitted (once per process
+    and reason). Use it for what the user must act on (upgrade the pass package, pin
+    torch), never for a graph that simply has nothing to rewrite."""
 
     @classmethod
     def unchanged(cls, note: str | None = None) -> PassResult:
         return cls(modified=False, matches=0, notes=[note] if note else [])
+
+    @classmethod
+    def declining(cls, reason: str, notes: list[str] | None = None) -> PassResult:
+        """The graph was left as it was because the pass cannot read it (see :attr:`declined`)."""
+        return cls(modified=False, matches=0, notes=list(notes or []), declined=reason)
 
 
 class Pass:

@@ -1,7 +1,8 @@
 """From a config to the pass pipeline Inductor runs.
 
 :func:`build_pipeline` loads the plugins, checks the config against the passes they
-registered (unknown names, options, order) and returns a :class:`Pipeline`. The pipeline
+registered (unknown names, options, order: :mod:`passkit.pipeline_build`) and returns a
+:class:`Pipeline`, which runs them on the graphs Inductor compiles. The pipeline
 gives Inductor one ``CustomGraphPass`` per stage; both share one ``uuid()``, computed once
 from every pass's identity, so Inductor's FX graph cache stays correct and cheap.
 """
@@ -12,27 +13,29 @@ import contextlib
 import contextvars
 import dataclasses
 import hashlib
-import inspect
 import itertools
-import json
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch.fx
 
 from . import hooks, logs
-from .config import Config, load_config, suggest
+from .config import Config, load_config
 from .context import CompileContext, Mode
+from .declined import warn_declined
 from .dump import Dumper
-from .errors import ConfigError, OrderError, PassFailedError, cut_repr, describe
+from .errors import ConfigError, PassFailedError, cut_repr, describe
 from .graph_utils import count_nodes, graph_code, restore, snapshot
-from .pass_base import Pass, PassResult, Stage, validate_options
-from .plugins import PluginSet, get_plugins
+from .pass_base import Pass, PassResult, Stage
+from .pipeline_build import instantiate, order_passes, pass_relations, pipeline_identity, plugins_for
+from .pipeline_build import unknown_pass_message as unknown_pass_message  # re-exported: its old home
+from .pipeline_plan import PipelinePlan
+from .plugins import PluginSet
 from .report import PassRecord, Report
-from .tokens import PassRelations, TokenRange
+from .tokens import TokenRange
 from .verify import verify_graph
 
 _graph_ids = itertools.count(1)
@@ -43,163 +46,6 @@ RECENT_REPORTS: deque[Report] = deque(maxlen=64)
 def last_report() -> Report | None:
     """The report of the most recently compiled graph in this process."""
     return RECENT_REPORTS[-1] if RECENT_REPORTS else None
-
-
-# ---------------------------------------------------------------------------------------
-# resolving the config
-
-
-def plugins_for(config: Config) -> PluginSet:
-    return get_plugins(
-        autoload=config.autoload,
-        allow=config.plugins,
-        block=config.block_plugins,
-        strict=config.strict_plugins,
-    )
-
-
-def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
-    """One pass object per enabled name, options validated, in config order."""
-    out: list[Pass] = []
-    for entry in config.passes:
-        info = plugins.passes.get(entry.name)
-        if info is None:
-            raise ConfigError(unknown_pass_message(entry.name, plugins))
-        out.append(info.cls(validate_options(info.cls, entry.options)))
-    return out
-
-
-def unknown_pass_message(name: str, plugins: PluginSet) -> str:
-    installed = sorted(plugins.passes)
-    msg = f"unknown pass {cut_repr(name)} in passes{suggest(name, installed)}. "
-    msg += f"Installed passes: {', '.join(installed) or '(none)'}."
-    if plugins.failures:
-        msg += " Plugins that failed to load (see `passkit list`): "
-        msg += ", ".join(sorted({f.name for f in plugins.failures})) + "."
-    return msg
-
-
-def order_passes(passes: list[Pass]) -> list[Pass]:
-    """Stage order (pre before post), config order within a stage; check constraints."""
-    by_name = {p.name: p for p in passes}
-    edges: dict[str, set[str]] = {p.name: set() for p in passes}  # a -> b: a runs before b
-    for p in passes:
-        edges[p.name].update(b for b in p.before if b in by_name)
-        for a in (*p.after, *p.depends_on):
-            if a in by_name:
-                edges[a].add(p.name)
-    cycle = _find_cycle(edges)
-    if cycle:
-        raise OrderError("pass ordering constraints form a cycle: " + " -> ".join(cycle))
-    stage_rank = {Stage.PRE: 0, Stage.POST: 1}
-    ordered = sorted(passes, key=lambda p: stage_rank[p.stage])  # stable: keeps config order
-    position = {p.name: i for i, p in enumerate(ordered)}
-    for a, targets in edges.items():
-        for b in sorted(targets):
-            if position[a] > position[b]:
-                why = _constraint_owner(by_name[a], by_name[b])
-                stages = ""
-                if by_name[a].stage != by_name[b].stage:
-                    stages = f" ({a} is in stage {by_name[a].stage.value}, {b} in {by_name[b].stage.value})"
-                raise OrderError(
-                    f"pass {a!r} must run before {b!r} ({why}) but the configured order runs it "
-                    f"after{stages}. Reorder `passes` so that {a!r} comes first."
-                )
-    return ordered
-
-
-def _constraint_owner(a: Pass, b: Pass) -> str:
-    if b.name in a.before:
-        return f"{a.name} declares before={list(a.before)}"
-    if a.name in b.after:
-        return f"{b.name} declares after={list(b.after)}"
-    return f"{b.name} declares depends_on={list(b.depends_on)}"
-
-
-def pass_relations(passes: list[Pass]) -> PassRelations:
-    """``depends_on`` / ``shares_sites_with`` among ``passes`` (those present only)."""
-    names = {p.name for p in passes}
-    shares: dict[str, set[str]] = {}
-    for p in passes:
-        for other in p.shares_sites_with:
-            if other in names and other != p.name:
-                shares.setdefault(p.name, set()).add(other)
-                shares.setdefault(other, set()).add(p.name)
-    return PassRelations(
-        depends_on={p.name: deps for p in passes if (deps := tuple(d for d in p.depends_on if d in names))},
-        shares_sites={name: tuple(sorted(others)) for name, others in shares.items()},
-    )
-
-
-def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(n: str) -> list[str] | None:
-        state[n] = 1
-        stack.append(n)
-        for m in sorted(edges[n]):
-            if state.get(m) == 1:
-                return [*stack[stack.index(m) :], m]
-            if m not in state:
-                found = visit(m)
-                if found:
-                    return found
-        stack.pop()
-        state[n] = 2
-        return None
-
-    for node in sorted(edges):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
-
-
-# ---------------------------------------------------------------------------------------
-# per-compile plan
-
-
-class PipelinePlan:
-    """The passes about to run on one graph; plugins may adjust it (see hookspecs)."""
-
-    def __init__(self, passes: list[Pass]):
-        self.passes = list(passes)
-        self.skipped: dict[str, str] = {}
-
-    @property
-    def names(self) -> list[str]:
-        return [p.name for p in self.passes]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.names
-
-    def get(self, name: str) -> Pass:
-        for p in self.passes:
-            if p.name == name:
-                return p
-        raise KeyError(f"pass {name!r} is not in this pipeline (have {self.names})")
-
-    def skip(self, name: str, reason: str) -> None:
-        self.get(name)
-        self.skipped[name] = reason
-
-    def checkpoint(self) -> Callable[[], None]:
-        """A function that puts the plan back as it is now (undoes a plugin hook that
-        changed it, then raised)."""
-        passes, skipped = list(self.passes), dict(self.skipped)
-
-        def undo() -> None:
-            self.passes, self.skipped = list(passes), dict(skipped)
-
-        return undo
-
-    def set_options(self, name: str, **options: Any) -> None:
-        old = self.get(name)
-        merged = {**old.options.model_dump(), **options}
-        new = type(old)(validate_options(type(old), merged))
-        self.passes[self.passes.index(old)] = new
 
 
 # ---------------------------------------------------------------------------------------
@@ -271,20 +117,7 @@ class Pipeline:
 
     # -- identity --------------------------------------------------------------------
     def _compute_uuid(self) -> str:
-        parts: list[Any] = []
-        for p in self.passes:
-            ident = p.identity()
-            info = self.plugins.passes.get(p.name)
-            ident["version"] = info.version if info else "in-process"
-            parts.append(ident)
-        # plugins that can change what runs (configure / veto) are part of the identity
-        for hook in (self.plugins.hook.passkit_configure_pipeline, self.plugins.hook.passkit_before_pass):
-            for impl in hook.get_hookimpls():
-                parts.append(_function_identity(impl.function))
-        parts.append({"token_range": str(self.token_range) if self.token_range else None})
-        parts.append({"left_out": sorted(self.left_out)})
-        blob = json.dumps(parts, sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()
+        return pipeline_identity(self.passes, self.plugins, self.token_range, self.left_out)
 
     def uuid(self) -> str:
         """The cache identity: passes, their versions and options, the token range."""
@@ -442,12 +275,20 @@ class Pipeline:
             gm.recompile()
         record.status = "ran"
         record.matches, record.modified, record.notes = result.matches, result.modified, result.notes
+        if result.declined:
+            record.status, record.reason = "declined", str(result.declined)
+            warn_declined(p.name, self._origin(p), record.reason)
         record.nodes_after = count_nodes(graph)
         if dumper:
             dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
         self._hook("passkit_after_pass", report, p, None, pass_=p, gm=gm, result=result, record=record)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record
+
+    def _origin(self, p: Pass) -> str:
+        """``distribution version`` of the plugin that registered ``p`` (for messages)."""
+        info = self.plugins.passes.get(p.name)
+        return info.plugin.origin if info is not None else "in-process"
 
     def _failed(
         self,
@@ -577,17 +418,6 @@ def _as_result(value: Any, p: Pass) -> PassResult:
         raise TypeError(f"pass {p.name!r}: PassResult.notes must be a list of str, got {cut_repr(notes)}")
     value.modified, value.notes = bool(value.modified), list(notes)
     return value
-
-
-def _function_identity(fn: Any) -> str:
-    from .pass_base import source_hash
-
-    module = inspect.getmodule(fn)
-    owner = module if module is not None else fn
-    try:
-        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}:{source_hash(owner)}"  # type: ignore[arg-type]
-    except TypeError:
-        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
 
 
 class StagePass:

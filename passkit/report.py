@@ -6,9 +6,11 @@ import dataclasses
 import json
 from typing import Any, Literal
 
-from .hooks import HookFailure
+from .hook_failure import HookFailure
 
-Status = Literal["ran", "skipped", "vetoed", "failed"]
+Status = Literal["ran", "skipped", "vetoed", "failed", "declined"]
+"""``declined``: the pass ran but could not read the graph (an op schema or host version it
+does not know) and changed nothing; :attr:`PassRecord.reason` says why."""
 
 
 @dataclasses.dataclass
@@ -25,7 +27,7 @@ class PassRecord:
     nodes_before: int = 0
     nodes_after: int = 0
     reason: str | None = None
-    """Why the pass was skipped or vetoed, or the error message when it failed."""
+    """Why the pass was skipped, vetoed or declined, or the error message when it failed."""
     notes: list[str] = dataclasses.field(default_factory=list)
     reproducer: str | None = None
     """Path of the reproducer written for a failure, when a dump directory is set."""
@@ -78,6 +80,11 @@ class Report:
     @property
     def failed(self) -> list[PassRecord]:
         return [r for r in self.records if r.status == "failed"]
+
+    @property
+    def declined(self) -> list[PassRecord]:
+        """Passes that could not read this graph (see :class:`~passkit.PassResult.declined`)."""
+        return [r for r in self.records if r.status == "declined"]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -228,17 +228,38 @@ def reentered(tracing: Any) -> Iterator[None]:
         yield
 
 
+DYNAMO_GRAPH_ATTRIBUTES = (
+    "_param_name_to_source",
+    "_source_to_user_stacks",
+    "compile_subgraph_reason",
+    "_backend_id",
+)
+"""What Dynamo sets on the GraphModule it hands a backend, besides ``meta``. AOTAutograd
+reads ``_param_name_to_source`` (with each placeholder's ``_dynamo_source``) to know which
+inputs are parameters: without them a copy's parameters are not static inputs, and
+Inductor's CUDA graphs copy every weight into their input buffers at each replay."""
+
+
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A GraphModule with its own copy of ``gm``'s graph (nodes copied, their metadata
     shallow-copied; submodules and attributes shared): each specialization's compile may
-    rewrite its graph."""
+    rewrite its graph. What Dynamo attached to ``gm`` and its placeholders
+    (:data:`DYNAMO_GRAPH_ATTRIBUTES`, ``_dynamo_source``) comes along, so AOTAutograd sees a
+    Dynamo graph with the same static (parameter) inputs as the original."""
     graph = torch.fx.Graph()
     graph._codegen = gm.graph._codegen
-    output = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    output = graph.graph_copy(gm.graph, copies, return_output_node=True)
     value, old_output = output if isinstance(output, tuple) else (output, None)
     new_output = graph.output(value, type_expr=getattr(old_output, "type", None))
     if old_output is not None:
         new_output.meta = dict(old_output.meta)
+    for old, new in copies.items():
+        if old.op == "placeholder" and hasattr(old, "_dynamo_source"):
+            new._dynamo_source = old._dynamo_source  # type: ignore[attr-defined]
     copied = torch.fx.GraphModule(gm, graph)
     copied.meta = dict(getattr(gm, "meta", {}))
+    for name in DYNAMO_GRAPH_ATTRIBUTES:
+        if hasattr(gm, name):
+            setattr(copied, name, getattr(gm, name))
     return copied

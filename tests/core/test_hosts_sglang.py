@@ -55,7 +55,7 @@ def test_importing_the_sglang_adapter_imports_no_sglang(clean_env):
         "h.plugin()  # no pass configured: does nothing\n"
         "assert h.active() is None and not h._hooks_registered\n"
         "assert not {m for m in sys.modules if m.split('.')[0] == 'sglang'}, 'sglang was imported'\n"
-        "assert 'passkit.hosts._sglang_pass' not in sys.modules"
+        "assert 'passkit.hosts.sglang.inductor_pass' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=clean_env)
 

@@ -392,3 +392,46 @@ def test_the_dispatcher_picks_by_count_and_divisibility_and_compiles_a_fallback_
         )
         assert specs[index].passes == expected_passes, n
     assert dispatcher(0) == dispatcher(0) == "fallback" and made == [1]
+
+
+class _TwoLinears(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _static_inputs_per_compile(backend, monkeypatch) -> list[list[int]]:
+    """The static (parameter) input indices Inductor is told of, per compile."""
+    import torch._inductor.compile_fx as compile_fx
+
+    seen: list[list[int]] = []
+    real = getattr(compile_fx.get_static_input_idxs, "__wrapped__", compile_fx.get_static_input_idxs)
+
+    def spy(fixed):
+        found = real(fixed)
+        seen.append(list(found))
+        return found
+
+    spy.__wrapped__ = real  # type: ignore[attr-defined]
+    monkeypatch.setattr(compile_fx, "get_static_input_idxs", spy)
+    torch._dynamo.reset()
+    x = torch.randn(32, 16)
+    torch._dynamo.mark_dynamic(x, 0)
+    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+        torch.compile(_TwoLinears(), backend=backend)(x)
+    return seen
+
+
+def test_each_specialization_keeps_the_parameters_static(monkeypatch) -> None:
+    """Each token range compiles a copy of Dynamo's graph; AOTAutograd must still see which
+    inputs are parameters (Dynamo's `_param_name_to_source` and placeholders'
+    `_dynamo_source`), or Inductor's CUDA graphs copy every weight at each replay (what made
+    passkit's `reduce-overhead` slower than Inductor's at TP=2)."""
+    inductor = _static_inputs_per_compile("inductor", monkeypatch)
+    ranged = _static_inputs_per_compile(passkit.backend(passes=["cleanup"], compile_ranges=[16, 256]), monkeypatch)
+    assert len(inductor) == 1 and inductor[0], inductor
+    assert len(ranged) == 3, ranged  # one compile per token range
+    assert {tuple(r) for r in ranged} == {tuple(inductor[0])}, (ranged, inductor)

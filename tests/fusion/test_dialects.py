@@ -102,6 +102,34 @@ def sglang_block(group: str):
     return fn
 
 
+def vllm_leads(group: str):
+    """vLLM's ops with a scale and an MoE-style reshape between the all-reduce and the norm
+    op: ``fused_add_rms_norm`` after ``view`` + ``mul``, ``rms_norm`` after a division."""
+
+    def fn(x, r, w, w2):
+        y = vllm.all_reduce(x @ w2, group).view(2, 4, -1) * 0.22
+        out, r = vllm_ir.fused_add_rms_norm(y, r.view(2, 4, -1), w, EPS)
+        z = vllm.all_reduce(out.reshape(8, -1) @ w2, group) / 2.0
+        return vllm_ir.rms_norm(z, w, EPS), r
+
+    return fn
+
+
+def sglang_leads(group: str):
+    """SGLang's out-of-place and functionalized in-place all-reduces, then a scale or a
+    reshape, then forward_native's fp32 residual add and norm."""
+
+    def fn(x, r, w, w2):
+        y = sglang.outplace_all_reduce(x @ w2, group, "auto") * 0.22
+        out, r = native_add_norm(y, r, w)
+        z = out @ w2
+        sglang.inplace_all_reduce(z, group)
+        out, r = native_add_norm(z.view(2, 4, -1), r.view(2, 4, -1), w)
+        return out, r
+
+    return fn
+
+
 def inputs(tokens: int = 8, hidden: int = 64) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, hidden, generator=g).to(bf16)
@@ -128,8 +156,14 @@ def notes(result: Any, name: str) -> str:
         ),
         (vllm_native, 1, ("vllm.all_reduce.default",)),
         (sglang_block, 3, ("sglang.outplace_all_reduce.default", "sglang.flashinfer_allreduce.default")),
+        (
+            vllm_leads,
+            2,
+            ("vllm.all_reduce.default", "vllm_ir.fused_add_rms_norm.default", "vllm_ir.rms_norm.default"),
+        ),
+        (sglang_leads, 2, ("sglang.outplace_all_reduce.default",)),
     ],
-    ids=["vllm-ir", "vllm-native", "sglang"],
+    ids=["vllm-ir", "vllm-native", "sglang", "vllm-ir-scaled-reshaped", "sglang-scaled-reshaped"],
 )
 def test_allreduce_rmsnorm_matches_host_sites(block, sites, host_ops_left) -> None:
     with fake_world(2) as world:
@@ -185,19 +219,21 @@ def test_unknown_host_group_is_rejected_with_the_reason() -> None:
 
 
 @pytest.mark.parametrize(
-    ("block", "residuals"),
+    ("block", "sites", "residuals"),
     [
-        (vllm_block, "1 residual(s) sliced (first), 1 already sharded (middle), 1 without residual"),
-        (sglang_block, "1 residual(s) sliced (first), 2 already sharded (middle), 0 without residual"),
+        (vllm_block, 3, "1 residual(s) sliced (first), 1 already sharded (middle), 1 without residual"),
+        (sglang_block, 3, "1 residual(s) sliced (first), 2 already sharded (middle), 0 without residual"),
+        (vllm_leads, 2, "1 residual(s) sliced (first), 0 already sharded (middle), 1 without residual"),
+        (sglang_leads, 2, "1 residual(s) sliced (first), 1 already sharded (middle), 0 without residual"),
     ],
-    ids=["vllm-ir", "sglang"],
+    ids=["vllm-ir", "sglang", "vllm-ir-scaled-reshaped", "sglang-scaled-reshaped"],
 )
-def test_sequence_parallel_shards_host_sites(block, residuals) -> None:
+def test_sequence_parallel_shards_host_sites(block, sites, residuals) -> None:
     with fake_world(2) as world:
         result = run_passes(block(world.group_name), *inputs(), passes=[SP])
-    result.assert_matches("sequence_parallel", 3)
+    result.assert_matches("sequence_parallel", sites)
     after = op_counts(result.graph_after)
-    assert after["_c10d_functional.reduce_scatter_tensor.default"] == 3
+    assert after["_c10d_functional.reduce_scatter_tensor.default"] == sites
     assert residuals in notes(result, "sequence_parallel")
     if block is vllm_block:  # the host's norm ops run on the shards
         shapes = [
@@ -226,7 +262,8 @@ def test_check_schemas_reports_absent_and_matching_ops() -> None:
     problems = check_schemas(Other)
     assert problems[0].startswith("nowhere::op: absent from this process")
     assert problems[1].startswith(
-        "vllm::all_reduce: schema 'vllm::all_reduce(Tensor tensor, str group_name) -> Tensor'"
+        "vllm::all_reduce: argument 0 is 'tensor', expected 'x': "
+        "schema 'vllm::all_reduce(Tensor tensor, str group_name) -> Tensor'"
     )
 
 
@@ -235,16 +272,31 @@ _DRIFTED = textwrap.dedent(
     import sys, torch
     sys.path.insert(0, {tests!r})
     lib = torch.library.Library("vllm", "FRAGMENT")
-    lib.define("all_reduce(Tensor tensor, str group_name, int algo=0) -> Tensor")  # a drifted schema
-    lib.impl("all_reduce", lambda t, g, algo=0: t.clone(), "CPU")
-    torch.library.register_fake("vllm::all_reduce", lambda t, g, algo=0: torch.empty_like(t), lib=lib)
-    from test_dialects import inputs, vllm_native
+    lib.define("all_reduce(Tensor tensor, int algo, str group_name) -> Tensor")  # a drifted schema
+    lib.impl("all_reduce", lambda t, a, g: t.clone(), "CPU")
+    torch.library.register_fake("vllm::all_reduce", lambda t, a, g: torch.empty_like(t), lib=lib)
+    import warnings
+    import passkit
+    from test_dialects import inputs
     from passkit_testing import fake_world, run_passes
-    with fake_world(2) as world:
-        result = run_passes(vllm_native(world.group_name), *inputs(),
-                            passes=[{{"name": "allreduce_rmsnorm", "implementation": "reference"}}])
-    print("MATCHES", result.report["allreduce_rmsnorm"].matches)
-    print("NOTES", result.report["allreduce_rmsnorm"].notes)
+
+    def fn(x, r, w, w2):
+        h = torch.ops.vllm.all_reduce(x @ w2, 0, group) + r
+        hf = h.float()
+        return w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype), h
+
+    with fake_world(2) as world, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        group = world.group_name
+        for _ in range(2):  # warned once, however many graphs decline
+            result = run_passes(fn, *inputs(),
+                                passes=[{{"name": "allreduce_rmsnorm", "implementation": "reference"}}])
+    record = result.report["allreduce_rmsnorm"]
+    print("MATCHES", record.matches)
+    print("STATUS", record.status)
+    print("REASON", record.reason)
+    print("WARNINGS", [str(w.message) for w in caught if issubclass(w.category, passkit.PassDeclinedWarning)])
+    print("TABLE", result.report.format())
     """
 )
 
@@ -257,11 +309,26 @@ def test_changed_schema_makes_the_dialect_decline() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tests)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "MATCHES 0" in out.stdout
-    assert (
-        "vllm dialect declined: vllm::all_reduce has schema "
-        "'vllm::all_reduce(Tensor tensor, str group_name, int algo=0) -> Tensor', "
-        "expected 'vllm::all_reduce(Tensor tensor, str group_name) -> Tensor'"
-    ) in out.stdout
+    assert "STATUS declined" in out.stdout  # the status column says it, not only a note
+    reason = (
+        "vllm dialect cannot read vllm::all_reduce in vllm: argument 1 is 'algo', expected "
+        "'group_name' (registered 'vllm::all_reduce(Tensor tensor, int algo, str group_name) -> Tensor'; "
+        "this dialect reads 'vllm::all_reduce(Tensor tensor, str group_name) -> Tensor', as in vLLM 0.33.0)"
+    )
+    assert f"REASON {reason}" in out.stdout
+    (warnings_line,) = [line for line in out.stdout.splitlines() if line.startswith("WARNINGS")]
+    assert warnings_line.count("changed nothing") == 1, warnings_line  # once per process
+    assert "pass 'allreduce_rmsnorm' (plugin 'fusion' from distribution passkit-fusion" in warnings_line
+    assert re.search(r"allreduce_rmsnorm +post_grad_post +declined", out.stdout)
+
+
+def test_a_schema_appending_a_defaulted_argument_is_still_read() -> None:
+    """What a dialect reads did not move: a newer release's extra argument with a default
+    changes nothing (the structural comparison, not the text, decides)."""
+    from passkit_fusion.dialects.schemas import schema_difference
+
+    expected = VllmDialect.SCHEMAS["vllm::all_reduce"]
+    assert schema_difference(expected, "vllm::all_reduce(Tensor tensor, str group_name, int algo=0) -> Tensor") is None
 
 
 def test_host_fusion_is_named_in_the_report() -> None:
@@ -484,7 +551,7 @@ def test_another_host_version_is_named_and_matched_by_schema(monkeypatch) -> Non
         result = run_passes(vllm_native(world.group_name), *inputs(), passes=[REFERENCE])
     result.assert_matches("allreduce_rmsnorm", 1)
     assert (
-        "vllm dialect: written for vllm 0.33.0, running 0.34.1: sites matched where the ops' schemas agree"
+        "vllm dialect: schemas recorded for vllm 0.33.0, running 0.34.1: sites matched where the ops' schemas agree"
         in notes(result, "allreduce_rmsnorm")
     )
 

@@ -85,6 +85,12 @@ def f_rms_norm_div(x, r, w, s):
     return quant_div(torch.nn.functional.rms_norm(h, (h.shape[-1],), w, 1e-6), s), h
 
 
+def reshaped_and_scaled(x, r, w, s):
+    """An MoE block's sum reshaped back to [B, S, H] and scaled (Granite-MoE) before the add."""
+    h = ar(x.reshape(-1, x.shape[-1])).view(r.shape) * 0.5 + r
+    return quant_div(llama_norm(h, w), s), h
+
+
 def norm_also_used(x, r, w, s):
     h = ar(x) + r
     y = llama_norm(h, w)
@@ -205,6 +211,7 @@ FORMS = {
     "inverse-input": Case(inverse_scale_input, scale_shape=(1, 1)),
     "torchao-bf16": Case(torchao_form),
     "torchao-fp16-3d": Case(torchao_form, dtype=fp16, shape=(2, 3, 64)),
+    "reshaped-and-scaled-3d": Case(reshaped_and_scaled, shape=(2, 3, 64)),
     "norm-also-used": Case(norm_also_used, need_norm_out=True),
     "no-residual": Case(no_residual),
     "two-layers": Case(two_layers, sites=2, quantized=2, need_norm_out=True),

@@ -78,7 +78,44 @@ def two_layers(x, r, w):
     return llama(h, w), h
 
 
+def moe_reshape(x, r, w):
+    """An MoE block's sum on [tokens, hidden], reshaped back to [B, S, H] before the add."""
+    h = ar(x.reshape(-1, x.shape[-1])).view(r.shape) + r
+    return llama(h, w), h
+
+
+def scaled_residual(x, r, w):
+    """Granite: the block output times ``residual_multiplier`` (moved before the all-reduce)."""
+    h = r + ar(x) * 0.22
+    return llama(h, w), h
+
+
+def scaled_embedding(x, r, w):
+    """Gemma: the (vocab-parallel) embedding times sqrt(hidden), then the first norm."""
+    h = ar(x) * (x.shape[-1] ** 0.5)
+    return llama(h, w), h
+
+
+def shared_expert(x, r, w):
+    """``norm(AR(routed) + shared + residual)``: the shared term joins the residual."""
+    h = ar(x) + torch.tanh(r) + r
+    return llama(h, w), h
+
+
+def shared_then_reshape(x, r, w):
+    """Qwen2-MoE: routed + shared on [tokens, hidden], reshaped to [B, S, H], + residual."""
+    shared = torch.tanh(r.reshape(-1, r.shape[-1]))  # the same on every rank
+    h = (ar(x.reshape(-1, x.shape[-1])) + shared).view(r.shape) + r
+    return llama(h, w), h
+
+
 CASES: dict[str, tuple[Callable[..., Any], torch.dtype, tuple[int, ...]]] = {
+    "shared-then-reshape-bf16-3d": (shared_then_reshape, bf16, (2, 5, 64)),
+    "moe-reshape-bf16-3d": (moe_reshape, bf16, (2, 5, 64)),
+    "scaled-residual-bf16-2d": (scaled_residual, bf16, (7, 64)),
+    "scaled-residual-fp32-3d": (scaled_residual, fp32, (2, 5, 64)),
+    "scaled-embedding-fp16-3d": (scaled_embedding, fp16, (2, 5, 64)),
+    "shared-expert-bf16-2d": (shared_expert, bf16, (7, 64)),
     "llama-residual-bf16-3d": (with_residual(llama), bf16, (2, 5, 128)),
     "llama-residual-fp16-2d": (with_residual(llama), fp16, (7, 64)),
     "llama-residual-fp32-2d": (with_residual(llama), fp32, (7, 64)),
@@ -140,11 +177,21 @@ def _op_called_directly(rank: int) -> dict[str, Any]:
     }
 
 
+DTENSOR_EMBEDDING_BUG = (
+    "torch 2.10's DTensor fails the vocabulary-parallel embedding in eager "
+    "(_MaskPartial._reduce_value: mask_buffer empty after the async redistribute of a second "
+    "sharded model); torch 2.11 and later run it"
+)
+
+
 def _models(rank: int, world_size: int) -> dict[str, Any]:
     cfg = LlamaConfig()
     ids = torch.randint(0, cfg.vocab, (2, 9), generator=torch.Generator().manual_seed(0))
     out = {}
     for sharding in ("functional", "dtensor"):
+        if sharding == "dtensor" and torch.__version__ < "2.11":
+            out[sharding] = {"skipped": DTENSOR_EMBEDDING_BUG}
+            continue
         models = [TinyLlama(cfg).to(dtype) for dtype in (bf16, fp32)]
         if sharding == "functional":
             models = [shard_functional(m, dist.group.WORLD, rank, world_size) for m in models]
@@ -181,7 +228,9 @@ def test_form_matches_eager(ranks: list[dict[str, Any]], case: str):
         assert result["matches"] == (2 if case.startswith("two") else 1)
         (norm, total), (eager_norm, eager_total) = result["compiled"], result["eager"]
         assert_close(norm, eager_norm)
-        if case.startswith("two"):  # the second sum adds the first norm output: rounding differs
+        if case.startswith(("two", "scaled-residual", "shared")):
+            # the second sum adds the first norm output; a scale moved before the all-reduce,
+            # a shared term added to the residual first: the same sum, rounded elsewhere
             assert_close(total, eager_total)
         else:
             assert torch.equal(total, eager_total), "residual_out must be the unfused sum, exactly"
@@ -205,6 +254,8 @@ def test_op_called_directly(ranks: list[dict[str, Any]]):
 def test_tensor_parallel_llama_matches_eager(ranks: list[dict[str, Any]], sharding: str):
     for rank in ranks:
         result = rank["models"][sharding]
+        if "skipped" in result:
+            pytest.skip(result["skipped"])
         assert result["matches"] == LlamaConfig().sites()
         # bf16 through two layers: as accurate as eager bf16 is, measured against fp32
         assert_no_worse_than(result["compiled"], result["eager"], result["fp32"], factor=1.25)

@@ -35,19 +35,40 @@ def passkit_fusion_dialects() -> list[Any]:
 
 
 @hookimpl
+def passkit_environment_checks() -> list[Any]:
+    """Each registered dialect against the torch and hosts installed here (``passkit list``,
+    ``passkit check``): whether it can read the ops they register."""
+    from passkit import EnvironmentCheck
+
+    from .dialects import registered
+
+    return [EnvironmentCheck(f"{d.name} dialect", *d.check_environment()) for d in registered()]
+
+
+@hookimpl
 def passkit_demos() -> dict[str, Any]:
     return {"allreduce_rmsnorm": _demo, "tp_passes": _tp_demo}
 
 
 @hookimpl
 def passkit_cli_commands(subparsers: Any) -> dict[str, Any]:
+    from .coverage.cli import EXPLAIN_HF_HELP, add_explain_hf_arguments
     from .tuning.cli import TUNE_HELP, TUNE_MODEL_HELP, add_tune_arguments, add_tune_model_arguments
 
     add_tune_arguments(subparsers.add_parser("tune", help=TUNE_HELP, description=TUNE_HELP))
     add_tune_model_arguments(
         subparsers.add_parser("tune-model", help=TUNE_MODEL_HELP, description=TUNE_MODEL_HELP)
     )
-    return {"tune": _tune, "tune-model": _tune_model}
+    add_explain_hf_arguments(
+        subparsers.add_parser("explain-hf", help=EXPLAIN_HF_HELP, description=EXPLAIN_HF_HELP)
+    )
+    return {"tune": _tune, "tune-model": _tune_model, "explain-hf": _explain_hf}
+
+
+def _explain_hf(args: argparse.Namespace) -> int:
+    from .coverage.cli import run_explain_hf
+
+    return run_explain_hf(args)
 
 
 def _tune(args: argparse.Namespace) -> int:

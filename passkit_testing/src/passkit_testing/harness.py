@@ -33,7 +33,7 @@ import torch.utils._pytree as pytree
 import passkit
 from passkit.context import Mode
 from passkit.graph_utils import graph_code, snapshot, unified_diff
-from passkit.pipeline import instantiate
+from passkit.pipeline_build import instantiate
 from passkit.plugins import PluginSet, get_plugins
 
 from . import numerics

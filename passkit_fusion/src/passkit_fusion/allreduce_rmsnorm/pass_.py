@@ -81,6 +81,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         str(_PACKAGE / f)
         for f in (
             "patterns/sites.py",
+            "patterns/lead.py",
             "allreduce_rmsnorm/ops.py",
             "patterns/rmsnorm.py",
             "patterns/fp8.py",
@@ -137,7 +138,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         return "reference" if self.options.implementation == "reference" else "flashinfer"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
-        from ..patterns.sites import Rejection, Site, candidates, host_fusion_note
+        from ..patterns.sites import Rejection, Site, candidates, host_fusion_note, schema_declined
         from . import ops  # noqa: F401  (defines the ops the rewrite writes)
 
         host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
@@ -169,6 +170,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             notes.append(host)
         if decided := self.decision_note(ctx):
             notes.append(decided)
+        if not sites and (declined := schema_declined(rejected)):
+            return PassResult.declining(declined, notes)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
 
     def _never_pays(self, site: Site) -> str | None:
@@ -203,6 +206,9 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         need_norm_out = site.need_norm_out
         anchor, needs_sort = _insertion_point(site, position)
         with graph.inserting_before(anchor):
+            x, residual, inserted = _fused_inputs(graph, site)
+            for i, node in enumerate(inserted):  # the lead's copies, the residual's sum
+                position[node] = position[anchor] - 0.9 + 0.4 * i / len(inserted)
             scale: fx.Node | None = None
             if quant is not None:
                 scale = quant.scale
@@ -212,14 +218,14 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
                     position[scale] = position[anchor] - 0.5
                 op = torch.ops.passkit_fusion.allreduce_rmsnorm_fp8.default
                 args: tuple[object, ...] = (
-                    site.x, site.residual, site.weight, site.eps, site.weight_bias, scale,
+                    x, residual, site.weight, site.eps, site.weight_bias, scale,
                     site.group_name, self.impl, need_norm_out,
                     self.options.max_tokens, self.options.check_rank_consistency,
                 )  # fmt: skip
             else:
                 op = torch.ops.passkit_fusion.allreduce_rmsnorm.default
                 args = (
-                    site.x, site.residual, site.weight, site.eps, site.weight_bias, site.group_name,
+                    x, residual, site.weight, site.eps, site.weight_bias, site.group_name,
                     self.impl, self.options.max_tokens, self.options.check_rank_consistency,
                 )  # fmt: skip
             fused = graph.call_function(op, args)
@@ -276,12 +282,43 @@ def _groups_across_hosts(graph: fx.Graph) -> dict[str, str]:
     return out
 
 
+def _fused_inputs(graph: fx.Graph, site: Site) -> tuple[fx.Node, fx.Node | None, list[fx.Node]]:
+    """The fused op's input and residual, inserted at the graph's insertion point: the
+    all-reduce input with the site's lead applied (the all-reduce is linear: a constant
+    scale moves before it, a view keeping the hidden dim commutes with it), and the
+    residual with the shared terms added first (``AR + (s + residual)``); then the nodes
+    inserted, in order."""
+    from ..patterns.lead import replay_lead
+
+    before = set(graph.nodes)
+    x = replay_lead(graph, (*site.lead, *site.chain_views), site.result, site.x)  # type: ignore[arg-type]
+    for merged in site.merged:  # AR(a) + AR(b) = AR(a + b)
+        other = replay_lead(graph, (*merged.views, *merged.after), merged.result, merged.x)
+        x = graph.call_function(torch.ops.aten.add.Tensor, (x, other))
+        x.meta["val"] = _fake_call(torch.ops.aten.add.Tensor, x.args)
+    residual = site.residual
+    if residual is not None and site.shared:
+        terms = [
+            replay_lead(graph, after, term, term)
+            for term, after in zip(site.shared, site.shared_views or [()] * len(site.shared))
+        ]
+        residual = terms[0]
+        for term in (*terms[1:], site.residual):
+            residual = graph.call_function(torch.ops.aten.add.Tensor, (residual, term))
+            residual.meta["val"] = _fake_call(torch.ops.aten.add.Tensor, residual.args)
+    return x, residual, [n for n in graph.nodes if n not in before]
+
+
 def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Node, bool]:
     """Where the fused op goes: at the sum, when its inputs are all defined by then (the
     usual case: weights are graph inputs); else after its last input, and the users of
     ``residual_out`` that came earlier must be moved after it (the bool is True)."""
     scale = site.quant.scale if site.quant is not None else None
-    inputs = [n for n in (site.x, site.residual, site.weight, scale) if n is not None]
+    inputs = [
+        n
+        for n in (site.x, site.residual, site.weight, scale, *site.shared, *(m.x for m in site.merged))
+        if n is not None
+    ]
     last_input = max(position[n] for n in inputs)
     anchor = site.total if site.total is not None else site.host_norm.node  # type: ignore[union-attr]
     if last_input < position[anchor]:
@@ -316,9 +353,13 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
             forms = Counter(s.quant.form for s in quantized if s.quant is not None)
             fp8 = f"; {len(quantized)} with FP8 quant ({', '.join(f'{k}={v}' for k, v in forms.items())}"
             fp8 += f"; {keep} also writing the norm output)" if keep else ")"
+        merged = sum(len(s.merged) for s in sites)
+        summed = (
+            f"; {merged} all-reduce(s) merged into a site's (AR(a) + AR(b) = AR(a + b))" if merged else ""
+        )
         notes.append(
             f"{len(sites)} site(s) -> {impl} op: {with_res} with residual, {len(sites) - with_res} without"
-            f"{fp8}{_dialects(sites)}; plan {plan_fingerprint(sites)}"
+            f"{fp8}{_dialects(sites)}; plan {plan_fingerprint(sites)}{summed}"
         )
         if layers := notes_patterns.per_layer(s.module for s in sites):
             notes.append(layers)
@@ -344,6 +385,7 @@ def plan_fingerprint(sites: list[Site]) -> str:
     plan = [
         [s.group_name, s.world_size, s.hidden, str(s.dtype), s.residual is not None, s.eps, s.weight_bias]
         + ([s.quant.form, s.need_norm_out] if s.quant is not None else [])
+        + ([len(s.merged)] if s.merged else [])
         for s in sites
     ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]

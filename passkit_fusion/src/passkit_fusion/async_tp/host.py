@@ -45,6 +45,9 @@ class HostCollectives:
     """Why host collectives stay out of torch's matcher (``"node: reason"``)."""
     restored: int = 0
     fused: int = 0
+    declined: list[str] = dataclasses.field(default_factory=list)
+    """Dialects that declined their ops' schemas (also in :attr:`left`): a cause the user
+    must act on, reported as the pass's ``declined`` status when nothing was fused."""
 
 
 def to_torch(graph: fx.Graph, dialects: list[Dialect] | None = None) -> HostCollectives:
@@ -56,6 +59,7 @@ def to_torch(graph: fx.Graph, dialects: list[Dialect] | None = None) -> HostColl
         problems = dialect.schema_problems(graph)
         if problems:
             out.left.extend(problems.values())
+            out.declined.extend(problems.values())
             continue
         for found in list(dialect.collectives(graph)):
             if isinstance(found, tuple):

@@ -163,6 +163,8 @@ class AsyncTP(decisions.Tunable, GraphPass):
         notes = _summarize(fused, left, preexisting, wrapped, groups, self.options) + host.notes(hosts)
         if decided := self.decision_note(ctx):
             notes.append(decided)
+        if not fused and hosts.declined:
+            return PassResult.declining("; ".join(hosts.declined), notes)
         return PassResult(modified=wrapped > 0, matches=len(fused), notes=notes)
 
     def _retarget(self, graph: fx.Graph, ag_op: Any, rs_op: Any) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .base import AllReduce, Collective, Declined, Dialect, HostNorm, registered_schema
+from .base import AllReduce, Collective, Declined, Dialect, HostNorm, check_schemas
 
 __all__ = [
     "AllReduce",
@@ -76,18 +76,3 @@ def registered(plugins: Any = None) -> list[Dialect]:
 
 def _cls(item: Any) -> type:
     return item if isinstance(item, type) else type(item)
-
-
-def check_schemas(dialect: Dialect | type[Dialect]) -> list[str]:
-    """Each op of ``dialect.SCHEMAS`` whose schema in this process differs from the
-    expected one, or that this process does not register (``"... absent"``); empty when
-    all match. Import the host first (e.g. ``vllm.distributed.parallel_state``) to check
-    its real ops."""
-    problems = []
-    for qualified, expected in dialect.SCHEMAS.items():
-        found = registered_schema(qualified)
-        if found is None:
-            problems.append(f"{qualified}: absent from this process (expected {expected!r})")
-        elif found != expected:
-            problems.append(f"{qualified}: schema {found!r}, expected {expected!r}")
-    return problems

@@ -227,7 +227,12 @@ class Dialect:
     PACKAGE: ClassVar[str | None] = None
     """The host's importable package (``"vllm"``), for :meth:`version_note`."""
     VERSIONS: ClassVar[tuple[str, ...]] = ()
-    """The host versions whose schemas :attr:`SCHEMAS` holds."""
+    """The host versions whose schemas were recorded and tested (``recorded/<name>.json``)."""
+    VERSION_PARTS: ClassVar[int] = 3
+    """How many parts of a version :meth:`knows_version` compares (2 for torch: its patch
+    releases register the same ops)."""
+    HOST_MODULES: ClassVar[tuple[str, ...]] = ()
+    """The host modules whose import registers the ops :attr:`SCHEMAS` names."""
     ALL_REDUCE_OPS: ClassVar[tuple[str, ...]] = ()
     """The ops :meth:`all_reduces` reads (rejected all at once when the dialect declines)."""
     HOST_FUSIONS: ClassVar[dict[str, str]] = {}
@@ -241,21 +246,45 @@ class Dialect:
 
     def schema_problems(self, graph: fx.Graph) -> dict[str, str]:
         """``{"ns::op": reason}`` for the ops of :attr:`SCHEMAS` that the graph calls and
-        whose registered schema differs from the expected one."""
+        whose registered schema this dialect would read wrongly (compared argument by
+        argument: :func:`~passkit_fusion.dialects.schemas.schema_difference`)."""
         problems: dict[str, str] = {}
         for node in graph.nodes:
             _, qualified, _ = node_op(node)
             if qualified is None or qualified not in self.SCHEMAS or qualified in problems:
                 continue
-            found = registered_schema(qualified)  # the default overload's (vLLM IR's
-            # maybe_inplace overload shares its signature under another name)
-            expected = self.SCHEMAS[qualified]
-            if found != expected:
-                problems[qualified] = (
-                    f"{self.name} dialect declined: {qualified} has schema {found!r}, "
-                    f"expected {expected!r} ({self.host or self.name})"
-                )
+            problem = self.schema_problem(qualified)
+            if problem:
+                problems[qualified] = problem
         return problems
+
+    def schema_problem(self, qualified: str) -> str | None:
+        """Why this dialect cannot read op ``qualified`` as this process registers it (the
+        default overload's schema; vLLM IR's ``maybe_inplace`` overload shares its
+        signature under another name), or None when it can or the op is not registered."""
+        from .schemas import schema_difference
+
+        found = registered_schema(qualified)
+        expected = self.SCHEMAS[qualified]
+        if found is None:
+            return None
+        difference = schema_difference(expected, found)
+        if difference is None:
+            return None
+        return (
+            f"{self.name} dialect cannot read {qualified} in {self.running_version()}: {difference} "
+            f"(registered {found!r}; this dialect reads {expected!r}, as in "
+            f"{self.host or self.name}). Use a supported version or a passkit-fusion that knows this one"
+        )
+
+    def running_version(self) -> str:
+        """``"<package> <version>"`` of the running host (torch for the torch dialect, and
+        for a dialect that names no package); the package alone when it is not imported."""
+        import sys
+
+        package = self.PACKAGE or "torch"
+        found = getattr(sys.modules.get(package), "__version__", None)
+        return f"{package} {found}" if found else package
 
     def all_reduces(self, graph: fx.Graph) -> Iterator[AllReduce | Declined | tuple[fx.Node, str]]:
         """Every all-reduce of the graph in this dialect, in graph order: an
@@ -302,17 +331,55 @@ class Dialect:
     def version_note(self) -> str | None:
         """A note when the running host (already imported: never imported here) is another
         version than :attr:`VERSIONS`: matching goes on wherever the schemas still agree
-        (best effort; a changed schema declines)."""
+        (compared argument by argument; a schema read differently declines)."""
         import sys
 
         module = sys.modules.get(self.PACKAGE) if self.PACKAGE else None
         found = getattr(module, "__version__", None)
-        if not self.VERSIONS or not isinstance(found, str) or found in self.VERSIONS:
+        if not self.VERSIONS or not isinstance(found, str) or self.knows_version(found):
             return None
         return (
-            f"{self.name} dialect: written for {self.PACKAGE} {', '.join(self.VERSIONS)}, running "
-            f"{found}: sites matched where the ops' schemas agree"
+            f"{self.name} dialect: schemas recorded for {self.PACKAGE} {', '.join(self.VERSIONS)}, "
+            f"running {found}: sites matched where the ops' schemas agree"
         )
+
+    def knows_version(self, version: str) -> bool:
+        """Whether ``version`` of the host is one :attr:`VERSIONS` holds (the first
+        :attr:`VERSION_PARTS` parts compared; a local suffix such as ``+cu130`` ignored)."""
+
+        def head(v: str) -> tuple[str, ...]:
+            return tuple(v.split("+")[0].split("."))[: self.VERSION_PARTS]
+
+        return head(version) in {head(v) for v in self.VERSIONS}
+
+    def check_environment(self) -> tuple[bool, str]:
+        """``(ok, what)``: this dialect's state against the host installed in this process
+        (for ``passkit list`` / ``passkit check``). Imports the host's modules that register
+        its ops (:attr:`HOST_MODULES`) when the host is installed; a host not installed is
+        fine (the dialect is idle)."""
+        import importlib
+        import importlib.util
+
+        if self.PACKAGE and importlib.util.find_spec(self.PACKAGE) is None:
+            return True, f"{self.PACKAGE} not installed (dialect idle)"
+        try:
+            for module in self.HOST_MODULES:
+                importlib.import_module(module)
+        except Exception as exc:  # a host that cannot import here cannot run either
+            return (
+                False,
+                f"{self.PACKAGE} installed but {module} does not import ({type(exc).__name__}: {exc})",
+            )
+        version = self.running_version()
+        problems = check_schemas(self)
+        absent = [p for p in problems if "absent from this process" in p]
+        if problems and len(absent) == len(problems) == len(self.SCHEMAS):
+            return False, f"{version}: none of the ops it reads is registered"
+        wrong = [p for p in problems if p not in absent]
+        if wrong:
+            return False, f"{version}: cannot read " + "; ".join(wrong)
+        known = "" if self.version_note() is None else " (version not recorded: schemas agree)"
+        return True, f"{version}: reads all {len(self.SCHEMAS) - len(absent)} op(s){known}"
 
     def ops_in(self, graph: fx.Graph, names: Iterable[str]) -> Iterator[tuple[fx.Node, Any, bool]]:
         """``(node, op, functionalized)`` for the graph's calls of the ops ``names``."""
@@ -335,3 +402,20 @@ class Dialect:
 
     def __repr__(self) -> str:
         return f"<dialect {self.name} ({self.host})>"
+
+
+def check_schemas(dialect: Dialect | type[Dialect]) -> list[str]:
+    """Each op of ``dialect.SCHEMAS`` that this process does not register (``"... absent"``)
+    or registers with a schema the dialect would read wrongly (compared argument by
+    argument, :func:`.schemas.schema_difference`); empty when all can be read. Import the
+    host first (e.g. ``vllm.distributed.parallel_state``) to check its real ops."""
+    from .schemas import schema_difference
+
+    problems = []
+    for qualified, expected in dialect.SCHEMAS.items():
+        found = registered_schema(qualified)
+        if found is None:
+            problems.append(f"{qualified}: absent from this process (expected {expected!r})")
+        elif difference := schema_difference(expected, found):
+            problems.append(f"{qualified}: {difference}: schema {found!r}, expected {expected!r}")
+    return problems

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.fx as fx
 
 from .base import AllReduce, Collective, Declined, Dialect, arg, functionalized
+from .schemas import supported_versions
 from .vllm import host_coordinator
 
 _OUTPLACE = "sglang::outplace_all_reduce"
@@ -42,7 +43,8 @@ class SGLangDialect(Dialect):
     host = "SGLang 0.5.23"
     NAMESPACES = ("sglang",)
     PACKAGE = "sglang"
-    VERSIONS = ("0.5.23",)
+    VERSIONS = supported_versions("sglang")
+    HOST_MODULES = ("sglang.srt.distributed.parallel_state",)
     ALL_REDUCE_OPS = (_OUTPLACE, _INPLACE, _FLASHINFER)
     SCHEMAS: ClassVar[dict[str, str]] = {
         _OUTPLACE: "sglang::outplace_all_reduce(Tensor tensor, str group_name, str outplace_all_reduce_method) -> Tensor",

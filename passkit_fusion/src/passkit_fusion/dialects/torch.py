@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from .base import AllReduce, Dialect, sole_user, val
+from .schemas import supported_versions
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -25,9 +26,15 @@ class TorchDialect(Dialect):
     """PyTorch's functional collectives (``_c10d_functional``) and DTensor."""
 
     name = "torch"
-    host = "PyTorch functional collectives (torch 2.11-2.13)"
+    host = "PyTorch functional collectives (torch 2.13)"
+    PACKAGE = "torch"
+    VERSIONS = supported_versions("torch")
+    VERSION_PARTS = 2
+    HOST_MODULES = ("torch.distributed._functional_collectives",)
     NAMESPACES = ("_c10d_functional",)
     ALL_REDUCE_OPS = ("_c10d_functional::all_reduce",)
+    # what the code below reads (torch 2.13's text); torch 2.10-2.12 write ``str group_name``
+    # where 2.13 writes ``Any``: read alike (schemas.schema_difference)
     SCHEMAS: ClassVar[dict[str, str]] = {
         "_c10d_functional::all_reduce": "_c10d_functional::all_reduce(Tensor input, str reduce_op, Any group_name) -> Tensor",
         "_c10d_functional::wait_tensor": "_c10d_functional::wait_tensor(Tensor tensor) -> Tensor",

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.fx as fx
 
 from .base import AllReduce, Collective, Declined, Dialect, HostNorm, arg, dtype_str, node_op, val
+from .schemas import supported_versions
 
 _ALL_REDUCE = "vllm::all_reduce"
 _ALL_GATHER = "vllm::all_gather"
@@ -44,7 +45,8 @@ class VllmDialect(Dialect):
     host = "vLLM 0.33.0"
     NAMESPACES = ("vllm", "vllm_ir")
     PACKAGE = "vllm"
-    VERSIONS = ("0.33.0",)
+    VERSIONS = supported_versions("vllm")
+    HOST_MODULES = ("vllm.distributed.parallel_state", "vllm.ir.ops")
     ALL_REDUCE_OPS = (_ALL_REDUCE,)
     SCHEMAS: ClassVar[dict[str, str]] = {
         _ALL_REDUCE: "vllm::all_reduce(Tensor tensor, str group_name) -> Tensor",

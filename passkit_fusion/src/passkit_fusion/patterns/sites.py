@@ -55,6 +55,7 @@ from .graph import (
     sole_user,
     val,
 )
+from .lead import describe_chain, is_lead_op, is_view, walk_lead
 from .rmsnorm import NoNorm, RMSNorm, cast_dtype, match_rmsnorm, match_rmsnorm_fp32
 
 aten = torch.ops.aten
@@ -66,6 +67,27 @@ HIDDEN_MULTIPLE = 8
 """The kernel moves 16-byte vectors: 8 elements of a 16-bit dtype."""
 MAX_HIDDEN = 16384
 """Largest hidden size the kernel is known to launch with (one token per thread block cluster)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Merged:
+    """Another all-reduce of the same group whose sum is added to a site's sum before the
+    residual (DeepSeek's routed experts + shared experts, each row-parallel): the all-reduce
+    is linear, so the site reduces both inputs at once, ``AR(a) + AR(b) = AR(a + b)``, one
+    collective instead of two."""
+
+    all_reduce: fx.Node
+    x: fx.Node
+    """Its input."""
+    result: fx.Node
+    term: fx.Node
+    """What the site's add reads: :attr:`result`, or the last view of it."""
+    nodes: tuple[fx.Node, ...]
+    """Its own nodes, from the collective to :attr:`result` (in the site's nodes)."""
+    views: tuple[fx.Node, ...]
+    """Views keeping the hidden dim from :attr:`result` to :attr:`term` (in the site's nodes)."""
+    after: tuple[fx.Node, ...]
+    """The site's views after the add reading :attr:`term` (the site's own chain)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +135,33 @@ class Site:
     """The group as the graph names it (the host's name)."""
     host_norm: HostNorm | None = None
     """The host's norm op, when the norm is one (else the native decomposition)."""
+    lead: tuple[fx.Node, ...] = ()
+    """Views (keeping the hidden dim) and constant scales between :attr:`result` and the
+    residual add or norm (:mod:`.lead`), in order; in :attr:`nodes`. A rewrite that fuses
+    the all-reduce applies them to :attr:`x` first (:func:`.lead.replay_lead`)."""
+    shared: tuple[fx.Node, ...] = ()
+    """Terms added to the sum before :attr:`residual` (a shared expert's output:
+    ``norm(AR(routed) + shared + residual)``), in order; the fused op adds them to the
+    residual first. Their adds are in :attr:`nodes`."""
+    merged: tuple[Merged, ...] = ()
+    """All-reduces summed into this site (not in :attr:`shared`); their nodes are in
+    :attr:`nodes`."""
+    shared_views: tuple[tuple[fx.Node, ...], ...] = ()
+    """For each :attr:`shared` term, the views keeping the hidden dim that follow its add
+    (``(AR + shared).view(B, S, H) + residual``: Qwen2-MoE); in :attr:`nodes`. The fused op
+    applies them to the term, and all of them (after :attr:`lead`) to :attr:`x`."""
+
+    @property
+    def chain_views(self) -> tuple[fx.Node, ...]:
+        """The views keeping the hidden dim between the site's adds, in order (they apply to
+        every term added before them, the all-reduce input included)."""
+        own = set(self.lead) | {n for m in self.merged for n in m.views}
+        return tuple(n for n in self.nodes if is_view(n) and n not in own)
+
+    @property
+    def start(self) -> fx.Node:
+        """The node the residual add (or the norm) reads: the lead's last, else the sum."""
+        return self.lead[-1] if self.lead else self.result  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +170,17 @@ class Rejection:
 
     all_reduce: fx.Node
     reason: str
+    schema: bool = False
+    """The dialect declined the op itself (a schema it would read wrongly), not this site:
+    a cause the user must act on (see :func:`schema_declined`)."""
+
+
+def schema_declined(rejected: Sequence[Rejection]) -> str | None:
+    """The reason(s) dialects declined ops for their schema among ``rejected`` (one line,
+    each reason once), or None: a pass that fused nothing for this reason returns
+    ``PassResult.declining(...)``, which the report marks ``declined`` and warns about."""
+    reasons = list(dict.fromkeys(r.reason for r in rejected if r.schema))
+    return "; ".join(reasons) if reasons else None
 
 
 def candidates(
@@ -141,16 +201,25 @@ def candidates(
         if problems:  # never read arguments at positions the op may no longer have
             reason = "; ".join(problems.values())
             for node, _, _ in list(dialect.ops_in(graph, dialect.ALL_REDUCE_OPS)):
-                yield Rejection(node, reason)
+                yield Rejection(node, reason, schema=True)
             continue
+        merged: set[fx.Node] = set()
         for found in dialect.all_reduces(graph):
+            if _anchor(found) in merged or getattr(_anchor(found), "_erased", False):
+                continue  # summed into an earlier site (see Site.merged)
             if isinstance(found, tuple):
                 yield Rejection(*found)
                 continue
             try:
-                yield match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present)
+                site = match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present)
+                merged.update(m.all_reduce for m in site.merged)
+                yield site
             except (Mismatch, Declined) as exc:
                 yield Rejection(found.anchor, str(exc))
+
+
+def _anchor(found: AllReduce | tuple[fx.Node, str]) -> fx.Node:
+    return found.anchor if isinstance(found, AllReduce) else found[0]
 
 
 def find_sites(
@@ -210,6 +279,13 @@ def match_site(
 ) -> Site:
     """The site starting at the all-reduce ``ar`` (read by ``dialect``); raises
     :class:`Mismatch` (or :class:`~passkit_fusion.dialects.Declined`) with the reason if none.
+    A :class:`Mismatch` names the chain of nodes the matcher walked and where it stopped
+    (``all_reduce -> wait_tensor -> mul(·, 0.22) -> add -> relu: no RMSNorm after the
+    all-reduce``).
+
+    Between the sum and the residual add (or the norm) the matcher reads through views that
+    keep the hidden dim and multiplications by constants (:mod:`.lead`); after the add,
+    through further adds of same-shaped terms (a shared expert's output).
 
     ``norms``: the dialects whose norm ops may follow the all-reduce besides ``dialect``'s
     (vLLM on CPU: torch's all-reduce, vLLM IR's norms).
@@ -217,33 +293,77 @@ def match_site(
     ``kernel_limits=False`` drops the fused kernel's own limits (hidden size, world sizes
     2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``).
     ``fp8=True`` also matches a static FP8 quantization of the norm output."""
+    try:
+        return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms)
+    except Mismatch as exc:
+        raise Mismatch(f"{_walked_chain(ar)}: {exc}") from None
+
+
+def _walked_chain(ar: AllReduce) -> str:
+    """The nodes from the collective through the lead and the adds, then the users where
+    the walk ended (see :func:`.lead.describe_chain`)."""
+    nodes = list(dict.fromkeys(ar.nodes))
+    lead = walk_lead(ar.result)
+    nodes.extend(lead)
+    node = lead[-1] if lead else ar.result
+    while (user := sole_user(node)) is not None and (
+        user.target is aten.add.Tensor or (is_view(user) and is_lead_op(user, node))
+    ):
+        nodes.append(user)
+        node = user
+    return describe_chain(nodes, node.users)
+
+
+def _match_site(
+    ar: AllReduce,
+    dialect: Dialect,
+    *,
+    kernel_limits: bool,
+    fp8: bool,
+    norms: Sequence[Dialect],
+) -> Site:
     result = ar.result
+    lead = walk_lead(result)
+    start = lead[-1] if lead else result
     readers = [dialect, *(d for d in norms if d is not dialect)]
-    host_norm = _host_norm(result, readers)
+    host_norm = _host_norm(start, readers)
     residual: fx.Node | None = None
+    shared: tuple[fx.Node, ...] = ()
+    shared_views: tuple[tuple[fx.Node, ...], ...] = ()
+    merged: tuple[Merged, ...] = ()
     rest: tuple[fx.Node, ...] = ()
+    adds: tuple[fx.Node, ...] = ()
     if host_norm is not None and host_norm.kind == "fused_add":
         residual, total = host_norm.residual, host_norm.total
     elif host_norm is not None:
-        total = result
+        total = start
     else:
-        total, residual, rest = _residual_add(result)
+        total, residual, rest, shared, adds = _residual_add(start)
+        shared_views = _views_after_each(shared, adds)
+        if shared:
+            shared, shared_views, merged = _merge_all_reduces(ar, dialect, shared, shared_views)
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
-    dtype, shape = val(result).dtype, val(result).shape
+    dtype, shape = val(start).dtype, val(start).shape
     if host_norm is not None:
         norm = RMSNorm(host_norm.weight, host_norm.weight_bias, host_norm.eps, host_norm.out, host_norm.nodes)
     elif rest:
         norm = match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
     else:
         norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
-    _check_residual(result, residual, shape)
+    _check_residual(start, residual, shape if residual is None or not shared_views else val(total).shape)
+    merged_terms = {m.term for m in merged}
+    shared_adds = [a for a in adds if not is_view(a) and not (set(a.args[:2]) & merged_terms)]
+    for term, add in zip(shared, shared_adds):
+        _check_residual(start, term, val(add).shape)
     hidden = _check_supported(dtype, shape, kernel_limits)
     group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
     world_size = _world_size(group_name, kernel_limits)
-    # the all-reduce, then the residual add (in fp32: the upcasts, the add, the rounding);
-    # a host's fused add+norm op adds the residual itself (its nodes are the norm's)
-    adds = () if host_norm is not None and host_norm.kind == "fused_add" else (*rest, total)
-    head = tuple(dict.fromkeys((*ar.nodes, *adds)))
+    # the all-reduce, the lead, then the residual add(s) (in fp32: the upcasts, the add, the
+    # rounding); a host's fused add+norm op adds the residual itself (its nodes are the norm's)
+    if not (host_norm is not None and host_norm.kind == "fused_add"):
+        adds = (*rest, *adds, total)  # type: ignore[assignment]
+    merged_nodes = [n for m in merged for n in (*m.nodes, *m.views)]
+    head = tuple(dict.fromkeys((*ar.nodes, *lead, *merged_nodes, *adds)))
     quant, quant_skipped = None, None
     if fp8:
         try:
@@ -275,6 +395,10 @@ def match_site(
         dialect=dialect.name,
         host_group=ar.group,
         host_norm=host_norm,
+        lead=lead,
+        shared=shared,
+        shared_views=shared_views,
+        merged=merged,
     )
 
 
@@ -290,27 +414,96 @@ def _host_norm(total: fx.Node, dialects: Sequence[Dialect]) -> HostNorm | None:
 # the residual add
 
 
-def _residual_add(result: fx.Node) -> tuple[fx.Node, fx.Node | None, tuple[fx.Node, ...]]:
-    """``(total, residual, fp32_nodes)``:
+def _residual_add(
+    result: fx.Node,
+) -> tuple[fx.Node, fx.Node | None, tuple[fx.Node, ...], tuple[fx.Node, ...], tuple[fx.Node, ...]]:
+    """``(total, residual, fp32_nodes, shared, inner_adds)`` after ``result`` (the sum, or
+    the lead's last node):
 
-    * ``(add, residual, ())`` when the sum's only use is ``add(result, residual)`` (either
-      order) in the activation dtype;
-    * ``(rounded, residual, (upcast, residual_upcast, h))`` when it is added in fp32:
+    * ``(add, residual, (), (), ())`` when the sum's only use is ``add(result, residual)``
+      (either order) in the activation dtype;
+    * ``(add_n, residual, (), (s_1..s_n-1), (add_1..add_n-1))`` for a chain of such adds,
+      each the only use of the one before: ``((result + s_1) + ...) + residual`` (a shared
+      expert's output joins the residual);
+    * ``(rounded, residual, (upcast, residual_upcast, h), (), ())`` when it is added in fp32:
       ``h = add(result.float(), residual.float())`` read by ``rounded = h.to(dtype)`` and
       the norm (SGLang's and vLLM's native RMSNorm with a residual);
-    * else ``(result, None, ())``: the norm must then start at the result itself."""
+    * else ``(result, None, (), (), ())``: the norm must then start at the result itself."""
     add = sole_user(result)
     if add is not None and cast_dtype(add) == torch.float32 and val(result).dtype != torch.float32:
         fp32 = _fp32_residual_add(result, add)
         if fp32 is not None:
-            return fp32
-    if add is None or add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
-        return result, None, ()
+            return (*fp32, (), ())
+    terms: list[fx.Node] = []
+    chain: list[fx.Node] = []  # the adds, and the views keeping H between them
+    node = result
+    while add is not None:
+        if (term := _added_term(add, node)) is not None:
+            terms.append(term)
+        elif not (terms and is_view(add) and is_lead_op(add, node)):
+            break
+        chain.append(add)
+        node = add
+        add = sole_user(add)
+    while chain and is_view(chain[-1]):  # the norm starts at the last add
+        chain.pop()
+    if not chain:
+        return result, None, (), (), ()
+    return chain[-1], terms[-1], (), tuple(terms[:-1]), tuple(chain[:-1])
+
+
+def _merge_all_reduces(
+    ar: AllReduce,
+    dialect: Dialect,
+    shared: tuple[fx.Node, ...],
+    shared_views: tuple[tuple[fx.Node, ...], ...],
+) -> tuple[tuple[fx.Node, ...], tuple[tuple[fx.Node, ...], ...], tuple[Merged, ...]]:
+    """Split the shared terms into those that are another all-reduce's sum (same dialect,
+    group and sum; read only here, through views keeping the hidden dim), merged into the
+    site, and the others. Returns ``(shared, shared_views, merged)``."""
+    others = {
+        found.result: found
+        for found in dialect.all_reduces(ar.anchor.graph)
+        if isinstance(found, AllReduce) and found.anchor is not ar.anchor and found.group == ar.group
+    }
+    kept: list[fx.Node] = []
+    kept_views: list[tuple[fx.Node, ...]] = []
+    merged: list[Merged] = []
+    for term, after in zip(shared, shared_views):
+        source, views = term, []
+        while source not in others and is_view(source) and isinstance(source.args[0], fx.Node):
+            views.insert(0, source)
+            source = source.args[0]
+        other = others.get(source)
+        single_use = all(len(n.users) == 1 for n in (source, *views))
+        if other is None or not single_use:
+            kept.append(term)
+            kept_views.append(after)
+            continue
+        merged.append(Merged(other.anchor, other.x, other.result, term, other.nodes, tuple(views), after))
+    return tuple(kept), tuple(kept_views), tuple(merged)
+
+
+def _views_after_each(
+    shared: tuple[fx.Node, ...], chain: tuple[fx.Node, ...]
+) -> tuple[tuple[fx.Node, ...], ...]:
+    """For each shared term (the i-th add of ``chain``), the views of ``chain`` after its add."""
+    out: list[tuple[fx.Node, ...]] = []
+    adds = [i for i, node in enumerate(chain) if not is_view(node)]
+    for i in adds[: len(shared)]:
+        out.append(tuple(n for n in chain[i + 1 :] if is_view(n)))
+    return tuple(out)
+
+
+def _added_term(add: fx.Node, node: fx.Node) -> fx.Node | None:
+    """The other operand of ``add(node, other)`` (either order, alpha 1), if a node."""
+    if add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
+        return None
     a, b = add.args[:2]
-    residual = b if a is result else a
-    if not isinstance(residual, fx.Node) or residual is result:
-        return result, None, ()
-    return add, residual, ()
+    other = b if a is node else a
+    if not isinstance(other, fx.Node) or other is node:
+        return None
+    return other
 
 
 def _fp32_residual_add(result: fx.Node, up: fx.Node) -> tuple[fx.Node, fx.Node, tuple[fx.Node, ...]] | None:
@@ -332,13 +525,15 @@ def _fp32_residual_add(result: fx.Node, up: fx.Node) -> tuple[fx.Node, fx.Node, 
 
 
 def _check_residual(result: fx.Node, residual: fx.Node | None, shape: torch.Size) -> None:
+    """``residual`` is added to a tensor of ``shape`` (the sum's, or after views keeping
+    the hidden dim): same shape (no broadcast), same dtype as the sum ``result``."""
     if residual is None:
         return
     rval, wval = val(residual), val(result)
     if rval.dtype != wval.dtype:
         raise Mismatch(f"residual is {dtype_str(rval.dtype)} but the all-reduce is {dtype_str(wval.dtype)}")
-    if not (same_shape(rval.shape, shape) and same_shape(wval.shape, shape)):
-        raise Mismatch(f"residual add broadcasts ({shape_str(wval.shape)} + {shape_str(rval.shape)})")
+    if not (same_shape(rval.shape, shape) and same_shape(wval.shape[-1:], shape[-1:])):
+        raise Mismatch(f"residual add broadcasts ({shape_str(shape)} + {shape_str(rval.shape)})")
 
 
 # ---------------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         str(_PACKAGE / f)
         for f in (
             "patterns/sites.py",
+            "patterns/lead.py",
             "sequence_parallel/rewrite.py",
             "sequence_parallel/ops.py",
             "patterns/marks.py",
@@ -125,7 +126,7 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         return None
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
-        from ..patterns.sites import Rejection, find_sites, host_fusion_note
+        from ..patterns.sites import Rejection, find_sites, host_fusion_note, schema_declined
         from . import rewrite  # imports the token_shard op
 
         host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
@@ -153,6 +154,8 @@ class SequenceParallel(decisions.Tunable, GraphPass):
             notes.append(host)
         if decided := self.decision_note(ctx):
             notes.append(decided)
+        if not taken and (declined := schema_declined(rejected)):
+            return PassResult.declining(declined, notes)
         return PassResult(modified=bool(taken), matches=len(taken), notes=notes)
 
     def _problem(self, site: Site, ctx: CompileContext, symbol: object) -> str | None:
@@ -203,6 +206,8 @@ def summarize(sites: list[Site], rejected: list[Rejection], outcome: rewrite.Out
             f"+ all-gather: {outcome.sliced} residual(s) sliced (first), {outcome.sharded} already "
             f"sharded (middle), {outcome.no_residual} without residual; {outcome.gathered} sum(s) "
             f"gathered for other users (last); plan {plan_fingerprint(sites)}"
+            + (f"; {outcome.shared} shared term(s) sliced" if outcome.shared else "")
+            + (f"; {outcome.merged} all-reduce(s) merged into a site's" if outcome.merged else "")
             + (f"; {outcome.rerouted} matmul(s) re-routed to read the all-gather" if outcome.rerouted else "")
         )
         if layers := notes_patterns.per_layer(s.module for s in sites):

@@ -11,6 +11,11 @@ fused kernel's limits)::
     out  = wait_tensor(all_gather_into_tensor(n, W, g))         # [T, H], replicated again
     out  = reshape(out, x.shape)                                # 3-D only
 
+Between the sum and the add (the site's lead), views keeping the hidden dim are the identity
+on the ``[T / W, H]`` shard and constant scales are copied onto it (after the
+reduce-scatter, as eager scales after the all-reduce: the same numerics); terms added before
+the residual (a shared expert's output) are sliced like a first site's residual.
+
 The residual's shard is the previous site's sharded sum when the residual is that site's
 sum (middle sites: the residual stream stays sharded between layers), else
 ``token_shard(reshape(residual, [-1, H]), g)`` (first site: a replicated residual, sliced
@@ -53,6 +58,7 @@ import torch.fx as fx
 from torch.fx.node import map_arg
 
 from ..patterns import marks
+from ..patterns.lead import is_view
 from ..patterns.sites import Site
 from . import ops as _ops  # noqa: F401  (registers torch.ops.passkit_fusion.token_shard)
 
@@ -101,6 +107,10 @@ class Outcome:
     no_residual: int = 0
     gathered: int = 0
     """residual sums gathered for users outside the sites (last sites, other users)"""
+    merged: int = 0
+    """all-reduces summed into a site, reduce-scattered alongside it"""
+    shared: int = 0
+    """terms added before the residual (shared experts' outputs) sliced with ``token_shard``"""
     rerouted: int = 0
     """matmuls re-routed to read an all-gather directly (see the module docstring)"""
 
@@ -227,12 +237,27 @@ class Rewriter:
             part = self._call(c10d.reduce_scatter_tensor.default, (x2, "sum", w, g), like=site.x)
             part = self._call(c10d.wait_tensor.default, (part,), like=site.x)
             env: dict[fx.Node, fx.Node] = {site.result: part}
+            # on [T / W, H] rows a view keeping H is the identity
+            views = {n for n in site.nodes if is_view(n)}
+            skipped = set(site.head)
+            for merged in site.merged:  # another all-reduce summed into the site: its shard
+                other = self._call(
+                    c10d.reduce_scatter_tensor.default, (self._to_2d(merged.x), "sum", w, g), like=merged.x
+                )
+                env[merged.result] = self._call(c10d.wait_tensor.default, (other,), like=merged.x)
+                skipped.update(merged.nodes)
+                self.outcome.merged += 1
             if site.residual is None:
                 self.outcome.no_residual += 1
             else:
                 env[site.residual] = self._residual_shard(site.residual, g, w)
+            for term in site.shared:
+                env[term] = self._term_shard(term, g)
             position = {n: i for i, n in enumerate(self.graph.nodes)}
-            for node in sorted(set(site.nodes) - set(site.head), key=position.__getitem__):
+            for node in sorted(set(site.nodes) - skipped, key=position.__getitem__):
+                if node in views:
+                    env[node] = env[node.args[0]]  # type: ignore[index]
+                    continue
                 copy = self.graph.node_copy(node, lambda a: env.get(a, a))
                 if copy.target is aten.mean.dim:  # over the hidden dim, counted from the end
                     copy.args = (copy.args[0], [-1], *copy.args[2:])
@@ -247,12 +272,26 @@ class Rewriter:
         self._site += 1
 
     def _residual_shard(self, residual: fx.Node, group_name: str, world_size: int) -> fx.Node:
-        known = self.shards.get(residual)
+        source = residual  # a view of an earlier site's sum keeping H: the same rows
+        while source not in self.shards and is_view(source) and isinstance(source.args[0], fx.Node):
+            if source.args[0].meta["val"].shape[-1] != source.meta["val"].shape[-1]:
+                break
+            source = source.args[0]
+        known = self.shards.get(source)
         if known is not None and known.group_name == group_name:
             self.outcome.sharded += 1
             return known.node
         self.outcome.sliced += 1
         return self._call(torch.ops.passkit_fusion.token_shard.default, (self._to_2d(residual), group_name))
+
+    def _term_shard(self, term: fx.Node, group_name: str) -> fx.Node:
+        """This rank's rows of a term added before the residual (a shared expert's output,
+        computed alike on every rank): sliced without communication."""
+        known = self.shards.get(term)
+        if known is not None and known.group_name == group_name:
+            return known.node
+        self.outcome.shared += 1
+        return self._call(torch.ops.passkit_fusion.token_shard.default, (self._to_2d(term), group_name))
 
     def _gather(self, shard: Shard) -> fx.Node:
         """All-gather ``shard`` and give it ``shard.like``'s shape. Inserted at the current

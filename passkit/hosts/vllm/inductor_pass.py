@@ -8,10 +8,10 @@ from typing import Any
 import torch.fx
 from vllm.compilation.passes.inductor_pass import InductorPass, get_pass_context
 
-from ..config import Config
-from ..pipeline import Pipeline, build_pipeline
-from ..tokens import TokenRange
-from . import vllm as adapter
+from ...config import Config
+from ...pipeline import Pipeline, build_pipeline
+from ...tokens import TokenRange
+from . import ranges as adapter
 
 
 class VllmPass(InductorPass):

@@ -8,7 +8,7 @@ declares one, :func:`plugin`: when the passkit config (``passkit.toml``, ``[tool
 compile stack.
 
 * After ``SGLangBackend.configure_post_pass`` (the piecewise CUDA-graph backend, which
-  compiles through SGLang's ``PostGradPassManager``): a :class:`~passkit.hosts._sglang_pass.
+  compiles through SGLang's ``PostGradPassManager``): a :class:`~passkit.hosts.sglang.inductor_pass.
   SGLangPass` is added to that manager (post-grad stage; a ``pre``-stage pass goes into the
   backend's ``post_grad_custom_pre_pass`` slot). SGLang hands each compile a runtime shape
   (``None``: the general compile, which serves the capture sizes, since SGLang pads every
@@ -29,6 +29,12 @@ compile stack.
 compile in-process, tests, or a plugin of your own); SGLang's scheduler processes get
 passkit through the entry point. Reports, dumps, ``TORCH_LOGS=passkit`` and the CLI work as
 everywhere: the pipeline is the one :func:`passkit.build_pipeline` makes.
+
+The adapter is this package, its imports in one direction: :mod:`.ranges` (SGLang's shapes
+as passkit token ranges, report notes) below :mod:`.inductor_pass` (the ``InductorPass``
+subclass, which imports SGLang) and :mod:`.adapter` (:class:`SGLangAdapter`, which makes
+those passes, importing :mod:`.inductor_pass` only then), all below this module: the entry
+point, :func:`install` and the hooks SGLang calls. Importing it imports no SGLang.
 """
 
 from __future__ import annotations
@@ -36,22 +42,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from .. import logs
-from ..config import Config, load_config
-from ..context import CompileContext
-from ..errors import PasskitError
-from ..pass_base import Stage
-from ..pipeline import Pipeline, build_pipeline
-from ..report import Report
-from ..tokens import TokenConstraint, TokenRange
-from . import HostError, OnUnknown, check_version
-
-if TYPE_CHECKING:
-    from ._sglang_pass import SGLangPass
+from ... import logs
+from ...config import Config, load_config
+from ...errors import PasskitError
+from ...pipeline import Pipeline, build_pipeline
+from .. import HostError, OnUnknown, check_version
+from .adapter import SGLangAdapter
+from .ranges import applies, constraints, range_notes, token_range
 
 HOST = "sglang"
 
@@ -75,205 +75,6 @@ REQUIRED_API = (
     ("sglang.srt.plugins.hook_registry", "HookRegistry"),
 )
 """What the adapter uses of SGLang (checked by :func:`check_api`)."""
-
-
-# ---------------------------------------------------------------------------------------
-# token ranges
-
-
-def token_range(runtime_shape: int | None, capture_sizes: Iterable[int] = ()) -> TokenRange:
-    """The passkit :class:`TokenRange` of one SGLang compile.
-
-    ``runtime_shape=n`` (a per-shape compile): ``tokens n, multiples of n``, so that a pass
-    constrained to multiples of ``k`` applies when ``k`` divides ``n``. ``None`` (the
-    general compile): the span of ``capture_sizes`` (the CUDA-graph token buckets SGLang
-    pads every compiled run to), or every size when there are none."""
-    if runtime_shape is not None:
-        n = max(int(runtime_shape), 1)
-        return TokenRange(n, n, n)
-    sizes = sorted({int(s) for s in capture_sizes if int(s) >= 1})
-    if not sizes:
-        return TokenRange(1, None)
-    return TokenRange(sizes[0], sizes[-1])
-
-
-def constraints(pipeline: Pipeline) -> dict[str, TokenConstraint | None]:
-    """Each pass's token constraint (None: every size), from a context with no graph."""
-    ctx = CompileContext.detect(())
-    return {p.name: p.checked_token_constraint(ctx) for p in pipeline.passes}
-
-
-def applies(pipeline: Pipeline, tokens: TokenRange) -> bool:
-    """SGLang's ``is_applicable_for_shape``: whether some pass of ``pipeline`` applies to
-    every token count of ``tokens`` (other skip reasons, e.g. no CUDA, are decided per graph)."""
-    return any(c is None or c.holds_for(tokens) for c in constraints(pipeline).values())
-
-
-def range_notes(pipeline: Pipeline, tokens: TokenRange, runtime_shape: int | None) -> list[str]:
-    """Report notes for one SGLang compile: what the range is, passes it straddles, and
-    passkit config that SGLang's shapes replace."""
-    what = f"SGLang compile for runtime shape {runtime_shape}"
-    if runtime_shape is None:
-        what = "SGLang general-shape compile (serves the CUDA-graph capture sizes " + (
-            f"{tokens.lo}..{tokens.hi})" if tokens.hi is not None else "; none known: every size)"
-        )
-    notes = [what]
-    straddled = [
-        name
-        for name, c in constraints(pipeline).items()
-        if c is not None and not c.holds_for(tokens) and any(tokens.contains(e) for e in c.ends())
-    ]
-    if straddled:
-        notes.append(
-            f"{', '.join(straddled)} appl{'ies' if len(straddled) == 1 else 'y'} to part of this range "
-            "only: SGLang compiles it once, so the pass is skipped here"
-        )
-    if pipeline.config.compile_ranges:
-        notes.append(
-            "passkit's compile_ranges is not used inside SGLang: SGLang's shapes decide the compiles"
-        )
-    return notes
-
-
-# ---------------------------------------------------------------------------------------
-# the adapter
-
-
-class SGLangAdapter:
-    """One passkit pipeline serving SGLang's compiles in this process.
-
-    ``pipeline``: the configured passes; per compile the adapter uses
-    ``pipeline.for_range(token_range)`` (cached per range), whose reports land in
-    ``pipeline.reports`` (:attr:`reports`).
-    """
-
-    def __init__(self, pipeline: Pipeline, version: str):
-        self.pipeline = pipeline
-        self.version = version
-        self._ranges: dict[tuple[TokenRange, int | None], Pipeline] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def reports(self) -> list[Report]:
-        """One report per graph SGLang compiled with passkit, oldest first."""
-        return self.pipeline.reports
-
-    def for_shape(self, runtime_shape: int | None, capture_sizes: Sequence[int] = ()) -> Pipeline:
-        """The pipeline of a compile for SGLang's ``runtime_shape``."""
-        tokens = token_range(runtime_shape, capture_sizes)
-        key = (tokens, runtime_shape)
-        with self._lock:
-            found = self._ranges.get(key)
-            if found is None:
-                notes = range_notes(self.pipeline, tokens, runtime_shape)
-                found = self._ranges[key] = self.pipeline.for_range(tokens, note="; ".join(notes))
-        return found
-
-    # -- the piecewise backend ---------------------------------------------------------
-    def post_grad_pass(self, stage: Stage = Stage.POST, capture_sizes: Sequence[int] = ()) -> SGLangPass:
-        """The SGLang ``InductorPass`` running ``stage`` of the pipeline (imports SGLang)."""
-        from ._sglang_pass import SGLangPass
-
-        return SGLangPass(self, stage, tuple(capture_sizes))
-
-    def attach(self, backend: Any) -> None:
-        """Add the pipeline to an ``SGLangBackend`` whose ``configure_post_pass`` ran: the
-        post stage to its ``PostGradPassManager``, the pre stage to its Inductor config."""
-        if not self.pipeline.enabled or getattr(backend, "_passkit_attached", None) is self:
-            return
-        sizes = _capture_sizes(backend)
-        for stage in self.pipeline.stages:
-            stage_pass = self.post_grad_pass(stage, sizes)
-            if stage is Stage.POST:
-                backend.post_grad_pass_manager.add(stage_pass)
-            else:
-                from ..integration import ComposedPass
-
-                existing = backend.inductor_config.get("post_grad_custom_pre_pass")
-                backend.inductor_config["post_grad_custom_pre_pass"] = (
-                    stage_pass if existing is None else ComposedPass(existing, stage_pass)
-                )
-        backend._passkit_attached = self
-        logs.log.info(
-            "passkit: added %s to SGLang's post-grad pass manager (capture sizes %s)",
-            ", ".join(self.pipeline.names()),
-            list(sizes) or "none",
-        )
-
-    def reported_compile(
-        self, compile_fn: Callable[[], Any], pipeline: Pipeline, gm: Any, example_inputs: Sequence[Any]
-    ) -> Any:
-        """Run ``compile_fn`` (one compile of ``gm`` with ``pipeline``); when Inductor serves
-        it from its cache (no pass runs), record a report restored from passkit's report
-        cache, as :class:`passkit.Backend` does."""
-        from .. import report_cache
-        from ..integration import _cache_hits
-
-        before, hits = len(pipeline.reports), _cache_hits()
-        compiled = compile_fn()
-        try:
-            cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs)
-        except Exception:  # a graph passkit cannot key: no restored report, nothing else lost
-            logs.log.debug("passkit: no report-cache key for an SGLang compile", exc_info=True)
-            return compiled
-        new = pipeline.reports[before:]
-        if new:
-            report_cache.save(cache_key, new)
-        elif _cache_hits() > hits:
-            restored = report_cache.load(cache_key)
-            records = [r for old in restored for r in old.records] if restored else []
-            pipeline.record_cache_hit("inductor", records)
-        return compiled
-
-    # -- --enable-torch-compile ----------------------------------------------------------
-    def compiled_forward(self, forward: Callable[..., Any], num_tokens: int | None) -> Callable[..., Any]:
-        """Wrap the ``torch.compile``'d ``forward`` SGLang compiles for ``num_tokens`` tokens
-        (None: a dynamic compile serving every size): each call runs inside an Inductor
-        config patch with passkit's pipeline for that size."""
-        if not self.pipeline.enabled:
-            return forward
-        pipeline = self.for_shape(num_tokens)
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            from ..integration import _cache_hits
-
-            before, hits = len(pipeline.reports), _cache_hits()
-            with _inductor_patch(pipeline):
-                result = forward(*args, **kwargs)
-            if len(pipeline.reports) == before and _cache_hits() > hits:
-                # compiled from Inductor's cache: no pass ran (torch.compile hides the graph,
-                # so passkit's report cache cannot say what they did when it was built)
-                pipeline.record_cache_hit("inductor")
-            return result
-
-        run.__wrapped__ = forward  # type: ignore[attr-defined]
-        run.passkit_pipeline = pipeline  # type: ignore[attr-defined]
-        return run
-
-
-def _capture_sizes(backend: Any) -> tuple[int, ...]:
-    config = getattr(backend, "compile_config", None)
-    getter = getattr(config, "get_capture_sizes", None)
-    try:
-        return tuple(int(s) for s in (getter() if getter else ()) or ())
-    except (TypeError, ValueError):
-        return ()
-
-
-@contextlib.contextmanager
-def _inductor_patch(pipeline: Pipeline) -> Iterator[None]:
-    """Inductor's global config patched (for the block) with the pipeline, composed after
-    custom passes already there."""
-    import torch._inductor.config as inductor_config
-
-    from ..integration import ComposedPass
-
-    patches = {}
-    for key, stage_pass in pipeline.inductor_patches().items():
-        existing = getattr(inductor_config, key)
-        patches[key] = stage_pass if existing is None else ComposedPass(existing, stage_pass)
-    with inductor_config.patch(patches):
-        yield
 
 
 # ---------------------------------------------------------------------------------------
@@ -390,7 +191,7 @@ def check_api(version: str) -> None:
     if broken:
         raise HostError(f"passkit.hosts.sglang: SGLang {version} fails to import {'; '.join(broken)}")
     if missing:
-        from . import HOSTS
+        from .. import HOSTS
 
         supported = ", ".join(f"{s}.x" for s in HOSTS[HOST].supported)
         raise HostError(

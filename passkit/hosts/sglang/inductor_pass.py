@@ -8,18 +8,26 @@ cache key) hashes the passes' ``uuid()``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch.fx
 from sglang.srt.compilation.inductor_pass import SGLangInductorPass, get_pass_context
 
-from ..pass_base import Stage
-from ..pipeline import Pipeline
-
-if TYPE_CHECKING:
-    from .sglang import SGLangAdapter
+from ...pass_base import Stage
+from ...pipeline import Pipeline
+from .ranges import applies
 
 _NO_CONTEXT = object()
+
+
+class SGLangAdapterLike(Protocol):
+    """What the pass uses of its :class:`passkit.hosts.sglang.SGLangAdapter` (a protocol:
+    the adapter makes the pass, so this module imports nothing of it)."""
+
+    pipeline: Pipeline
+
+    def for_shape(self, runtime_shape: int | None, capture_sizes: Sequence[int] = ()) -> Pipeline: ...
 
 
 def runtime_shape() -> Any:
@@ -38,7 +46,7 @@ class SGLangPass(SGLangInductorPass):
     range of its general-shape compile).
     """
 
-    def __init__(self, adapter: SGLangAdapter, stage: Stage, capture_sizes: tuple[int, ...] = ()):
+    def __init__(self, adapter: SGLangAdapterLike, stage: Stage, capture_sizes: tuple[int, ...] = ()):
         super().__init__()
         self.adapter = adapter
         self.stage = stage
@@ -62,8 +70,6 @@ class SGLangPass(SGLangInductorPass):
         """Whether some pass applies to every token count of SGLang's ``shape``. When none
         does, SGLang skips this pass for the compile: its report (every pass skipped, with
         why) is recorded here."""
-        from .sglang import applies
-
         pipeline = self.pipeline(shape)
         token_range = pipeline.current_range()
         if token_range is None or applies(pipeline, token_range) or Stage.PRE in pipeline.stages:

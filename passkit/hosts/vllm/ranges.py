@@ -1,80 +1,22 @@
-"""passkit inside vLLM: one line adds a passkit pipeline to vLLM's post-grad pass manager.
+"""vLLM's compile ranges as passkit token ranges, and the notes a vLLM compile's report gets.
 
-::
-
-    import passkit.hosts.vllm
-    from vllm import LLM
-
-    llm = LLM(model, compilation_config={"inductor_compile_config": {
-        "post_grad_custom_post_pass": passkit.hosts.vllm.post_grad_pass(passes=["allreduce_rmsnorm"])}})
-
-vLLM's ``PostGradPassManager`` runs its own passes, then the one object in
-``inductor_compile_config["post_grad_custom_post_pass"]`` (which must be an instance of its
-``InductorPass``), then lowers its IR ops. :func:`post_grad_pass` builds that object: a
-:class:`passkit.hosts._vllm_pass.VllmPass` running a passkit :class:`~passkit.Pipeline`
-(config from Python, ``PASSKIT_*``, ``passkit.toml``, ``[tool.passkit]`` as everywhere).
-
-vLLM splits the token axis into compile ranges itself (``compile_ranges_endpoints``,
-``compile_sizes``) and compiles each apart; the pass reads the range of the compile under
-way from vLLM's pass context and runs the pipeline restricted to it (:func:`token_range`), so
-passkit never splits ranges a second time: a pass whose token constraint does not hold on
-the whole range is skipped, with the reason in the report. vLLM asks
-``is_applicable_for_range`` first; the answer (:func:`applies`) is whether any enabled pass's
-constraint holds there.
-
-Nothing in this module imports vLLM: the ``InductorPass`` subclass lives in
-``passkit.hosts._vllm_pass``, imported by :func:`post_grad_pass`.
+Pure passkit: no vLLM import. :mod:`passkit.hosts.vllm` re-exports every name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import logs
-from ..config import Config
-from ..context import CompileContext
-from ..pipeline import Pipeline, build_pipeline
-from ..tokens import TokenConstraint, TokenRange
-from . import OnUnknown, check_version
-
-if TYPE_CHECKING:
-    from ._vllm_pass import VllmPass
-
-HOST = "vllm"
+from ...context import CompileContext
+from ...pipeline import Pipeline
+from ...tokens import TokenConstraint, TokenRange
 
 HOST_FUSIONS: dict[str, tuple[str, str]] = {
     "fuse_allreduce_rms": ("allreduce_rmsnorm", "flashinfer_trtllm_fused_allreduce_norm"),
 }
 """vLLM's own fusions of sites a passkit pass also fuses: ``PassConfig`` flag -> (the passkit
 pass, the op vLLM's fusion leaves in the graph)."""
-
-
-def post_grad_pass(
-    config: Config | dict[str, Any] | None = None,
-    *,
-    on_unknown_version: OnUnknown = "warn",
-    **overrides: Any,
-) -> VllmPass:
-    """The vLLM ``InductorPass`` running passkit's pipeline: put it in
-    ``compilation_config["inductor_compile_config"]["post_grad_custom_post_pass"]``.
-
-    ``config``/``overrides`` as for :func:`passkit.backend` (``passes=[...]``...). A vLLM
-    version passkit was not tested with warns (``on_unknown_version="raise"``: a
-    :class:`~passkit.hosts.HostError`) naming the found and supported versions.
-    """
-    version = check_version(HOST, on_unknown=on_unknown_version)
-    logs.register_with_torch()
-    try:
-        from ._vllm_pass import VllmPass
-    except ImportError as exc:
-        from . import HostError
-
-        raise HostError(
-            f"passkit.hosts.vllm: vLLM {version} lacks an API the adapter needs ({exc}); "
-            f"passkit supports the versions in passkit.hosts.HOSTS['vllm']"
-        ) from None
-    return VllmPass(build_pipeline(config, **overrides), version=version)
 
 
 def token_range(start: int, end: int) -> TokenRange:
@@ -159,17 +101,3 @@ def host_fusion_notes(pipeline: Pipeline, pass_config: Any, graph_ops: Iterable[
         elif ours in pipeline.names():
             notes.append(f"vLLM's {flag} is off: passkit's {ours} is the pass fusing these sites")
     return notes
-
-
-__all__ = [
-    "HOST",
-    "HOST_FUSIONS",
-    "applies",
-    "constraints",
-    "endpoints",
-    "host_fusion_notes",
-    "post_grad_pass",
-    "range_label",
-    "range_notes",
-    "token_range",
-]

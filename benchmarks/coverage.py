@@ -1,0 +1,125 @@
+"""Coverage: which all-reduce sites of the Hugging Face families the tensor-parallel passes
+take, and whether the output still equals eager. Not a timed benchmark.
+
+Each family is built from its transformers config class at small sizes (2 layers, hidden 64,
+4 experts..., random weights: ``passkit_fusion.coverage.configs``), sharded with
+``tp_plan="auto"`` on a 2-process gloo world (CPU) and compiled with ``allreduce_rmsnorm``
+(reference op), ``sequence_parallel`` and ``sequence_parallel`` + ``async_tp`` (test mode).
+Per family and pass it prints the all-reduces, the sites rewritten, why the rest were left
+(the node chain that stopped the matcher) and the largest logit difference from eager, then
+the totals. Families that cannot be sharded with ``tp_plan="auto"`` by the installed
+transformers say why.
+
+    python benchmarks/coverage.py                       # every family (about 10 min on 2 cores)
+    python benchmarks/coverage.py --families Llama,Qwen3-MoE
+    python benchmarks/coverage.py --write               # + benchmarks/results/coverage_cpu.md
+
+The same check for one config a user brings: ``passkit explain-hf config.json --tp 2``.
+
+Two GPUs (``--decode``): a Qwen3-MoE-shaped decode step (real dims, 8 layers by default,
+random weights) at TP=2 over NCCL, Inductor vs passkit with ``allreduce_rmsnorm`` (flashinfer),
+timed per token count with CUDA graphs: see :mod:`coverage_decode`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NOT_A_NORM = "no RMSNorm after the all-reduce"
+"""The reason a site is not followed by an RMSNorm at all (within a reshape or a scale)."""
+
+
+def totals(reports: list) -> dict[str, dict[str, int]]:
+    """Per pass: all-reduces, rewritten, and the all-reduces followed by an RMSNorm (all
+    but those rejected because no norm follows them)."""
+    out: dict[str, dict[str, int]] = {}
+    for report in reports:
+        for o in report.outcomes:
+            if o.label.endswith("async_tp"):
+                continue
+            t = out.setdefault(o.label, {"all_reduces": 0, "rewritten": 0, "followed_by_norm": 0})
+            no_norm = sum(n for reason, n in o.reasons.items() if NOT_A_NORM in reason)
+            t["all_reduces"] += o.all_reduces
+            t["rewritten"] += o.rewritten
+            t["followed_by_norm"] += o.all_reduces - no_norm
+    return out
+
+
+def render(reports: list, args: argparse.Namespace, seconds: float) -> str:
+    import torch
+    import transformers
+    from passkit_fusion.coverage.run import format_report
+
+    lines = [
+        f"Machine: {platform.machine()} CPU, {platform.system()}; torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; TP={args.tp} gloo processes, {args.tokens} tokens, "
+        f"fp32, passkit mode {args.mode}; {seconds:.0f} s.",
+        "",
+        format_report(reports),
+        "",
+        "| pass | all-reduces | followed by an RMSNorm | rewritten | rewritten / followed by an RMSNorm |",
+        "|---|---|---|---|---|",
+    ]
+    for label, t in totals(reports).items():
+        share = t["rewritten"] / t["followed_by_norm"] if t["followed_by_norm"] else 0.0
+        lines.append(
+            f"| {label} | {t['all_reduces']} | {t['followed_by_norm']} | {t['rewritten']} | {share:.1%} |"
+        )
+    errors = [o.max_error for r in reports for o in r.outcomes]
+    if errors:
+        lines += ["", f"Largest logit difference from eager, every family and pass: {max(errors):.2e}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from passkit_fusion.coverage.configs import FAMILIES, load_config, small_config
+    from passkit_fusion.coverage.run import check_model
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "--decode" in argv:  # the two-GPU timing has its own arguments
+        if str(HERE) not in sys.path:
+            sys.path.insert(0, str(HERE))
+        from coverage_decode import main as decode_main
+
+        return decode_main([a for a in argv if a != "--decode"])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated (default: all)")
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--mode", choices=("eager", "inductor"), default="eager")
+    ap.add_argument("--write", action="store_true", help="write benchmarks/results/coverage_cpu.{md,json}")
+    ap.add_argument(
+        "--decode",
+        action="store_true",
+        help="the two-GPU decode timing; its arguments: coverage_decode.py --help",
+    )
+    args = ap.parse_args(argv)
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        ap.error(f"unknown families {unknown} (known: {', '.join(FAMILIES)})")
+    start = time.perf_counter()
+    reports = []
+    for family in families:
+        config = small_config(load_config(family), layers=args.layers)
+        reports.append(check_model(config, name=family, tp=args.tp, tokens=args.tokens, mode=args.mode))
+        print(f"{family}: done", file=sys.stderr, flush=True)
+    text = render(reports, args, time.perf_counter() - start)
+    print(text)
+    if args.write:
+        out = HERE / "results"
+        (out / "coverage_cpu.md").write_text("# Coverage on CPU (benchmarks/coverage.py)\n\n" + text + "\n")
+        (out / "coverage_cpu.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

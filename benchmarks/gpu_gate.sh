@@ -1,0 +1,37 @@
+#!/bin/bash
+# The two-GPU gate: run on every change that touches passes or the backend while a machine
+# with 2+ GPUs is lent. From the repo root on the GPU machine, with .whl/ (wheels of the
+# three distributions and of pydantic/pluggy, see benchmarks/README.md) and .gpu-carry/
+# (bash ../shared/device/stage-flashinfer.sh) carried:
+#     bash benchmarks/gpu_gate.sh                      # every step
+#     GATE_STEPS="probe tests" bash benchmarks/gpu_gate.sh   # some (each call of the device
+#     GATE_STEPS="hf e2e" bash benchmarks/gpu_gate.sh        # tool is limited to 10 minutes)
+# Steps: probe (versions, flashinfer JIT build, kernels saved to $OUT), tests (tests/gpu at
+# GPU_WORLD_SIZE=2), hf (benchmarks/hf_tp.py: Hugging Face Llama TP=2, DTensor, tokens
+# dynamic, Inductor vs passkit with and without mode="reduce-overhead": sites fused per pass
+# and latency per token count), e2e (benchmarks/fusion_e2e.py --world 2). Each step is
+# time-boxed; the log is $OUT/gate.log (commit it under benchmarks/results/).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOG="$OUT/gate.log"
+WORLD=${GATE_WORLD:-2}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/site/bin:$PATH
+source .gpu-carry/activate.sh
+[ "${NCCL_NVLS_ENABLE:-}" = 0 ] || { echo "multicast must be off"; exit 1; }
+step() { local limit=$1; shift; echo "=== $* (limit ${limit}s)" | tee -a "$LOG"; local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n 60; echo "=== rc=${PIPESTATUS[0]} in $((SECONDS - t0))s" | tee -a "$LOG"; }
+nvidia-smi -L | tee -a "$LOG"
+python3 -c "import torch, passkit, passkit_fusion; print('torch', torch.__version__, 'passkit', passkit.__version__, 'GPUs', torch.cuda.device_count())" | tee -a "$LOG"
+for s in ${GATE_STEPS:-probe tests hf e2e}; do
+  case $s in
+    probe) step "${PROBE_LIMIT:-330}" python3 benchmarks/gpu_probe.py; bash .gpu-carry/save-jit.sh ;;
+    tests) GPU_WORLD_SIZE=$WORLD step "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-tests/gpu} ;;
+    hf) step "${HF_LIMIT:-420}" python3 benchmarks/hf_tp.py --world "$WORLD" --out "$OUT/hf_tp" ${HF_ARGS:-} ;;
+    e2e) step "${E2E_LIMIT:-200}" python3 benchmarks/fusion_e2e.py --world "$WORLD" --replays "${REPLAYS:-50}" ${E2E_ARGS:-} ;;
+    *) echo "unknown gate step $s" | tee -a "$LOG" ;;
+  esac
+done

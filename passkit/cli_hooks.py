@@ -1,0 +1,27 @@
+"""Calling the plugin hooks of the command line (``passkit_cli_commands``, ``passkit_demos``)
+with the plugins the config allows.
+
+Below both :mod:`passkit.cli` (which adds plugins' commands) and :mod:`passkit.demo` (which
+runs plugins' demos), so that the demo does not import the CLI that runs it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def call_hook(hook: str, **kwargs: Any) -> list[Any]:
+    """Call a CLI-time plugin hook (``passkit_cli_commands``, ``passkit_demos``), each
+    hookimpl isolated: one that raises is named on stderr and skipped (with
+    ``strict_plugins``: :class:`PluginHookError`)."""
+    from .config import load_config
+    from .pipeline_build import plugins_for
+
+    config = load_config()
+    plugins = plugins_for(config)
+    seen = len(plugins.hook_failures)
+    results = plugins.call(hook, strict=config.strict_plugins, **kwargs)
+    for failure in plugins.hook_failures[seen:]:
+        print(f"passkit: warning: {failure}", file=sys.stderr)
+    return results

@@ -1,0 +1,164 @@
+"""Building a pipeline: from a config to the ordered, validated passes and their identity.
+
+What :func:`passkit.build_pipeline` and :class:`passkit.Pipeline` do before any graph is
+compiled: load the plugins the config allows (:func:`plugins_for`), make one pass object per
+enabled name with its options validated (:func:`instantiate`), order them by stage and check
+their ``before``/``after``/``depends_on`` constraints (:func:`order_passes`), collect their
+``depends_on``/``shares_sites_with`` relations (:func:`pass_relations`) and compute the cache
+identity Inductor keys its FX graph cache by (:func:`pipeline_identity`). Running the passes
+on graphs is :mod:`passkit.pipeline`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from typing import Any
+
+from .config import Config, suggest
+from .errors import ConfigError, OrderError, cut_repr
+from .pass_base import Pass, Stage, validate_options
+from .plugins import PluginSet, get_plugins
+from .tokens import PassRelations, TokenRange
+
+
+def plugins_for(config: Config) -> PluginSet:
+    return get_plugins(
+        autoload=config.autoload,
+        allow=config.plugins,
+        block=config.block_plugins,
+        strict=config.strict_plugins,
+    )
+
+
+def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
+    """One pass object per enabled name, options validated, in config order."""
+    out: list[Pass] = []
+    for entry in config.passes:
+        info = plugins.passes.get(entry.name)
+        if info is None:
+            raise ConfigError(unknown_pass_message(entry.name, plugins))
+        out.append(info.cls(validate_options(info.cls, entry.options)))
+    return out
+
+
+def unknown_pass_message(name: str, plugins: PluginSet) -> str:
+    installed = sorted(plugins.passes)
+    msg = f"unknown pass {cut_repr(name)} in passes{suggest(name, installed)}. "
+    msg += f"Installed passes: {', '.join(installed) or '(none)'}."
+    if plugins.failures:
+        msg += " Plugins that failed to load (see `passkit list`): "
+        msg += ", ".join(sorted({f.name for f in plugins.failures})) + "."
+    return msg
+
+
+def order_passes(passes: list[Pass]) -> list[Pass]:
+    """Stage order (pre before post), config order within a stage; check constraints."""
+    by_name = {p.name: p for p in passes}
+    edges: dict[str, set[str]] = {p.name: set() for p in passes}  # a -> b: a runs before b
+    for p in passes:
+        edges[p.name].update(b for b in p.before if b in by_name)
+        for a in (*p.after, *p.depends_on):
+            if a in by_name:
+                edges[a].add(p.name)
+    cycle = _find_cycle(edges)
+    if cycle:
+        raise OrderError("pass ordering constraints form a cycle: " + " -> ".join(cycle))
+    stage_rank = {Stage.PRE: 0, Stage.POST: 1}
+    ordered = sorted(passes, key=lambda p: stage_rank[p.stage])  # stable: keeps config order
+    position = {p.name: i for i, p in enumerate(ordered)}
+    for a, targets in edges.items():
+        for b in sorted(targets):
+            if position[a] > position[b]:
+                why = _constraint_owner(by_name[a], by_name[b])
+                stages = ""
+                if by_name[a].stage != by_name[b].stage:
+                    stages = f" ({a} is in stage {by_name[a].stage.value}, {b} in {by_name[b].stage.value})"
+                raise OrderError(
+                    f"pass {a!r} must run before {b!r} ({why}) but the configured order runs it "
+                    f"after{stages}. Reorder `passes` so that {a!r} comes first."
+                )
+    return ordered
+
+
+def _constraint_owner(a: Pass, b: Pass) -> str:
+    if b.name in a.before:
+        return f"{a.name} declares before={list(a.before)}"
+    if a.name in b.after:
+        return f"{b.name} declares after={list(b.after)}"
+    return f"{b.name} declares depends_on={list(b.depends_on)}"
+
+
+def pass_relations(passes: list[Pass]) -> PassRelations:
+    """``depends_on`` / ``shares_sites_with`` among ``passes`` (those present only)."""
+    names = {p.name for p in passes}
+    shares: dict[str, set[str]] = {}
+    for p in passes:
+        for other in p.shares_sites_with:
+            if other in names and other != p.name:
+                shares.setdefault(p.name, set()).add(other)
+                shares.setdefault(other, set()).add(p.name)
+    return PassRelations(
+        depends_on={p.name: deps for p in passes if (deps := tuple(d for d in p.depends_on if d in names))},
+        shares_sites={name: tuple(sorted(others)) for name, others in shares.items()},
+    )
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(edges[n]):
+            if state.get(m) == 1:
+                return [*stack[stack.index(m) :], m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def pipeline_identity(
+    passes: list[Pass], plugins: PluginSet, token_range: TokenRange | None, left_out: dict[str, str]
+) -> str:
+    """The cache identity of a pipeline of ``passes`` (in run order): every pass's name,
+    options, version and source hash, the plugins that can change what runs (configure /
+    veto hookimpls), the token range and the passes left out of it."""
+    parts: list[Any] = []
+    for p in passes:
+        ident = p.identity()
+        info = plugins.passes.get(p.name)
+        ident["version"] = info.version if info else "in-process"
+        parts.append(ident)
+    # plugins that can change what runs (configure / veto) are part of the identity
+    for hook in (plugins.hook.passkit_configure_pipeline, plugins.hook.passkit_before_pass):
+        for impl in hook.get_hookimpls():
+            parts.append(_function_identity(impl.function))
+    parts.append({"token_range": str(token_range) if token_range else None})
+    parts.append({"left_out": sorted(left_out)})
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _function_identity(fn: Any) -> str:
+    from .pass_base import source_hash
+
+    module = inspect.getmodule(fn)
+    owner = module if module is not None else fn
+    try:
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}:{source_hash(owner)}"  # type: ignore[arg-type]
+    except TypeError:
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"

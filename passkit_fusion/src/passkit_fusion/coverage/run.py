@@ -1,0 +1,287 @@
+"""Will passkit fuse this model? Build a Hugging Face architecture at laptop sizes with
+``tp_plan="auto"`` on a gloo world of TP processes (CPU), compile it with each
+tensor-parallel pass, and report per pass: the all-reduces in the graph, the sites
+rewritten, why the rest were left (the node chain that stopped the matcher) and the largest
+difference from eager.
+
+:func:`check_model` does it for one config; ``passkit explain-hf`` (:mod:`.cli`) and
+``benchmarks/coverage.py`` print :func:`format_report`'s table. Random weights, fp32,
+``passkit.backend(mode="eager")`` (the passes' rewrite without Inductor code generation;
+``mode="inductor"`` compiles it), the reference all-reduce op and ``async_tp``'s test mode:
+what is measured is which sites the passes take, not speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["PASSES", "FamilyReport", "PassOutcome", "check_model", "format_report"]
+
+PASSES: dict[str, list[Any]] = {
+    "allreduce_rmsnorm": [{"name": "allreduce_rmsnorm", "implementation": "reference"}],
+    "sequence_parallel": [{"name": "sequence_parallel", "min_tokens": 1}],
+    "sequence_parallel+async_tp": [
+        {"name": "sequence_parallel", "min_tokens": 1},
+        {"name": "async_tp", "implementation": "test_mode", "min_tokens": 1},
+    ],
+}
+"""The pass configurations reported, by label (CPU stand-ins for the CUDA kernels)."""
+
+_REJECTED = re.compile(r"^(\d+) candidate\(s\) rejected: (.*)$")
+_MERGED = re.compile(r"; (\d+) all-reduce\(s\) merged into a site's")
+_COUNTED = re.compile(r"^(.*) \(x(\d+)\)$")
+
+
+@dataclasses.dataclass
+class PassOutcome:
+    """One pass configuration on one model (rank 0's view; the ranks agree by construction)."""
+
+    label: str
+    all_reduces: int
+    """All-reduces the pass saw (its sites plus its rejected candidates), over every graph."""
+    rewritten: int
+    """All-reduces the pass took: its sites and the all-reduces merged into them
+    (``async_tp``: collective + matmul pairs fused)."""
+    reasons: dict[str, int]
+    """Why the others were left, with counts: the node chain and what stopped the match."""
+    max_error: float
+    """Largest absolute difference of the logits from eager, over the ranks."""
+    graphs: int
+    notes: list[str]
+
+
+@dataclasses.dataclass
+class FamilyReport:
+    name: str
+    config_class: str
+    tp: int
+    outcomes: list[PassOutcome]
+    error: str | None = None
+    """Why the model could not be built or run (then ``outcomes`` is empty)."""
+    note: str | None = None
+    """How the run differed from the defaults (eager attention where SDPA did not compile)."""
+
+
+def check_model(
+    config: Any,
+    *,
+    name: str | None = None,
+    tp: int = 2,
+    tokens: int = 8,
+    passes: dict[str, list[Any]] | None = None,
+    mode: str = "eager",
+    timeout: float = 900.0,
+    tracebacks: bool = False,
+) -> FamilyReport:
+    """Build ``config`` (a small ``PretrainedConfig``: see :func:`.configs.small_config`)
+    with random weights, shard it with ``tp_plan="auto"`` on ``tp`` gloo processes and run
+    each of ``passes`` (default :data:`PASSES`) on ``tokens`` tokens against eager.
+    ``tracebacks``: a rank's error in full rather than its first line."""
+    from ..demo import run_world
+
+    if tp < 2:
+        raise ValueError(f"tp must be >= 2 (got {tp}): the passes rewrite tensor-parallel all-reduces")
+    if tokens % tp:
+        raise ValueError(f"tokens ({tokens}) must be a multiple of tp ({tp}) for sequence_parallel")
+    label = name or type(config).__name__
+    folder = Path(tempfile.mkdtemp(prefix="passkit-coverage-"))
+    try:
+        try:
+            _save_random_model(config, folder)
+        except Exception as exc:  # an architecture this transformers cannot build or shard
+            error = str(exc) if _without_a_tp_plan(config) else f"cannot build it: {_short(exc)}"
+            return FamilyReport(label, type(config).__name__, tp, [], error=error)
+        plans = passes or PASSES
+        try:
+            ranks = run_world(
+                _rank, "gloo", tp, args=(str(folder), plans, tokens, mode, tracebacks), timeout=timeout
+            )
+        except Exception as exc:
+            return FamilyReport(label, type(config).__name__, tp, [], error=_short(exc))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    errors = [r["error"] for r in ranks if r.get("error")]
+    if errors:
+        return FamilyReport(label, type(config).__name__, tp, [], error=errors[0])
+    outcomes = []
+    for i, first in enumerate(ranks[0]["outcomes"]):
+        first.max_error = max(r["outcomes"][i].max_error for r in ranks)
+        outcomes.append(first)
+    return FamilyReport(label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"))
+
+
+def _save_random_model(config: Any, folder: Path) -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    if why := _without_a_tp_plan(config):
+        raise RuntimeError(why)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder)
+
+
+def _without_a_tp_plan(config: Any) -> str | None:
+    """Why ``tp_plan="auto"`` will not shard ``config``'s decoder, or None."""
+    import transformers
+
+    if getattr(config, "base_model_tp_plan", None):
+        return None
+    return (
+        f"{type(config).__name__} has no tensor-parallel plan in transformers {transformers.__version__} "
+        "(base_model_tp_plan is empty): tp_plan='auto' shards none of its layers"
+    )
+
+
+def _rank(
+    rank: int, world_size: int, folder: str, plans: dict[str, list[Any]], tokens: int, mode: str, full: bool
+) -> dict:
+    """Load the sharded model and run every plan; when ``torch.compile`` fails with the
+    default attention (SDPA), once more with eager attention (the all-reduce sites do not
+    depend on it), saying so."""
+    import os
+
+    os.environ.setdefault("WORLD_SIZE", str(world_size))
+    first = _run_plans(world_size, folder, plans, tokens, mode, full, attention=None)
+    if "compile_error" not in first:
+        return first
+    second = _run_plans(world_size, folder, plans, tokens, mode, full, attention="eager")
+    if "compile_error" in second:
+        return {"error": first["compile_error"]}
+    second["attention"] = f"eager attention: with SDPA {first['compile_error']}"
+    return second
+
+
+def _run_plans(
+    world_size: int,
+    folder: str,
+    plans: dict[str, list[Any]],
+    tokens: int,
+    mode: str,
+    full: bool,
+    attention: str | None,
+) -> dict:
+    import transformers
+
+    import passkit
+
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder,
+            distributed_config=transformers.DistributedConfig(tp_plan="auto", tp_size=world_size),
+            dtype=torch.float32,
+            **({"attn_implementation": attention} if attention else {}),
+        ).eval()
+    except Exception as exc:
+        return {"error": f"tp_plan='auto' failed: {_short(exc, full=full)}"}
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+    outcomes = []
+    with torch.no_grad():
+        eager = model(ids, use_cache=False).logits
+        for label, passes in plans.items():
+            torch._dynamo.reset()
+            backend = passkit.backend(passes=passes, mode=mode, on_error="raise")
+            try:
+                got = torch.compile(model, backend=backend)(ids, use_cache=False).logits
+            except Exception as exc:
+                return {"compile_error": f"torch.compile failed ({label}): {_short(exc, full=full)}"}
+            outcomes.append(_outcome(label, passes, backend, (got - eager).abs().max().item()))
+    return {"outcomes": outcomes}
+
+
+def _outcome(label: str, passes: list[Any], backend: Any, error: float) -> PassOutcome:
+    """Read the pass reports of every graph: the last pass of ``passes`` is the one
+    reported (``async_tp`` after ``sequence_parallel``)."""
+    name = passes[-1]["name"]
+    seen = rewritten = 0
+    reasons: dict[str, int] = {}
+    notes: list[str] = []
+    for report in backend.reports:
+        for record in report.records:
+            if record.name != name:
+                continue
+            rewritten += record.matches
+            notes.extend(record.notes)
+            for note in record.notes:
+                if merged := _MERGED.search(note):  # summed into another site: taken too
+                    rewritten += int(merged.group(1))
+                if match := _REJECTED.match(note):
+                    seen += int(match.group(1))
+                    for reason in match.group(2).split("; "):
+                        counted = _COUNTED.match(reason)
+                        text, n = (counted.group(1), int(counted.group(2))) if counted else (reason, 1)
+                        reasons[text] = reasons.get(text, 0) + n
+    if name != "async_tp":
+        seen += rewritten
+    return PassOutcome(label, seen, rewritten, reasons, error, len(backend.reports), notes)
+
+
+def _short(exc: BaseException, limit: int = 300, full: bool = False) -> str:
+    """The exception's first line, and its cause's (dynamo wraps the real error); the whole
+    traceback with ``full``."""
+    import traceback
+
+    if full:
+        return "".join(traceback.format_exception(exc))
+    parts = []
+    for err in (exc, exc.__cause__):
+        if err is None:
+            continue
+        lines = [t.strip() for t in str(err).splitlines() if t.strip()]
+        parts.append(f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": "))
+    line = " <- ".join(parts)
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def format_report(reports: list[FamilyReport]) -> str:
+    """A Markdown table: one row per family and pass."""
+    lines = [
+        "| family | config | pass | all-reduces | rewritten | why the rest were left | max abs error vs eager |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for report in reports:
+        if report.error:
+            lines.append(
+                f"| {report.name} | {report.config_class} | - | - | - | not run: {report.error} | - |"
+            )
+            continue
+        for o in report.outcomes:
+            if o.label.endswith("async_tp"):
+                lines.append(
+                    f"| {report.name} | {report.config_class} | {o.label} | - | {o.rewritten} | "
+                    f"{async_tp_summary(o.notes)} | {o.max_error:.2e} |"
+                )
+                continue
+            why = "; ".join(f"{r} (x{n})" if n > 1 else r for r, n in o.reasons.items()) or "-"
+            lines.append(
+                f"| {report.name} | {report.config_class} | {o.label} | {o.all_reduces} | {o.rewritten} | "
+                f"{why} | {o.max_error:.2e} |"
+            )
+    notes = [f"* {r.name}: {r.note}" for r in reports if r.note]
+    return "\n".join(lines + (["", *notes] if notes else []))
+
+
+_FUSED = re.compile(r"^(\d+) (all_gather -> matmul|matmul -> reduce_scatter) fused")
+_LEFT = re.compile(r"^(\d+) candidate\(s\) left: (.*)$")
+
+
+def async_tp_summary(notes: list[str]) -> str:
+    """``"4 all_gather -> matmul, 2 matmul -> reduce_scatter fused; left: its input is not a
+    matmul's output (x3)"``: ``async_tp``'s notes without node names."""
+    fused = [f"{m.group(1)} {m.group(2)}" for n in notes if (m := _FUSED.match(n))]
+    left: dict[str, int] = {}
+    for note in notes:
+        if m := _LEFT.match(note):
+            for item in m.group(2).split("; "):
+                reason = item.split(": ", 1)[-1]
+                left[reason] = left.get(reason, 0) + 1
+    text = (", ".join(fused) + " fused") if fused else "nothing fused"
+    if left:
+        text += "; left: " + "; ".join(f"{r} (x{n})" if n > 1 else r for r, n in left.items())
+    return text
