@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 import torch.fx
 
-from . import compiling, inductor_options, logs, report_cache, specialize
+from . import compiling, inductor_options, logs, report_cache, shared_trace, specialize
 from .config import Config
 from .context import Mode
 from .errors import ConfigError, PasskitError
@@ -128,21 +128,18 @@ class Backend:
             only = self.pipeline.for_range(ANY_SIZE, left_out=dict(specs[0].left_out))
             only.range_label = None
             return self._compile(only, gm, example_inputs, patches)
-        count = len(specs)
-        source = gm
         # a range compiled at its first use compiles after Dynamo returned: it re-enters the
         # tracing context of this graph (its fake mode and shape environment keep the token
         # dimension symbolic, as for the ranges compiled now)
         tracing = torch._guards.TracingContext.try_get()
+        if self.mode == "inductor":
+            shared = self._compile_shared(planned, gm, example_inputs, patches, tracing, current)
+            if shared is not None:
+                return shared
+        source = gm
 
         def compile_spec(i: int) -> CompiledFn:
-            spec = specs[i]
-            pipeline = self.pipeline.for_range(
-                spec.context_range,
-                label=spec.label,
-                note=f"specialization {i + 1} of {count}; token count from {planned.token_dim.how}",
-                left_out={name: f"{why}; this compile serves {spec.label}" for name, why in spec.left_out},
-            )
+            pipeline = self._range_pipeline(planned, i)
             with specialize.reentered(tracing), compiling.reentered(current):
                 return self._compile(pipeline, specialize.copy_graph_module(source), example_inputs, patches)
 
@@ -156,6 +153,60 @@ class Backend:
             at_first_call=self.pipeline.config.compile_at == "first_call",
         )
         return self.last_dispatcher
+
+    def _range_pipeline(self, planned: specialize.Plan, i: int) -> Pipeline:
+        """The pipeline of specialization ``i`` of ``planned``."""
+        spec, count = planned.specializations[i], len(planned.specializations)
+        return self.pipeline.for_range(
+            spec.context_range,
+            label=spec.label,
+            note=f"specialization {i + 1} of {count}; token count from {planned.token_dim.how}",
+            left_out={name: f"{why}; this compile serves {spec.label}" for name, why in spec.left_out},
+        )
+
+    def _compile_shared(
+        self,
+        planned: specialize.Plan,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        patches: dict[str, Any],
+        tracing: Any,
+        current: compiling.Compiling,
+    ) -> CompiledFn | None:
+        """The specializations compiled from one AOTAutograd trace of ``gm`` (see
+        :mod:`passkit.shared_trace`), or None where they cannot share it."""
+        common = inductor_options.merge_patches(patches, self.inductor_config, {})
+        if not shared_trace.shareable(example_inputs, common):
+            return None
+
+        def compile_range(i: int, compile_with: shared_trace.CompileWith) -> CompiledFn:
+            with specialize.reentered(tracing), compiling.reentered(current):
+                return self._compile(
+                    self._range_pipeline(planned, i), gm, example_inputs, patches, compile_with
+                )
+
+        def fallback(compile_with: shared_trace.CompileWith) -> CompiledFn:
+            with specialize.reentered(tracing), compiling.reentered(current):
+                return self._compile(
+                    self.pipeline.for_range(ANY_SIZE), gm, example_inputs, patches, compile_with
+                )
+
+        try:
+            compiled, self.last_dispatcher = shared_trace.compile_from_one_trace(
+                specialize.copy_graph_module(gm),
+                example_inputs,
+                common,
+                planned,
+                compile_range,
+                fallback,
+                at_first_call=self.pipeline.config.compile_at == "first_call",
+            )
+        except Exception as exc:
+            if not _caused_by(exc, shared_trace.NotShareable):
+                raise
+            logs.log.debug("passkit: specializations compiled apart: %s", exc)
+            return None
+        return compiled
 
     def _compile_in(self, tracing: Any, current: compiling.Compiling, *args: Any) -> CompiledFn:
         with specialize.reentered(tracing), compiling.reentered(current):
@@ -189,9 +240,12 @@ class Backend:
         gm: torch.fx.GraphModule,
         example_inputs: Sequence[Any],
         compile_patches: dict[str, Any] | None = None,
+        compile_with: shared_trace.CompileWith | None = None,
     ) -> CompiledFn:
         """One normal compile of ``gm`` with ``pipeline``, timed into its report; a cache
-        hit's report is filled from passkit's report cache."""
+        hit's report is filled from passkit's report cache. ``compile_with``: Inductor's
+        inner compile of an AOTAutograd trace shared by the specializations (see
+        :meth:`_compile_shared`), called with this compile's config patches."""
         reports_before, hits_before = len(pipeline.reports), _cache_hits()
         start = time.perf_counter()
         if self.mode == "eager":
@@ -202,7 +256,12 @@ class Backend:
             patches = inductor_options.merge_patches(
                 compile_patches or {}, self.inductor_config, pipeline.inductor_patches()
             )
-            compiled = cast(CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None))
+            if compile_with is not None:
+                compiled = compile_with(patches)
+            else:
+                compiled = cast(
+                    CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None)
+                )
         seconds = time.perf_counter() - start
         if not pipeline.enabled:
             return compiled
@@ -236,6 +295,18 @@ class Backend:
             decompositions=select_decomp_table(),
             keep_inference_input_mutations=True,
         )(gm, list(example_inputs))
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` or an exception it was raised from or during is a ``kind``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _cache_hits() -> int:

@@ -4,6 +4,7 @@ and structured artifacts that tlparse shows."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 log = logging.getLogger("passkit")
@@ -21,9 +22,12 @@ def register_with_torch() -> None:
 
         if "passkit" not in log_registry.log_alias_to_log_qnames:
             register_log("passkit", "passkit")
-            import torch._logging._internal as internal
+            if "passkit" in os.environ.get("TORCH_LOGS", ""):
+                import torch._logging._internal as internal
 
-            internal._init_logs()  # re-read TORCH_LOGS now that the alias exists
+                # re-read TORCH_LOGS now that the alias exists (it resets every torch
+                # logger: tens of milliseconds, so only when TORCH_LOGS names passkit)
+                internal._init_logs()
     except Exception:  # pragma: no cover - private API moved; plain logging still works
         log.debug("could not register the passkit logger with torch._logging", exc_info=True)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,9 @@ def _compile_and_run(rank: int, world_size: int, shardings: tuple[str, ...]) -> 
 
     ids = torch.randint(0, LlamaConfig().vocab, (2, 9), generator=torch.Generator().manual_seed(0))
     calls = _count_op_calls()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {
+        "ops_defined_before_compile": "passkit_fusion.allreduce_rmsnorm.ops" in sys.modules
+    }
     with torch.no_grad():
         for sharding in shardings:
             torch._dynamo.reset()
@@ -116,6 +119,7 @@ def test_cache_hit_runs_the_fused_op_without_the_pass(worlds):
     first, again = worlds
     for rank, before in zip(again, first):
         result = rank["functional"]
+        assert not rank["ops_defined_before_compile"]  # loading the plugin does not define them
         assert result["cache_hits"] >= 1
         assert result["records"] == []  # the pass did not run in these processes...
         assert result["cache_hit_reports"] == 1  # (and the report says why)

@@ -1,7 +1,10 @@
 """The ``fusion`` entry point of the ``passkit.passes`` group: what passkit-fusion adds.
 
-Loading it registers the passes' custom ops (importing each pass's package registers its ops),
-so they exist in every process that builds a passkit pipeline, cache hits included.
+Loading it is cheap: it imports the pass classes (names, options, token constraints, skip
+reasons) and nothing they need to rewrite a graph or run. The custom ops are defined when a
+pass runs or when an op is first looked up (:mod:`.lazy_ops`: code that Inductor restores
+from its cache calls ``torch.ops.passkit_fusion.*``, which defines them then); the matcher,
+the runtimes, flashinfer and torch's async-TP modules load when a pass needs them.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ from typing import Any
 
 from passkit import Pass, hookimpl
 
+from . import lazy_ops
 from .allreduce_rmsnorm import AllReduceRMSNorm
 from .async_tp import AsyncTP
 from .sequence_parallel import SequenceParallel
+
+lazy_ops.install()
 
 
 @hookimpl

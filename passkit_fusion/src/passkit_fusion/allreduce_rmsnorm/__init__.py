@@ -11,8 +11,9 @@
 * :mod:`.workspaces`: creating and freeing flashinfer's IPC workspaces.
 * :mod:`.tune`: measuring the op for decision tables (``passkit tune``).
 
-Importing this package registers the op (through :mod:`.pass_`, which imports :mod:`.ops`)
-but imports neither flashinfer nor the runtime.
+Importing this package imports the pass class only: :mod:`.ops` is imported when the pass
+runs or when the op is first looked up (:mod:`passkit_fusion.lazy_ops`), flashinfer and the
+runtime at the op's first flashinfer call.
 """
 
 from .pass_ import AllReduceRMSNorm, AllReduceRMSNormOptions

@@ -7,8 +7,9 @@ empty (shape ``[0]``) unless ``need_norm_out``.
 
 A functional ``torch.library`` custom op (new outputs, inputs untouched) with a fake
 implementation, so it traces, compiles and re-propagates like any ATen op. Importing this
-module registers it; the plugin imports it when passkit loads the plugin, so graphs that
-Inductor restores from its cache (where the pass does not run again) still find the op.
+module registers it: the pass imports it when it runs, and :mod:`passkit_fusion.lazy_ops`
+when the op is first looked up, so graphs that Inductor restores from its cache (where the
+pass does not run again) still find the op.
 
 ``impl`` picks the implementation, fixed in the graph at compile time:
 

@@ -27,7 +27,8 @@ import importlib.util
 import json
 import operator
 from collections import Counter
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 import torch
@@ -35,26 +36,24 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from .. import dialects
-from ..collective import publish_host
-from ..patterns import fp8 as fp8_patterns
-from ..patterns import graph as graph_patterns
-from ..patterns import lead as lead_patterns
-from ..patterns import notes as notes_patterns
-from ..patterns import rmsnorm as rmsnorm_patterns
-from ..patterns import sites as sites_patterns
-from ..patterns.lead import replay_lead
-from ..patterns.sites import Rejection, Site, candidates, host_fusion_note, schema_declined
-from ..tuning import decisions, tables
-from . import ops
+from ..options_docs import attribute_docstrings
+from ..tuning import decisions
 
+if TYPE_CHECKING:
+    from ..patterns.sites import Rejection, Site
+
+# Registering the pass imports this module only: the matcher (``patterns``), the op
+# (``ops``), the tables and the collective helpers are imported where they are used, when
+# the pass is enabled and can run (see passkit_fusion.lazy_ops for the op at cache hits).
+_PACKAGE = Path(__file__).resolve().parent.parent
 _ADVICE = "set implementation='reference' to run the reference op"
 
 
+@attribute_docstrings
 class AllReduceRMSNormOptions(pydantic.BaseModel):
     """Options of the ``allreduce_rmsnorm`` pass."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     implementation: Literal["auto", "flashinfer", "reference"] = "auto"
     """auto: flashinfer on CUDA if installed, else skip; flashinfer: the same, pinned; reference: the torch op, any device"""
@@ -78,19 +77,24 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
     stage = Stage.POST
     Options = AllReduceRMSNormOptions
     requires = Requirements(min_world_size=2)
-    source_files = (
-        sites_patterns.__file__,
-        lead_patterns.__file__,
-        ops.__file__,
-        rmsnorm_patterns.__file__,
-        fp8_patterns.__file__,
-        graph_patterns.__file__,
+    source_files = tuple(
+        str(_PACKAGE / f)
+        for f in (
+            "patterns/sites.py",
+            "patterns/lead.py",
+            "allreduce_rmsnorm/ops.py",
+            "patterns/rmsnorm.py",
+            "patterns/fp8.py",
+            "patterns/graph.py",
+        )
     )
 
     options: AllReduceRMSNormOptions
 
     def identity(self) -> dict[str, Any]:
         """The pass's identity plus the dialects it reads graphs with (third parties' too)."""
+        from .. import dialects
+
         return {**super().identity(), "dialects": [d.identity() for d in dialects.registered()]}
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
@@ -110,11 +114,15 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             return TokenConstraint(max_tokens=self.options.max_tokens)
         if self.impl != "flashinfer" or ctx.device != "cuda" or ctx.dtype is None:
             return None
+        from ..tuning import tables
+
         bound = tables.default_table().planned_bound(torch.cuda.get_device_name(), ctx.world_size, ctx.dtype)
         return TokenConstraint(max_tokens=bound) if bound else None
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
         if ctx.world_size > 1:  # at backend entry on every rank, cache hit or not
+            from ..collective import publish_host
+
             publish_host()
         unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet or self.options.implementation == "reference":
@@ -131,6 +139,9 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         return "reference" if self.options.implementation == "reference" else "flashinfer"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        from ..patterns.sites import Rejection, Site, candidates, host_fusion_note, schema_declined
+        from . import ops  # noqa: F401  (defines the ops the rewrite writes)
+
         host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
         position = {node: float(i) for i, node in enumerate(gm.graph.nodes)}
         sites: list[Site] = []
@@ -175,6 +186,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         """
         if self.impl != "flashinfer":
             return None
+        from ..tuning import tables
+
         device = site.x.meta["val"].device
         gpu = torch.cuda.get_device_name(device)
         rules = tables.default_table().resolve(gpu, site.world_size, site.hidden, site.dtype)
@@ -276,6 +289,8 @@ def _fused_inputs(graph: fx.Graph, site: Site) -> tuple[fx.Node, fx.Node | None,
     scale moves before it, a view keeping the hidden dim commutes with it), and the
     residual with the shared terms added first (``AR + (s + residual)``); then the nodes
     inserted, in order."""
+    from ..patterns.lead import replay_lead
+
     before = set(graph.nodes)
     x = replay_lead(graph, (*site.lead, *site.chain_views), site.result, site.x)  # type: ignore[arg-type]
     for merged in site.merged:  # AR(a) + AR(b) = AR(a + b)
@@ -327,6 +342,8 @@ def _fake_call(op: object, args: tuple[object, ...]) -> object:
 def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[str]:
     """Report notes: sites with/without residual, sites per layer, the plan's fingerprint
     (compare it across ranks' logs) and the reasons candidates were rejected."""
+    from ..patterns import notes as notes_patterns
+
     notes: list[str] = []
     if sites:
         with_res = sum(1 for s in sites if s.residual is not None)

@@ -9,7 +9,8 @@ symmetric memory on first use (:mod:`.runtime`) and call torch's op; with ``mode
 or off CUDA, they compute the same result with functional collectives (any backend: gloo too).
 
 Functional custom ops with fake implementations: they trace, compile and re-propagate like
-ATen ops. Importing this module registers them (the plugin does, when passkit loads it).
+ATen ops. Importing this module registers them (the pass does when it runs; a first
+look-up of an op does too, through :mod:`passkit_fusion.lazy_ops`).
 """
 
 from __future__ import annotations

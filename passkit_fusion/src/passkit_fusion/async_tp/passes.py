@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
@@ -29,19 +30,24 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from ..collective import publish_host, spans_hosts
+from ..options_docs import attribute_docstrings
 from ..tuning import decisions
-from . import host, ops, runtime, torch_api
+from . import torch_api
 
+# Registering the pass imports this module and torch_api (which imports torch's private
+# modules only when called); the host adapters, the ops and their runtime are imported when
+# the pass runs (see passkit_fusion.lazy_ops for the ops at cache hits).
+_HERE = Path(__file__).resolve().parent
 _ADVICE = "set implementation='test_mode' to rewrite graphs without running the fused ops"
 _SYMM_MEM = "symmetric memory (async_tp)"
 _C10D = "_c10d_functional"
 
 
+@attribute_docstrings
 class AsyncTPOptions(pydantic.BaseModel):
     """Options of the ``async_tp`` pass."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     implementation: Literal["auto", "test_mode"] = "auto"
     """auto: fuse on CUDA graphs where torch has symmetric memory, else skip with the reason; test_mode: rewrite on any device (torch's test mode; the ops then compute the unfused result with functional collectives), for tracing and CPU tests"""
@@ -84,7 +90,7 @@ class AsyncTP(decisions.Tunable, GraphPass):
     where it would find nothing); enabled alone, it fuses the collectives the model has."""
     Options = AsyncTPOptions
     requires = Requirements(min_world_size=2)
-    source_files = (ops.__file__, runtime.__file__, torch_api.__file__, host.__file__)
+    source_files = tuple(str(_HERE / f) for f in ("ops.py", "runtime.py", "torch_api.py", "host.py"))
 
     options: AsyncTPOptions
 
@@ -105,6 +111,8 @@ class AsyncTP(decisions.Tunable, GraphPass):
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
         if ctx.world_size > 1:  # at backend entry on every rank, cache hit or not
+            from ..collective import publish_host
+
             publish_host()
         unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
         if unmet:
@@ -120,6 +128,9 @@ class AsyncTP(decisions.Tunable, GraphPass):
         return f"{unavailable} — {_ADVICE}" if unavailable else None
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        from ..collective import spans_hosts
+        from . import host, ops  # noqa: F401  (ops: defines the ops the rewrite writes)
+
         graph = gm.graph
         test = self.options.implementation == "test_mode"
         across = [r for g in sorted(_collective_groups(graph)) if (r := spans_hosts(g, _SYMM_MEM))]

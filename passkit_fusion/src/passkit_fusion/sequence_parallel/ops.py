@@ -3,8 +3,9 @@
 The first sequence-parallel site turns a replicated residual into this rank's rows. The
 rank must not be baked into the graph (the compiled graph is the same on every rank, so
 Inductor's FX graph cache can share it): the op reads it from the process group at run time.
-Importing this module registers the op (the plugin imports it through the pass), so graphs
-Inductor restores from its cache find it.
+Importing this module registers the op (the pass's rewrite imports it; a first look-up of
+the op does too, through :mod:`passkit_fusion.lazy_ops`), so graphs Inductor restores from
+its cache find it.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 import torch
@@ -27,22 +28,24 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from .. import dialects
-from ..patterns import lead as lead_patterns
-from ..patterns import marks
-from ..patterns import notes as notes_patterns
-from ..patterns import sites as sites_patterns
-from ..patterns.sites import Rejection, Site, find_sites, host_fusion_note, schema_declined
+from ..options_docs import attribute_docstrings
 from ..tuning import decisions
-from . import ops, rewrite
 
+if TYPE_CHECKING:
+    from ..patterns.sites import Rejection, Site
+    from . import rewrite
+
+# Registering the pass imports this module only: the matcher, the rewrite and the op are
+# imported when the pass runs (see passkit_fusion.lazy_ops for the op at cache hits).
+_PACKAGE = Path(__file__).resolve().parent.parent
 NAME = "sequence_parallel"
 
 
+@attribute_docstrings
 class SequenceParallelOptions(pydantic.BaseModel):
     """Options of the ``sequence_parallel`` pass."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     min_tokens: int = pydantic.Field(2048, ge=1)
     """the smallest token count the pass rewrites. Sequence parallelism pays only with many tokens: with async_tp, the 8-layer Llama-8B stack at TP=2 on H200 was 0.94x Inductor at 1024 tokens and 1.02x at 2048-8192 (benchmarks/fusion_e2e.py); allreduce_rmsnorm wins below"""
@@ -70,18 +73,23 @@ class SequenceParallel(decisions.Tunable, GraphPass):
     one configured first takes them, and the other is left out of that token range."""
     Options = SequenceParallelOptions
     requires = Requirements(min_world_size=2)
-    source_files = (
-        sites_patterns.__file__,
-        lead_patterns.__file__,
-        rewrite.__file__,
-        ops.__file__,
-        marks.__file__,
+    source_files = tuple(
+        str(_PACKAGE / f)
+        for f in (
+            "patterns/sites.py",
+            "patterns/lead.py",
+            "sequence_parallel/rewrite.py",
+            "sequence_parallel/ops.py",
+            "patterns/marks.py",
+        )
     )
 
     options: SequenceParallelOptions
 
     def identity(self) -> dict[str, Any]:
         """The pass's identity plus the dialects it reads graphs with (third parties' too)."""
+        from .. import dialects
+
         return {**super().identity(), "dialects": [d.identity() for d in dialects.registered()]}
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
@@ -118,6 +126,9 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         return None
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        from ..patterns.sites import Rejection, find_sites, host_fusion_note, schema_declined
+        from . import rewrite  # imports the token_shard op
+
         host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
         sites, rejected = find_sites(gm.graph, kernel_limits=False)
         symbol = rewrite.token_symbol(gm.graph)
@@ -150,6 +161,8 @@ class SequenceParallel(decisions.Tunable, GraphPass):
     def _problem(self, site: Site, ctx: CompileContext, symbol: object) -> str | None:
         """Why ``site`` cannot be rewritten in this compile, or None. Decided from the
         graph, the group's size and the compile's token range: the same on every rank."""
+        from . import rewrite
+
         w = site.world_size
         if w < 2:
             return f"process group {site.group_name!r} has size {w}"
@@ -184,6 +197,8 @@ def _fused_op() -> object:
 def summarize(sites: list[Site], rejected: list[Rejection], outcome: rewrite.Outcome) -> list[str]:
     """Report notes: the sites taken and how their residuals were handled, the plan's
     fingerprint (compare it across ranks' logs), and why the others were rejected."""
+    from ..patterns import notes as notes_patterns
+
     notes: list[str] = []
     if sites:
         notes.append(
