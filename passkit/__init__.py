@@ -11,6 +11,7 @@ from .context import CompileContext
 from .errors import (
     ConfigError,
     OrderError,
+    PassCodeError,
     PassFailedError,
     PasskitError,
     PluginError,
@@ -19,6 +20,7 @@ from .errors import (
 )
 from .hooks import HookFailure
 from .hookspecs import hookimpl, hookspec
+from .inductor_failures import guard
 from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
 from .pattern_pass import Pattern, PatternPass
@@ -37,6 +39,7 @@ __all__ = [
     "NoOptions",
     "OrderError",
     "Pass",
+    "PassCodeError",
     "PassEntry",
     "PassFailedError",
     "PassRecord",
@@ -60,6 +63,7 @@ __all__ = [
     "compile_range",
     "compiling",
     "get_plugins",
+    "guard",
     "hookimpl",
     "hookspec",
     "install",

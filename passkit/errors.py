@@ -73,15 +73,26 @@ class OrderError(ConfigError):
 
 
 class PassFailedError(PasskitError):
-    """A pass raised while running with ``on_error="raise"``.
-
-    The graph has been restored to its state before the failing pass.
-    """
+    """A pass failed with ``on_error="raise"``: it raised (the graph has been restored to its
+    state before it), or Inductor failed on the graph it changed (``inductor_error``)."""
 
     def __init__(self, message: str, *, pass_name: str, ran_before: list[str]):
         super().__init__(message)
         self.pass_name = pass_name
         self.ran_before = ran_before
+        self.inductor_error: BaseException | None = None
+        """When Inductor failed on the graph the pass changed: Inductor's error (also the
+        ``__cause__``, which ``torch.compile`` drops from the errors it lets through)."""
+
+
+class PassCodeError(PasskitError):
+    """A pass's own code, called by passkit outside :meth:`~passkit.Pass.run`, raised:
+    ``skip_reason``, ``token_constraint``, its options model or ``__init__``. Names the pass
+    and the method; the pass's exception is the ``__cause__``."""
+
+    def __init__(self, message: str, *, pass_name: str, method: str):
+        super().__init__(message)
+        self.pass_name, self.method = pass_name, method
 
 
 class VerificationError(PasskitError):
