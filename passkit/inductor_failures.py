@@ -132,8 +132,11 @@ def guarded(compile_fn: Callable[[], T], pipeline: Pipeline, what: str = "the gr
             with leaving_out(first.left_out(trial) if first else {}):
                 result = compile_fn()
         except Exception as exc:
+            own = _passkit_error(exc)
+            if own is not None and own is not exc:
+                raise own from own.__cause__  # a pass's PassFailedError (on_error="raise"), unwrapped
             if first is None:
-                culprits = [] if _from_passkit(exc) else _changed_by(watched, pipeline)
+                culprits = [] if own is not None else _changed_by(watched, pipeline)
                 if not culprits:
                     raise
                 first = _Failure(exc, culprits, _reproducer(exc, culprits, watched, pipeline))
@@ -142,7 +145,7 @@ def guarded(compile_fn: Callable[[], T], pipeline: Pipeline, what: str = "the gr
                 trials = _trials(culprits)
             else:
                 _forget(watched, pipeline)
-                if _from_passkit(exc) or not trials:
+                if not trials:
                     raise
             trial = trials.pop(0)
             continue
@@ -221,17 +224,18 @@ def guard(compile_fn: Callable[..., T], pipeline: Pipeline) -> Callable[..., T]:
     return call
 
 
-def _from_passkit(exc: BaseException) -> bool:
-    """Whether ``exc`` is (or wraps) an error passkit raised on purpose (e.g.
-    ``PassFailedError`` under ``on_error = "raise"``): not Inductor's failure."""
-    seen = 0
+def _passkit_error(exc: BaseException) -> PasskitError | None:
+    """The error passkit raised on purpose that ``exc`` is or wraps (Inductor wraps what a
+    custom pass raises in ``InductorError``), e.g. ``PassFailedError`` under
+    ``on_error = "raise"``: not Inductor's failure. None otherwise."""
     current: BaseException | None = exc
-    while current is not None and seen < 10:
+    for _ in range(10):
+        if current is None:
+            return None
         if isinstance(current, PasskitError):
-            return True
+            return current
         current = getattr(current, "inner_exception", None) or current.__cause__
-        seen += 1
-    return False
+    return None
 
 
 def _inner(exc: BaseException) -> BaseException:

@@ -97,13 +97,8 @@ class Backend:
         (``torch.compile(m, backend=passkit.backend(...), mode="reduce-overhead")``): each
         token-range specialization gets them as ``backend="inductor"`` would. While it
         compiles, :func:`passkit.compiling.current` names the graph and the passes."""
-        try:
-            with compiling.scope(gm, example_inputs, self.pipeline) as current:
-                return self._call(gm, example_inputs, mode, options, current)
-        except PasskitError as exc:  # passkit's own message first, not Dynamo's wrapper
-            from .dynamo_errors import surface
-
-            surface(exc, inspect.currentframe(), "passkit backend")
+        with compiling.scope(gm, example_inputs, self.pipeline) as current:
+            return self._call(gm, example_inputs, mode, options, current)
 
     def _call(
         self,
