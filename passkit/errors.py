@@ -7,6 +7,9 @@ these without a traceback.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 ECHO_LIMIT = 200
 """The most characters of a user's value an error message repeats (see :func:`cut`)."""
 
@@ -33,6 +36,16 @@ def describe(exc: BaseException) -> str:
 def cut_repr(value: object, limit: int = ECHO_LIMIT) -> str:
     """``repr(value)``, cut like :func:`cut`."""
     return cut(repr(value), limit)
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for a close name, else ``""``."""
+    if len(name) > 200:  # no name that long is close to an installed one (and difflib is quadratic)
+        return ""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
 
 
 MESSAGE_LIMIT = 2000

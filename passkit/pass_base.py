@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pydantic
 
 from . import logs
-from .errors import ConfigError, PassCodeError, cut, cut_repr, describe
+from .errors import ConfigError, PassCodeError, cut, cut_repr, describe, suggest
 from .tokens import TokenConstraint
 
 if TYPE_CHECKING:
@@ -262,22 +262,44 @@ def validate_options(cls: type[Pass], raw: dict[str, Any], origin: str | None = 
 
 
 def format_validation_error(
-    exc: pydantic.ValidationError, prefix: str, model: type[pydantic.BaseModel] | None = None
+    exc: pydantic.ValidationError,
+    prefix: str,
+    model: type[pydantic.BaseModel] | None = None,
+    *,
+    what: str = "option",
+    rename: dict[str, str] | None = None,
 ) -> str:
+    """One line per error, each starting with the field's path (``prefix`` and the error's
+    location; an error of the model as a whole is named by ``prefix``, else ``config``).
+    ``what`` names a key (``option``, ``config key``) in "unknown ..." errors, which list the
+    known ones and suggest a close one; ``rename`` shows a top-level field under another name
+    (``{"on_error": "PASSKIT_ON_ERROR (on_error)"}``)."""
     lines = []
     errors = exc.errors()
     for err in errors[:_MAX_ERRORS]:
-        loc = cut(".".join(str(p) for p in (prefix, *err["loc"]) if p != ""))
+        where = list(err["loc"])
+        if rename and where and str(where[0]) in rename:
+            where[0] = rename[str(where[0])]
+        loc = cut(".".join(str(p) for p in (prefix, *where) if p != "")) or "config"
         expected = ""
-        if model is not None and err["loc"] and err["loc"][0] in model.model_fields:
+        if (
+            model is not None
+            and err["loc"]
+            and err["loc"][0] in model.model_fields
+            and err["type"] != "value_error"
+        ):
             ann = model.model_fields[str(err["loc"][0])].annotation
             expected = f" (expected {_type_name(ann)})"
         if err["type"] == "extra_forbidden" and model is not None:
             known = ", ".join(model.model_fields) or "none"
-            lines.append(f"{loc}: unknown option (known options: {known})")
+            key = str(err["loc"][-1]) if err["loc"] else ""
+            lines.append(f"{loc}: unknown {what} (known {what}s: {known}){suggest(key, model.model_fields)}")
             continue
-        got = f", got {cut_repr(err['input'])}" if "input" in err and err["type"] != "missing" else ""
-        lines.append(f"{loc}: {cut(err['msg'])}{expected}{got}")
+        message = err["msg"].removeprefix("Value error, ")
+        got = ""
+        if "input" in err and err["type"] != "missing" and err["loc"]:  # a whole model: not repeated
+            got = f", got {cut_repr(err['input'])}"
+        lines.append(f"{loc}: {cut(message)}{expected}{got}")
     if len(errors) > _MAX_ERRORS:
         lines.append(f"... and {len(errors) - _MAX_ERRORS} more error(s)")
     return "invalid configuration:\n  " + "\n  ".join(lines)

@@ -61,11 +61,15 @@ def plugins_for(config: Config) -> PluginSet:
 def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
     """One pass object per enabled name, options validated, in config order."""
     out: list[Pass] = []
+    source = f"{config.passes_from}: " if config.passes_from else ""  # e.g. "PASSKIT_PASSES: "
     for entry in config.passes:
         info = plugins.passes.get(entry.name)
         if info is None:
-            raise ConfigError(unknown_pass_message(entry.name, plugins))
-        options = validate_options(info.cls, entry.options, info.plugin.origin)
+            raise ConfigError(source + unknown_pass_message(entry.name, plugins))
+        try:
+            options = validate_options(info.cls, entry.options, info.plugin.origin)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}{exc}") from exc.__cause__
         try:
             instance = info.cls(options)
             instance.identity()  # the options' serialization is the pass's code too
