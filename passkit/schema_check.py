@@ -48,15 +48,42 @@ def changed_nodes(graph: torch.fx.Graph, before: torch.fx.Graph) -> list[torch.f
         if (
             prior is None
             or prior.target is not node.target
-            or _by_name(prior.args) != _by_name(node.args)
-            or _by_name(prior.kwargs) != _by_name(node.kwargs)
+            or not _same(prior.args, node.args)
+            or (bool(prior.kwargs or node.kwargs) and not _same(prior.kwargs, node.kwargs))
         ):
             changed.append(node)
     return changed
 
 
-def _by_name(value: Any) -> Any:
-    return torch.fx.node.map_arg(value, lambda n: n.name)
+def _same(old: Any, new: Any) -> bool:
+    """Whether two node arguments are equal, nodes compared by name (the snapshot's nodes
+    are copies); a flat loop over the tuples of nodes and numbers most nodes have."""
+    if isinstance(old, (tuple, list)):
+        if not isinstance(new, (tuple, list)) or len(old) != len(new):
+            return False
+        for a, b in zip(old, new):
+            if a is b:
+                continue
+            if isinstance(a, torch.fx.Node):
+                if not (isinstance(b, torch.fx.Node) and a.name == b.name):
+                    return False
+            elif not _same(a, b):
+                return False
+        return True
+    if isinstance(old, torch.fx.Node):
+        return isinstance(new, torch.fx.Node) and old.name == new.name
+    if isinstance(old, dict):
+        return (
+            isinstance(new, dict)
+            and old.keys() == new.keys()
+            and _same(list(old.values()), list(new.values()))
+        )
+    if old is new:
+        return True
+    try:
+        return type(old) is type(new) and bool(old == new)
+    except Exception:  # a value whose == gives no bool (a tensor constant)
+        return False
 
 
 def problem(node: torch.fx.Node) -> str | None:
