@@ -403,4 +403,7 @@ def load_config(
         del python[name]  # passes=None: not set (a field that has no None value)
     if python:
         layers.append(("Python config", python))
-    return merge(layers)
+    merged = merge(layers)
+    if isinstance(config, Config) and config.passes_from and "passes" not in overrides:
+        merged._passes_from = config.passes_from  # a resolved config: its passes' source stays
+    return merged

@@ -79,3 +79,12 @@ def test_passes_none_means_not_set():
 def test_enabled_and_disabled_names_both_fields():
     message = error(passes=["cleanup"], disable=["cleanup"])
     assert "\n  config: pass(es) ['cleanup'] are both enabled (passes) and disabled (disable)" in message
+
+
+def test_a_resolved_config_keeps_the_source_of_its_passes():
+    """Hosts resolve the config first, then build the pipeline from it (SGLang's entry point)."""
+    config = load_config(environ={"PASSKIT_PASSES": "cleanup:max_nodes=lots"})
+    assert config.passes_from == "PASSKIT_PASSES"
+    assert error(config=config).startswith(
+        "PASSKIT_PASSES: invalid configuration:\n  passes.cleanup.max_nodes"
+    )
