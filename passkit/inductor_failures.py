@@ -151,8 +151,9 @@ def guarded(compile_fn: Callable[[], T], pipeline: Pipeline, what: str = "the gr
             continue
         finally:
             _watching.reset(token)
-            if parent is not None:
-                parent.extend(r for r in watched if r in pipeline.reports)
+            if parent is not None:  # a guarded compile inside another: the outer one watches too
+                kept = {id(r) for r in pipeline.reports}
+                parent.extend(r for r in watched if id(r) in kept)
         if first is not None:
             logs.log.warning("passkit: %s compiled without %s", what, ", ".join(repr(c.name) for c in trial))
         return result
@@ -271,10 +272,11 @@ def _forget(watched: list[Report], pipeline: Pipeline) -> None:
     """Drop the reports of the failed attempt (the compile that succeeds reports instead)."""
     from .pipeline import RECENT_REPORTS
 
-    for report in watched:
-        for reports in (pipeline.reports, RECENT_REPORTS):
-            with contextlib.suppress(ValueError):
-                reports.remove(report)
+    gone = {id(r) for r in watched}
+    pipeline.reports[:] = [r for r in pipeline.reports if id(r) not in gone]
+    kept = [r for r in RECENT_REPORTS if id(r) not in gone]
+    RECENT_REPORTS.clear()
+    RECENT_REPORTS.extend(kept)
 
 
 def _reproducer(
