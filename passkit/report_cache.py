@@ -71,7 +71,13 @@ def environment(inductor_patches: Mapping[str, Any] | None = None) -> str:
         inductor,
         functorch_config.save_config_portable(),
     ]
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=_stable).encode()).hexdigest()
+
+
+def _stable(value: Any) -> str:
+    """A config value JSON cannot hold (a pass or function a framework set): its type only,
+    never its ``repr`` (which may hold a memory address, different in every process)."""
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 def in_use(inductor_patches: Mapping[str, Any] | None = None) -> bool:

@@ -41,7 +41,7 @@ def test_options_validator_raising_runtime_error_is_a_named_config_error():
         passkit.backend(passes=[{"name": "raising_options", "k": 3}])
     message = str(caught.value)
     assert message.startswith(
-        "passes.raising_options: the options model RaisingOptions of pass 'raising_options'"
+        "Python config: passes.raising_options: the options model RaisingOptions of pass 'raising_options'"
     )
     assert "in-process plugin 'broken-passes'" in message
     assert "RuntimeError: k=3 crashes the validator" in message
