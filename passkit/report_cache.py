@@ -42,14 +42,19 @@ def key(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
     inductor_patches: Mapping[str, Any] | None = None,
+    code: str | None = None,
 ) -> str:
     """Identity of one compile: the pipeline, the graph with its inputs' metadata, and the
-    :func:`environment` (``inductor_patches``: the config patches of this compile)."""
+    :func:`environment` (``inductor_patches``: the config patches of this compile; ``code``:
+    the graph's code when ``gm.code`` is not stable, e.g. a host that changes the graph as it
+    compiles it)."""
     inputs = [
         f"{tuple(x.shape)}:{x.dtype}:{x.device.type}" if isinstance(x, torch.Tensor) else type(x).__name__
         for x in example_inputs
     ]
-    blob = json.dumps([pipeline_uuid, gm.code, inputs, environment(inductor_patches)], default=str).encode()
+    blob = json.dumps(
+        [pipeline_uuid, gm.code if code is None else code, inputs, environment(inductor_patches)], default=str
+    ).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
