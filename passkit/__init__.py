@@ -12,6 +12,7 @@ from .environment import EnvironmentCheck
 from .errors import (
     ConfigError,
     OrderError,
+    PassCodeError,
     PassDeclinedWarning,
     PassFailedError,
     PasskitError,
@@ -21,6 +22,7 @@ from .errors import (
 )
 from .hook_failure import HookFailure
 from .hookspecs import hookimpl, hookspec
+from .inductor_failures import guard
 from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
 from .pattern_pass import Pattern, PatternPass
@@ -40,6 +42,7 @@ __all__ = [
     "NoOptions",
     "OrderError",
     "Pass",
+    "PassCodeError",
     "PassDeclinedWarning",
     "PassEntry",
     "PassFailedError",
@@ -64,6 +67,7 @@ __all__ = [
     "compile_range",
     "compiling",
     "get_plugins",
+    "guard",
     "hookimpl",
     "hookspec",
     "install",

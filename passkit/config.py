@@ -33,10 +33,13 @@ import tomllib
 
 from . import logs
 from .errors import ConfigError, cut, cut_repr
+from .errors import suggest as suggest  # re-exported: passkit.config.suggest
 from .pass_base import format_validation_error
 from .tokens import check_boundaries
 
 ENV_PREFIX = "PASSKIT_"
+ENV_ORIGIN = "environment (PASSKIT_*)"
+"""How errors name the environment as a config source (each error names its variable too)."""
 
 
 class PassEntry(pydantic.BaseModel):
@@ -110,22 +113,36 @@ class Config(pydantic.BaseModel):
     waits for a compile); ``first_use`` compiles each range the first time a call's token
     count falls in it (notebooks, scripts that run a few sizes)."""
 
+    _passes_from: str | None = pydantic.PrivateAttr(default=None)
+    """Which source set ``passes`` (a file, an environment variable, ``Python config``), for
+    errors found once the passes are known (unknown names, options)."""
+
     @pydantic.field_validator("compile_ranges")
     @classmethod
     def _check_ranges(cls, value: list[int] | None) -> list[int] | None:
         return None if value is None else check_boundaries(value)
 
+    @pydantic.field_validator("passes")
+    @classmethod
+    def _check_twice(cls, value: list[PassEntry]) -> list[PassEntry]:
+        seen: set[str] = set()
+        for entry in value:
+            if entry.name in seen:
+                raise ValueError(f"pass {cut_repr(entry.name)} is listed twice")
+            seen.add(entry.name)
+        return value
+
     @pydantic.model_validator(mode="after")
     def _check_names(self) -> Config:
-        seen: set[str] = set()
-        for entry in self.passes:
-            if entry.name in seen:
-                raise ValueError(f"pass {cut_repr(entry.name)} is listed twice in passes")
-            seen.add(entry.name)
-        both = sorted(seen & set(self.disable))
+        both = sorted(set(self.pass_names) & set(self.disable))
         if both:
             raise ValueError(f"pass(es) {cut(both)} are both enabled (passes) and disabled (disable)")
         return self
+
+    @property
+    def passes_from(self) -> str | None:
+        """The source that set ``passes`` (None: not known, e.g. a Config built directly)."""
+        return self._passes_from
 
     @property
     def pass_names(self) -> list[str]:
@@ -143,13 +160,15 @@ class Config(pydantic.BaseModel):
 
 
 def _validate(data: Mapping[str, Any], origin: str) -> Config:
+    """One source's config, validated alone; errors name the source and the field (from
+    the environment: the variable too, ``PASSKIT_ON_ERROR (on_error)``)."""
+    rename = None
+    if origin == ENV_ORIGIN:
+        rename = {field: f"{ENV_PREFIX}{suffix} ({field})" for suffix, (field, _) in _ENV_FIELDS.items()}
     try:
         return Config.model_validate(dict(data))
     except pydantic.ValidationError as exc:
-        msg = format_validation_error(exc, "", Config)
-        unknown = [e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden"]
-        if unknown:
-            msg += f"\n  (known config keys: {', '.join(Config.model_fields)})"
+        msg = format_validation_error(exc, "", Config, what="config key", rename=rename)
         raise ConfigError(f"{cut(origin)}: {msg}") from None
 
 
@@ -308,7 +327,7 @@ def sources(
             found.append((str(toml), file_source(toml)))
     env = env_source(environ)
     if env:
-        found.append(("environment (PASSKIT_*)", env))
+        found.append((ENV_ORIGIN, env))
     return found
 
 
@@ -324,6 +343,14 @@ def _explicit_file(value: str) -> Path:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{where}: cannot be read: {_why(exc)}") from None
     raise ConfigError(f"{where}: {'not a file' if exists else 'no such file'}")
+
+
+_NOT_NULLABLE = frozenset(
+    name
+    for name, field in Config.model_fields.items()
+    if not field.is_required() and field.default is not None
+)
+"""Fields for which None is no value: ``passes=None`` in Python means "not set"."""
 
 
 def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
@@ -351,7 +378,10 @@ def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
             )
     merged["passes"] = passes
     merged["disable"] = list(disabled)
-    return Config.model_validate(merged)
+    config = Config.model_validate(merged)
+    if passes_from[1]:
+        config._passes_from = f"{ENV_PREFIX}PASSES" if passes_from[1] == ENV_ORIGIN else passes_from[1]
+    return config
 
 
 def load_config(
@@ -369,16 +399,11 @@ def load_config(
     elif config is not None:
         python.update(config)
     python.update(overrides)
+    for name in [n for n, v in python.items() if v is None and n in _NOT_NULLABLE]:
+        del python[name]  # passes=None: not set (a field that has no None value)
     if python:
         layers.append(("Python config", python))
-    return merge(layers)
-
-
-def suggest(name: str, known: Iterable[str]) -> str:
-    """``" (did you mean 'x'?)"`` for a close name, else ``""``."""
-    if len(name) > 200:  # no name that long is close to an installed one (and difflib is quadratic)
-        return ""
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
-    if not close:
-        return ""
-    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+    merged = merge(layers)
+    if isinstance(config, Config) and config.passes_from and "passes" not in overrides:
+        merged._passes_from = config.passes_from  # a resolved config: its passes' source stays
+    return merged

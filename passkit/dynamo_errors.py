@@ -5,7 +5,8 @@ frames, some 40 lines, before the message. :func:`surface` re-raises a
 :class:`~passkit.errors.PasskitError` as an instance of the same class that is also a
 Dynamo ``ShortenTraceback``, which Dynamo lets through unwrapped and trims to the frames
 from passkit's backend on (``TORCHDYNAMO_VERBOSE=1`` still shows all); the message is
-logged first, so the first line a user sees names the field and the value.
+logged first, so the first line a user sees names the field and the value. The error's
+``__cause__`` is kept (Inductor's error under a :class:`~passkit.errors.PassFailedError`).
 """
 
 from __future__ import annotations
@@ -43,4 +44,4 @@ def surface(exc: PasskitError, frame: types.FrameType | None, what: str) -> NoRe
         err.first_useful_frame = frame  # type: ignore[attr-defined]
     except Exception:  # pragma: no cover - torch moved ShortenTraceback; keep the original
         raise exc from None
-    raise err.with_traceback(None) from None
+    raise err.with_traceback(None) from exc.__cause__  # e.g. Inductor's error under a PassFailedError

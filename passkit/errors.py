@@ -7,6 +7,9 @@ these without a traceback.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 ECHO_LIMIT = 200
 """The most characters of a user's value an error message repeats (see :func:`cut`)."""
 
@@ -33,6 +36,16 @@ def describe(exc: BaseException) -> str:
 def cut_repr(value: object, limit: int = ECHO_LIMIT) -> str:
     """``repr(value)``, cut like :func:`cut`."""
     return cut(repr(value), limit)
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for a close name, else ``""``."""
+    if len(name) > 200:  # no name that long is close to an installed one (and difflib is quadratic)
+        return ""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
 
 
 MESSAGE_LIMIT = 2000
@@ -73,15 +86,26 @@ class OrderError(ConfigError):
 
 
 class PassFailedError(PasskitError):
-    """A pass raised while running with ``on_error="raise"``.
-
-    The graph has been restored to its state before the failing pass.
-    """
+    """A pass failed with ``on_error="raise"``: it raised (the graph has been restored to its
+    state before it), or Inductor failed on the graph it changed (``inductor_error``)."""
 
     def __init__(self, message: str, *, pass_name: str, ran_before: list[str]):
         super().__init__(message)
         self.pass_name = pass_name
         self.ran_before = ran_before
+        self.inductor_error: BaseException | None = None
+        """When Inductor failed on the graph the pass changed: Inductor's error (also the
+        ``__cause__``, which ``torch.compile`` drops from the errors it lets through)."""
+
+
+class PassCodeError(PasskitError):
+    """A pass's own code, called by passkit outside :meth:`~passkit.Pass.run`, raised:
+    ``skip_reason``, ``token_constraint``, its options model or ``__init__``. Names the pass
+    and the method; the pass's exception is the ``__cause__``."""
+
+    def __init__(self, message: str, *, pass_name: str, method: str):
+        super().__init__(message)
+        self.pass_name, self.method = pass_name, method
 
 
 class VerificationError(PasskitError):

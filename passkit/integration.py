@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 import torch.fx
 
-from . import compiling, inductor_options, logs, report_cache, shared_trace, specialize
+from . import compiling, inductor_failures, inductor_options, logs, report_cache, shared_trace, specialize
 from .config import Config
 from .context import Mode
 from .errors import ConfigError, PasskitError
@@ -245,9 +245,12 @@ class Backend:
         """One normal compile of ``gm`` with ``pipeline``, timed into its report; a cache
         hit's report is filled from passkit's report cache. ``compile_with``: Inductor's
         inner compile of an AOTAutograd trace shared by the specializations (see
-        :meth:`_compile_shared`), called with this compile's config patches."""
+        :meth:`_compile_shared`), called with this compile's config patches. When Inductor
+        fails on a graph passes changed, they are named and the graph compiles again without
+        them (:mod:`passkit.inductor_failures`)."""
         reports_before, hits_before = len(pipeline.reports), _cache_hits()
         start = time.perf_counter()
+        patches: dict[str, Any] = {}
         if self.mode == "eager":
             compiled = self._compile_eager(pipeline, gm, example_inputs)
         else:
@@ -256,17 +259,22 @@ class Backend:
             patches = inductor_options.merge_patches(
                 compile_patches or {}, self.inductor_config, pipeline.inductor_patches()
             )
-            if compile_with is not None:
-                compiled = compile_with(patches)
-            else:
-                compiled = cast(
-                    CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None)
-                )
+
+            def inductor() -> CompiledFn:
+                if compile_with is not None:
+                    return compile_with(patches)
+                return cast(CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None))
+
+            compiled = inductor_failures.guarded(inductor, pipeline) if pipeline.enabled else inductor()
         seconds = time.perf_counter() - start
         if not pipeline.enabled:
             return compiled
-        cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs)
         new = pipeline.reports[reports_before:]
+        if self.mode == "eager" or not report_cache.in_use(patches):
+            for report in new:  # no Inductor cache: nothing to restore a report for
+                pipeline.record_compile_time(report, seconds)
+            return compiled
+        cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs, patches)
         if new:
             report_cache.save(cache_key, new)
         elif _cache_hits() > hits_before:

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pydantic
 
-from .errors import ConfigError, cut, cut_repr
+from . import logs
+from .errors import ConfigError, PassCodeError, cut, cut_repr, describe, suggest
 from .tokens import TokenConstraint
 
 if TYPE_CHECKING:
@@ -175,18 +176,63 @@ class Pass:
         the same on every rank."""
         return self.tokens
 
+    # -- called by passkit (a pass's own code, isolated) -------------------------------
+    code_failure: PassCodeError | None = None
+    """Set when one of this pass's own methods called to plan a compile (:meth:`skip_reason`,
+    :meth:`token_constraint`) raised or returned garbage: the pass then runs nowhere for the
+    rest of the process, and every compile records it ``failed`` with this error."""
+
+    def checked_skip_reason(self, ctx: CompileContext) -> str | None:
+        """:meth:`skip_reason`, isolated: when it raises or returns something else than a
+        string or None, :attr:`code_failure` is set and its message returned (the pass does
+        not run)."""
+        if self.code_failure is not None:
+            return str(self.code_failure)
+        try:
+            reason = self.skip_reason(ctx)
+        except Exception as exc:
+            return str(self._code_failed(f"skip_reason() raised {describe(exc)}", exc))
+        if reason is not None and not isinstance(reason, str):
+            return str(self._code_failed(f"skip_reason() must return a str or None, got {cut_repr(reason)}"))
+        return reason or None
+
     def checked_token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
-        """:meth:`token_constraint`, validated; errors name the pass."""
-        constraint = self.token_constraint(ctx)
+        """:meth:`token_constraint`, validated and isolated: when it raises or returns no
+        valid constraint, :attr:`code_failure` is set (the pass does not run) and None is
+        returned."""
+        if self.code_failure is not None:
+            return None
+        try:
+            constraint = self.token_constraint(ctx)
+        except Exception as exc:
+            self._code_failed(f"token_constraint() raised {describe(exc)}", exc)
+            return None
         if constraint is None:
             return None
         if not isinstance(constraint, TokenConstraint):
-            raise ConfigError(
-                f"pass {self.name!r}: token_constraint() must return a passkit.TokenConstraint or "
-                f"None, got {type(constraint).__name__}"
+            self._code_failed(
+                f"token_constraint() must return a passkit.TokenConstraint or None, got "
+                f"{type(constraint).__name__}"
             )
-        constraint.check(f"pass {self.name!r}")
+            return None
+        try:
+            constraint.check(f"pass {self.name!r}")
+        except ConfigError as exc:
+            self._code_failed(f"token_constraint() returned an invalid constraint: {exc}")
+            return None
         return None if constraint.unconstrained else constraint
+
+    def _code_failed(self, what: str, exc: Exception | None = None) -> PassCodeError:
+        failure = PassCodeError(
+            f"pass {self.name!r} ({type(self).__module__}.{type(self).__qualname__}): {what}; "
+            "the pass does not run in this pipeline",
+            pass_name=self.name,
+            method=what.partition("(")[0],
+        )
+        failure.__cause__ = exc
+        self.code_failure = failure
+        logs.log.warning("passkit: %s", failure)
+        return failure
 
     # -- identity --------------------------------------------------------------------
     def options_json(self) -> str:
@@ -213,31 +259,62 @@ class GraphPass(Pass):
     """A pass written by hand against the FX graph: implement :meth:`run`."""
 
 
-def validate_options(cls: type[Pass], raw: dict[str, Any]) -> pydantic.BaseModel:
-    """Validate raw options for ``cls``; errors name ``passes.<name>.<field>``."""
+def validate_options(cls: type[Pass], raw: dict[str, Any], origin: str | None = None) -> pydantic.BaseModel:
+    """Validate raw options for ``cls``; errors name ``passes.<name>.<field>``. An options
+    model whose own code raises something else than a validation error (a validator raising
+    ``RuntimeError``) is a :class:`ConfigError` too, naming the pass and ``origin`` (the
+    plugin and distribution it came from)."""
     try:
         return cls.Options.model_validate(raw)
     except pydantic.ValidationError as exc:
         raise ConfigError(format_validation_error(exc, f"passes.{cls.name}", cls.Options)) from None
+    except Exception as exc:
+        raise ConfigError(
+            f"passes.{cls.name}: the options model {cls.Options.__qualname__} of pass {cls.name!r}"
+            f"{f' ({origin})' if origin else ''} raised {describe(exc)} (a bug in the pass, not in "
+            "your config; `passkit show` describes its options)"
+        ) from exc
 
 
 def format_validation_error(
-    exc: pydantic.ValidationError, prefix: str, model: type[pydantic.BaseModel] | None = None
+    exc: pydantic.ValidationError,
+    prefix: str,
+    model: type[pydantic.BaseModel] | None = None,
+    *,
+    what: str = "option",
+    rename: dict[str, str] | None = None,
 ) -> str:
+    """One line per error, each starting with the field's path (``prefix`` and the error's
+    location; an error of the model as a whole is named by ``prefix``, else ``config``).
+    ``what`` names a key (``option``, ``config key``) in "unknown ..." errors, which list the
+    known ones and suggest a close one; ``rename`` shows a top-level field under another name
+    (``{"on_error": "PASSKIT_ON_ERROR (on_error)"}``)."""
     lines = []
     errors = exc.errors()
     for err in errors[:_MAX_ERRORS]:
-        loc = cut(".".join(str(p) for p in (prefix, *err["loc"]) if p != ""))
+        where = list(err["loc"])
+        if rename and where and str(where[0]) in rename:
+            where[0] = rename[str(where[0])]
+        loc = cut(".".join(str(p) for p in (prefix, *where) if p != "")) or "config"
         expected = ""
-        if model is not None and err["loc"] and err["loc"][0] in model.model_fields:
+        if (
+            model is not None
+            and err["loc"]
+            and err["loc"][0] in model.model_fields
+            and err["type"] != "value_error"
+        ):
             ann = model.model_fields[str(err["loc"][0])].annotation
             expected = f" (expected {_type_name(ann)})"
         if err["type"] == "extra_forbidden" and model is not None:
             known = ", ".join(model.model_fields) or "none"
-            lines.append(f"{loc}: unknown option (known options: {known})")
+            key = str(err["loc"][-1]) if err["loc"] else ""
+            lines.append(f"{loc}: unknown {what} (known {what}s: {known}){suggest(key, model.model_fields)}")
             continue
-        got = f", got {cut_repr(err['input'])}" if "input" in err and err["type"] != "missing" else ""
-        lines.append(f"{loc}: {cut(err['msg'])}{expected}{got}")
+        message = err["msg"].removeprefix("Value error, ")
+        got = ""
+        if "input" in err and err["type"] != "missing" and err["loc"]:  # a whole model: not repeated
+            got = f", got {cut_repr(err['input'])}"
+        lines.append(f"{loc}: {cut(message)}{expected}{got}")
     if len(errors) > _MAX_ERRORS:
         lines.append(f"... and {len(errors) - _MAX_ERRORS} more error(s)")
     return "invalid configuration:\n  " + "\n  ".join(lines)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.fx
 
-from . import hooks, logs
+from . import hooks, inductor_state, logs, schema_check
 from .config import Config, load_config
 from .context import CompileContext, Mode
 from .declined import warn_declined
@@ -120,11 +120,19 @@ class Pipeline:
         return pipeline_identity(self.passes, self.plugins, self.token_range, self.left_out)
 
     def uuid(self) -> str:
-        """The cache identity: passes, their versions and options, the token range."""
+        """The cache identity: passes, their versions and options, the token range, and the
+        passes this compile runs without because they failed (their own code raised, or
+        Inductor failed on the graph they changed)."""
         framework = _framework_range.get() if self.token_range is None else None
-        if framework is None:
-            return self._uuid
-        return hashlib.sha256(f"{self._uuid}:{framework}".encode()).hexdigest()
+        uuid = (
+            self._uuid
+            if framework is None
+            else hashlib.sha256(f"{self._uuid}:{framework}".encode()).hexdigest()
+        )
+        failed = sorted({*inductor_state.left_out(), *(p.name for p in self.passes if p.code_failure)})
+        if failed:
+            uuid = hashlib.sha256(f"{uuid}:failed:{','.join(failed)}".encode()).hexdigest()
+        return uuid
 
     def current_range(self) -> TokenRange | None:
         """The token range of the compile under way (own, or a framework's)."""
@@ -207,6 +215,7 @@ class Pipeline:
             notes=[self.note] if self.note else [],
         )
         self._open = (weakref.ref(graph), report)
+        inductor_state.opened(report)
         return report
 
     def _range_skips(self, ctx: CompileContext) -> dict[str, str]:
@@ -217,7 +226,9 @@ class Pipeline:
         if self.left_out or ctx.token_range is None:
             return dict(self.left_out)
         outside = {p.name: why for p in self.passes if (why := _outside_range(p, ctx))}
-        runnable = [p.name for p in self.passes if p.name not in outside and p.skip_reason(ctx) is None]
+        runnable = [
+            p.name for p in self.passes if p.name not in outside and p.checked_skip_reason(ctx) is None
+        ]
         _, dropped = self.relations.effective(runnable)
         return {**outside, **{n: f"{why} (tokens {ctx.token_range})" for n, why in dropped.items()}}
 
@@ -239,12 +250,21 @@ class Pipeline:
         range_skips: dict[str, str],
     ) -> PassRecord:
         record = PassRecord(name=p.name, stage=p.stage.value)
+        dropped = inductor_state.left_out().get(p.name)
+        if dropped is not None:  # Inductor failed on the graph it changed: compiled without it
+            record.status, record.reason, record.reproducer = "failed", dropped.reason, dropped.reproducer
+            return record
         reason = (
             plan.skipped.get(p.name)
             or range_skips.get(p.name)
-            or p.skip_reason(ctx)
+            or p.checked_skip_reason(ctx)
             or self._nothing_to_act_on(p, report)
         )
+        if p.code_failure is not None:  # its skip_reason or token_constraint raised
+            before_code = graph_code(gm) if dumper else ""
+            return self._failed(
+                p, gm, p.code_failure, record, report, dumper, len(report.records) + 1, before_code
+            )
         if reason:
             record.reason = reason
             logs.log.info("passkit: %s skipped: %s", p.name, reason)
@@ -262,6 +282,7 @@ class Pipeline:
         try:
             result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
+            schema_check.check(graph, saved, p.name)  # cheap: the nodes it changed only
             if self.config.verify:
                 verified = time.perf_counter()
                 verify_graph(gm, p.name)

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from .config import Config, suggest
-from .errors import ConfigError, OrderError, cut_repr
+from .errors import ConfigError, OrderError, cut_repr, describe
 from .pass_base import Pass, Stage, validate_options
 from .plugins import PluginSet, get_plugins
 from .tokens import PassRelations, TokenRange
@@ -35,11 +35,24 @@ def plugins_for(config: Config) -> PluginSet:
 def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
     """One pass object per enabled name, options validated, in config order."""
     out: list[Pass] = []
+    source = f"{config.passes_from}: " if config.passes_from else ""  # e.g. "PASSKIT_PASSES: "
     for entry in config.passes:
         info = plugins.passes.get(entry.name)
         if info is None:
-            raise ConfigError(unknown_pass_message(entry.name, plugins))
-        out.append(info.cls(validate_options(info.cls, entry.options)))
+            raise ConfigError(source + unknown_pass_message(entry.name, plugins))
+        try:
+            options = validate_options(info.cls, entry.options, info.plugin.origin)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}{exc}") from exc.__cause__
+        try:
+            instance = info.cls(options)
+            instance.identity()  # the options' serialization is the pass's code too
+        except Exception as exc:
+            raise ConfigError(
+                f"passes.{entry.name}: pass {entry.name!r} ({info.plugin.origin}) raised "
+                f"{describe(exc)} when passkit set it up (a bug in the pass, not in your config)"
+            ) from exc
+        out.append(instance)
     return out
 
 

@@ -2,10 +2,15 @@
 passes did when they built the cached code.
 
 One JSON file per compiled graph under ``$PASSKIT_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/passkit/reports`` or ``~/.cache/passkit/reports``), keyed by the
-pipeline's cache identity (passes, versions, options, token range) and a hash of the graph
-Dynamo handed over (its code and its inputs' shapes and dtypes). Failing to read or write
-it only loses the restored report, never a compile.
+``$XDG_CACHE_HOME/passkit/reports`` or ``~/.cache/passkit/reports``), keyed by what
+decides the code Inductor caches: the pipeline's cache identity (passes, versions, options,
+token range), a hash of the graph Dynamo handed over (its code and its inputs' shapes and
+dtypes) and :func:`environment`, the parts of Inductor's own FX-graph-cache key that are not
+the graph (torch's source hash, version included; the system: devices, CUDA and Triton
+versions; Inductor's and AOTAutograd's config). Two environments that share a cache folder
+(two torch versions, say) therefore never read each other's reports: a restored report
+describes the code that runs. Failing to read or write it only loses the restored report,
+never a compile.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +37,69 @@ def cache_dir() -> Path:
     return Path(base) / "passkit" / "reports"
 
 
-def key(pipeline_uuid: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
-    """Identity of one compile: the pipeline and the graph with its inputs' metadata."""
+def key(
+    pipeline_uuid: str,
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    inductor_patches: Mapping[str, Any] | None = None,
+    code: str | None = None,
+) -> str:
+    """Identity of one compile: the pipeline, the graph with its inputs' metadata, and the
+    :func:`environment` (``inductor_patches``: the config patches of this compile; ``code``:
+    the graph's code when ``gm.code`` is not stable, e.g. a host that changes the graph as it
+    compiles it)."""
     inputs = [
         f"{tuple(x.shape)}:{x.dtype}:{x.device.type}" if isinstance(x, torch.Tensor) else type(x).__name__
         for x in example_inputs
     ]
-    blob = json.dumps([pipeline_uuid, gm.code, inputs], default=str).encode()
+    blob = json.dumps(
+        [pipeline_uuid, gm.code if code is None else code, inputs, environment(inductor_patches)], default=str
+    ).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def environment(inductor_patches: Mapping[str, Any] | None = None) -> str:
+    """A hash of what Inductor's FX-graph-cache key holds beyond the graph and the custom
+    passes: ``torch_key()`` (torch's sources and version), the system (devices, CUDA, Triton)
+    and Inductor's and AOTAutograd's portable config with this compile's patches applied."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor import codecache
+
+    inductor = inductor_config.save_config_portable()
+    for name, value in (inductor_patches or {}).items():
+        if name in inductor:
+            inductor[name] = value
+    parts = [
+        codecache.torch_key().hex(),  # module attribute: cached per process by torch
+        codecache.CacheBase.get_system(),
+        inductor,
+        functorch_config.save_config_portable(),
+    ]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=_stable).encode()).hexdigest()
+
+
+def _stable(value: Any) -> str:
+    """A config value JSON cannot hold (a pass or function a framework set): its type only,
+    never its ``repr`` (which may hold a memory address, different in every process)."""
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
+def in_use(inductor_patches: Mapping[str, Any] | None = None) -> bool:
+    """Whether Inductor can serve a compile from a cache (its FX graph cache or
+    AOTAutograd's, local or remote): without one there is nothing to restore reports for,
+    and no need to hash torch's sources."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    patches = inductor_patches or {}
+    names = ("fx_graph_cache", "fx_graph_remote_cache")
+    inductor = any(patches.get(n, getattr(inductor_config, n)) for n in names)
+    autograd = bool(
+        functorch_config.enable_autograd_cache
+        or getattr(functorch_config, "enable_remote_autograd_cache", False)
+    )
+    return inductor or autograd
 
 
 def save(cache_key: str, reports: Sequence[Report]) -> None:

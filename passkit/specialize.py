@@ -111,7 +111,7 @@ def plan(
     """The specializations to compile; else why ranges were asked for but the graph compiles
     once (a report note), or None when nothing asks for ranges."""
     ctx = CompileContext.detect(example_inputs, mode=mode)
-    runnable = [p for p in pipeline.passes if p.skip_reason(ctx) is None]
+    runnable = [p for p in pipeline.passes if p.checked_skip_reason(ctx) is None]
     constraints: dict[str, TokenConstraint | None] = {
         p.name: p.checked_token_constraint(ctx) for p in runnable
     }

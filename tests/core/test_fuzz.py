@@ -4,6 +4,8 @@ Inputs (Python configs, ``PASSKIT_*`` environments, TOML files): each is accepte
 :class:`passkit.ConfigError` whose message is at most 2000 characters, never anything else.
 Faulty plugins (a raising or misbehaving hook of every kind, registration, pass): each is
 isolated (the compile goes on and computes the right thing) and recorded, naming the plugin.
+Invalid rewrites (a pass leaving a graph Inductor cannot compile): caught at the pass by the
+structural check, or, where only Inductor can tell, left out of a second compile; named.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 import passkit
+import passkit.plugins
 from passkit import hookimpl
 from passkit.config import load_config
 from passkit.errors import MESSAGE_LIMIT
@@ -377,3 +380,74 @@ def test_the_fuzz_support_is_sound():
     kinds = {faulty_plugin(rng)[0] for _ in range(200)}
     assert kinds == {*HOOK_ARGS, "register", "register_garbage", "pass"}
     assert Path(__file__).exists()
+
+
+# -- invalid rewrites: graphs Inductor cannot compile ------------------------------------------
+
+
+def test_generated_invalid_rewrites_are_caught_at_the_pass(graph):
+    """Each rewrite that breaks an op's schema (extra, missing or unknown arguments, a
+    non-tensor where a tensor goes, a target whose schema does not fit) is caught by the
+    structural check right after the pass (verify off): recorded ``failed`` naming the pass and
+    the node, the graph restored, the rest of the pipeline run."""
+    from .broken_passes import CAUGHT_BY_SCHEMA, INVALID_KINDS, invalid_rewrite
+
+    rng = random.Random(SEED + 5)
+    x = torch.randn(4, 8)
+    expected = torch.relu(x * 2.0) + 1.0
+    seen: dict[str, int] = {}
+    for case in range(200):
+        kind, cls = invalid_rewrite(rng)
+        plugins = PluginSet()
+        plugins.load_entry_points(autoload=False)
+        plugins.add(PLUGIN, PluginInfo("core-test-passes", None, None, "tests"))
+        register = hookimpl(specname="passkit_register_passes")(lambda cls=cls: [cls])
+        assert plugins.add(
+            type("Rewrites", (), {"passkit_register_passes": staticmethod(register)})(),
+            PluginInfo(f"rewrites-{case}", "acme-rewrites", "0.1", "acme"),
+        )
+        cfg = load_config(passes=["mul_to_scale", cls.name, "cleanup"], environ={})
+        gm = torch.fx.GraphModule(graph, copy.deepcopy(graph.graph))
+        report = Pipeline(cfg, plugins, instantiate(cfg, plugins)).run(gm)
+        record = report[cls.name]
+        if kind in CAUGHT_BY_SCHEMA:
+            assert record.status == "failed", (kind, cls.__qualname__, record)
+            assert record.reason.startswith(f"VerificationError: after pass {cls.name!r}: "), record.reason
+            assert "schema" in record.reason and len(record.reason) < 1000
+            torch.testing.assert_close(gm(x), expected)  # restored, later passes ran
+        else:  # only Inductor rejects it (test_generated_invalid_rewrites_compile)
+            assert record.status == "ran" and record.modified
+        assert report["cleanup"].status == "ran"
+        seen[kind] = seen.get(kind, 0) + 1
+    assert set(seen) == set(INVALID_KINDS), seen
+
+
+@pytest.mark.slow
+def test_generated_invalid_rewrites_compile():
+    """One generated rewrite of each kind in a real Inductor compile: the compile succeeds
+    with the right output and names the pass (caught at the pass, or left out after Inductor
+    failed on its graph)."""
+    from .broken_passes import CAUGHT_BY_SCHEMA, INVALID_KINDS, invalid_rewrite
+
+    rng = random.Random(SEED + 6)
+    x = torch.randn(4, 8)
+    for kind in INVALID_KINDS:
+        _, cls = invalid_rewrite(rng, kind)
+        with passkit.plugins.isolated():
+            passkit.register(PLUGIN, name="core-test-passes")
+            register = hookimpl(specname="passkit_register_passes")(lambda cls=cls: [cls])
+            passkit.register(
+                type("Rewrites", (), {"passkit_register_passes": staticmethod(register)})(),
+                name=f"rewrites-{kind}",
+            )
+            backend = passkit.backend(passes=["mul_to_scale", cls.name])
+            torch._dynamo.reset()
+            out = torch.compile(lambda t: torch.relu(t * 3.0) + 1.0, backend=backend)(x)
+        torch.testing.assert_close(out, torch.relu(x * 2.0) + 1.0)
+        (report,) = backend.reports
+        record = report[cls.name]
+        assert record.status == "failed", (kind, record)
+        if kind in CAUGHT_BY_SCHEMA:
+            assert record.reason.startswith(f"VerificationError: after pass {cls.name!r}")
+        else:
+            assert record.reason.startswith("Inductor failed on the graph this pass changed")

@@ -149,9 +149,13 @@ def test_bad_constraints_name_the_pass_and_the_field(constraint, message):
         name = "bad_range"
         tokens = constraint
 
-    with pytest.raises(ConfigError, match=r"pass 'bad_range': token constraint") as info:
-        Bad().checked_token_constraint(passkit.CompileContext())
-    assert message in str(info.value)
+    bad = Bad()  # a plugin's bug: isolated (the pass does not run), named
+    assert bad.checked_token_constraint(passkit.CompileContext()) is None
+    assert isinstance(bad.code_failure, passkit.PassCodeError)
+    assert "token_constraint() returned an invalid constraint: pass 'bad_range': token constraint" in str(
+        bad.code_failure
+    )
+    assert message in str(bad.code_failure)
 
 
 def test_a_constraint_method_must_return_a_constraint():
@@ -161,8 +165,12 @@ def test_a_constraint_method_must_return_a_constraint():
         def token_constraint(self, ctx):
             return (1, 16)
 
-    with pytest.raises(ConfigError, match=r"pass 'wrong_range': token_constraint\(\) must return"):
-        Wrong().checked_token_constraint(passkit.CompileContext())
+    wrong = Wrong()
+    assert wrong.checked_token_constraint(passkit.CompileContext()) is None
+    assert "pass 'wrong_range' (" in str(wrong.code_failure)
+    assert "token_constraint() must return a passkit.TokenConstraint or None, got tuple" in str(
+        wrong.code_failure
+    )
 
 
 @pytest.mark.parametrize(

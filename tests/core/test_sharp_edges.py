@@ -164,7 +164,9 @@ def test_named_backend_bad_option_names_field_and_value_first(tmp_path):
     assert "backend 'passkit' cannot start" in lines[0] and "invalid configuration" in lines[0]
     assert "passes.cleanup.max_nodes: unknown option" in lines[1]
     assert "BackendCompilerFailed" not in out.stderr
-    assert any(line.startswith("passkit.errors.ConfigError: invalid configuration") for line in lines)
+    assert any(
+        line.startswith("passkit.errors.ConfigError: PASSKIT_PASSES: invalid configuration") for line in lines
+    )
     assert len(lines) <= 16, out.stderr
 
 

@@ -246,10 +246,28 @@ class SGLangProbe(passkit.GraphPass):
         return passkit.PassResult(modified=False, matches=sum(counts.values()), notes=notes)
 
 
+class HalfCast(passkit.GraphPass):
+    """Casts each relu's output to float16 (issue 27): the schema binds, Inductor rejects it
+    ("both a fallback and a decomp for same op"), inside SGLang's compile."""
+
+    name = "half_cast"
+
+    def run(self, gm: torch.fx.GraphModule, ctx: passkit.CompileContext) -> passkit.PassResult:
+        n = 0
+        for node in list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.relu.default)):
+            with gm.graph.inserting_after(node):
+                cast = gm.graph.call_function(
+                    torch.ops.aten._to_copy.default, (node,), {"dtype": torch.float16}
+                )
+            node.replace_all_uses_with(cast, delete_user_cb=lambda user, c=cast: user is not c)
+            n += 1
+        return passkit.PassResult(modified=n > 0, matches=n)
+
+
 class _ProbePlugin:
     @passkit.hookimpl
     def passkit_register_passes(self) -> list[type[passkit.Pass]]:
-        return [SGLangProbe]
+        return [SGLangProbe, HalfCast]
 
 
 def _compile_sizes(backend: Any, sizes: list[int]) -> None:
@@ -415,6 +433,14 @@ def _world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
         "reports": _reports(tc, 0),
         "seconds": time.perf_counter() - start,
     }
+
+    # -- a pass whose graph Inductor rejects, inside SGLang's piecewise compile
+    broken = host.install(passes=["sglang_probe", "half_cast"])
+    run = _compile_and_run(_block(), inputs)
+    out["broken"] = {
+        "error": max(_max_error(g, w) for g, w in zip(run["outputs"], want)),
+        "reports": _reports(broken, 0),
+    }
     host.uninstall()
     return out
 
@@ -496,7 +522,7 @@ def test_logs_and_dumps_work_inside_sglang(world):
 
 def test_numerics_equal_eager(world):
     for rank in world:
-        for scenario in ("cpu", "device", "narrowed", "torch_compile"):
+        for scenario in ("cpu", "device", "narrowed", "torch_compile", "broken"):
             assert rank[scenario]["error"] < 1e-4, (scenario, rank[scenario]["error"])
         for scenario in ("device", "narrowed"):  # the per-shape compiles
             assert rank[scenario]["shape_error"] < 1e-4, (scenario, rank[scenario]["shape_error"])
@@ -600,3 +626,71 @@ def test_config_files_and_the_cli_work_the_same_in_sglangs_environment(clean_env
     found = json.loads(listed.stdout)
     assert {"cleanup", "fuse_addcmul", "allreduce_rmsnorm"} <= {p["name"] for p in found["passes"]}
     assert not found["failures"], found["failures"]
+
+
+def test_an_inductor_failure_inside_sglangs_compile_leaves_the_pass_out(world):
+    """Issue 27: Inductor fails on the graph ``half_cast`` changed inside SGLang's
+    ``CompilerManager.compile``: the piece compiles again without it (output equal to eager,
+    above), the report names it with Inductor's message."""
+    for rank in world:
+        reports = rank["broken"]["reports"]
+        assert reports
+        for report in reports:
+            records = _records(report)
+            assert records["sglang_probe"]["status"] == "ran"
+            failed = records["half_cast"]
+            if report["cache_hit"]:  # the other rank compiled it first (one cache folder)
+                continue
+            assert failed["status"] == "failed", failed
+            assert failed["reason"].startswith(
+                "Inductor failed on the graph this pass changed: AssertionError"
+            )
+            assert "both a fallback and a decomp" in failed["reason"]
+
+
+def _no_piecewise_probe(passes: str) -> dict[str, Any]:
+    """Run tests/hosts/sglang_no_piecewise_probe.py (no CPU stand-ins: SGLang's piecewise
+    backend fails to import, as on a CPU-only install) with ``PASSKIT_PASSES=passes``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PASSKIT_")}
+    env["PASSKIT_PASSES"] = passes
+    env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="passkit-sglang-inductor-")  # a cold cache
+    root = pathlib.Path(__file__).parents[2]
+    out = subprocess.run(
+        [sys.executable, str(root / "tests" / "hosts" / "sglang_no_piecewise_probe.py"), str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tempfile.mkdtemp(),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["stderr"] = out.stderr
+    return result
+
+
+def test_without_the_piecewise_backend_enable_torch_compile_still_gets_passkit():
+    """Issue 27: the piecewise backend fails to import (``weak_ref_tensor`` on a CPU): passkit
+    hooks ``--enable-torch-compile`` alone (no hook on the piecewise backend, so SGLang logs no
+    traceback), compiles there, and leaves out a pass whose graph Inductor rejects."""
+    result = _no_piecewise_probe("mul_to_scale,to_half_after_relu")
+    assert result["active"] and result["paths"] == ["--enable-torch-compile"]
+    assert "sglang.srt.compilation.torch_compile_decoration.patch_model" in result["hooked"]
+    assert not any("compilation.backend" in target for target in result["hooked"])
+    assert result["tracebacks"] == [] and "Traceback" not in result["stderr"]
+    assert result["wrapped"] and result["error_vs_expected"] < 1e-5
+    (report,) = result["reports"]
+    assert report["mul_to_scale"][0] == "ran"
+    assert report["to_half_after_relu"][0] == "failed"
+    assert "both a fallback and a decomp" in report["to_half_after_relu"][1]
+    assert any("piecewise backend is not available" in m and "weak_ref_tensor" in m for m in result["logged"])
+
+
+def test_a_config_error_in_sglang_is_passkits_first_and_leaves_no_traceback():
+    result = _no_piecewise_probe("cleanup:max_nodes=lots")
+    assert not result["active"] and result["paths"] == ["--enable-torch-compile"]
+    assert result["error"].startswith("PASSKIT_PASSES: invalid configuration")
+    assert result["raised"].startswith("passkit.errors.ConfigError: PASSKIT_PASSES: invalid configuration")
+    assert result["tracebacks"] == [] and "Traceback" not in result["stderr"]
+    first = next(line for line in result["stderr"].splitlines() if "passkit" in line)
+    assert "not enabled in SGLang: PASSKIT_PASSES: invalid configuration" in first

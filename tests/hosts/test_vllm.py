@@ -83,10 +83,28 @@ class SmallOnly(passkit.GraphPass):
         return passkit.PassResult.unchanged(f"ran for {ctx.token_range}")
 
 
+class HalfCast(passkit.GraphPass):
+    """Casts each matmul's output to float16 (issue 27): the schema binds, Inductor rejects it
+    ("both a fallback and a decomp for same op") inside vLLM's compile."""
+
+    name = "half_cast"
+
+    def run(self, gm, ctx):
+        n = 0
+        for node in list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)):
+            with gm.graph.inserting_after(node):
+                cast = gm.graph.call_function(
+                    torch.ops.aten._to_copy.default, (node,), {"dtype": torch.float16}
+                )
+            node.replace_all_uses_with(cast, delete_user_cb=lambda user, c=cast: user is not c)
+            n += 1
+        return passkit.PassResult(modified=n > 0, matches=n)
+
+
 class _CensusPlugin:
     @passkit.hookimpl
     def passkit_register_passes(self):
-        return [SiteCensus, SmallOnly]
+        return [SiteCensus, SmallOnly, HalfCast]
 
 
 PLUGIN = _CensusPlugin()
@@ -212,15 +230,17 @@ def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[
     }
 
 
-def _run_block(tmp_path: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
+def _run_block(tmp_path: Path, config: dict[str, Any], inductor_cache: bool = False) -> list[dict[str, Any]]:
     env = {
         "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-        "VLLM_DISABLE_COMPILE_CACHE": "1",
-        "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "PASSKIT_CACHE_DIR": str(tmp_path / "passkit-reports"),
         "TORCH_LOGS": "passkit",
         "PASSKIT_ON_ERROR": "raise",  # config from the environment reaches the pass too
     }
+    env["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # vLLM's own cache off: it keeps Inductor's on
+    if not inductor_cache:
+        env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
     return gloo_world(_compiled_block, 2, args=(config,), timeout=420, env=env)
 
 
@@ -482,3 +502,46 @@ def test_config_files_and_the_cli_work_the_same_in_vllms_environment(clean_env):
     )
     names = {p["name"] for p in json.loads(listed.stdout)["passes"]}
     assert {"cleanup", "fold_double_neg", "allreduce_rmsnorm", "sequence_parallel"} <= names
+
+
+@pytest.mark.slow
+def test_compiles_served_from_inductors_cache_inside_vllm_get_restored_reports(tmp_path):
+    """Issue 27: ``VLLM_DISABLE_COMPILE_CACHE=1`` keeps Inductor's FX-graph cache on, so a
+    second start is served from it and calls no pass; each compile's report is restored from
+    passkit's report cache (``cache_hit``, ``restored``), saying what the passes did when they
+    built the code."""
+    config = {"passes": ["fold_double_neg", "vllm_site_census"]}
+    first = _run_block(tmp_path, config, inductor_cache=True)
+    second = _run_block(tmp_path, config, inductor_cache=True)
+    for cold, warm in zip(first, second):
+        assert max(warm["diffs"].values()) < 1e-4
+        assert not any(r["cache_hit"] for r in cold["reports"])
+        saved = sorted(p.name for p in (tmp_path / "passkit-reports").glob("*.json"))
+        assert warm["reports"] and all(r["cache_hit"] and r["restored"] for r in warm["reports"]), (
+            saved,
+            [r["pipeline_uuid"] for r in cold["reports"]],
+            [r["pipeline_uuid"] for r in warm["reports"]],
+        )
+        assert sorted(r["token_range"] for r in warm["reports"]) == sorted(
+            r["token_range"] for r in cold["reports"]
+        )
+        for report in warm["reports"]:
+            assert _records(report)["fold_double_neg"]["status"] == "ran"
+            assert _records(report)["vllm_site_census"]["matches"] == SITES_PER_GRAPH
+
+
+@pytest.mark.slow
+def test_an_inductor_failure_inside_vllms_compile_leaves_the_pass_out(tmp_path):
+    """Issue 27: Inductor fails on the graph ``half_cast`` changed inside vLLM's
+    ``CompilerManager.compile``: each range compiles again without it (the block equals
+    eager) and its report names it with Inductor's message."""
+    results = _run_block(tmp_path, {"passes": ["vllm_site_census", "half_cast"], "on_error": "skip"})
+    for result in results:
+        assert max(result["diffs"].values()) < 1e-4, result["diffs"]
+        assert result["reports"]
+        for report in result["reports"]:
+            assert _records(report)["vllm_site_census"]["status"] == "ran"
+            failed = _records(report)["half_cast"]
+            assert failed["status"] == "failed", failed
+            assert failed["reason"].startswith("Inductor failed on the graph this pass changed")
+            assert "both a fallback and a decomp" in failed["reason"]

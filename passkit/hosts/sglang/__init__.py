@@ -42,7 +42,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ... import logs
@@ -65,16 +66,27 @@ TORCH_COMPILE_TARGET = "sglang.srt.compilation.torch_compile_decoration.patch_mo
 CPU_TORCH_COMPILE_TARGET = "sglang.srt.model_executor.cpu_graph_runner.patch_model"
 """The same for SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``; hooked only there)."""
 
+PIECEWISE = "piecewise backend"
+TORCH_COMPILE = "--enable-torch-compile"
+PATH_API: dict[str, tuple[tuple[str, str], ...]] = {
+    PIECEWISE: (
+        ("sglang.srt.compilation.backend", "SGLangBackend.configure_post_pass"),
+        ("sglang.srt.compilation.backend", "CompilerManager.compile"),
+        ("sglang.srt.compilation.pass_manager", "PostGradPassManager.add"),
+        ("sglang.srt.compilation.inductor_pass", "pass_context"),
+        ("sglang.srt.compilation.inductor_pass", "SGLangInductorPass"),
+    ),
+    TORCH_COMPILE: (("sglang.srt.compilation.torch_compile_decoration", "patch_model"),),
+}
+"""What each of SGLang's compile paths needs of SGLang: a path whose modules do not import
+(the piecewise backend on a CPU-only install: ``weak_ref_tensor is implemented only for
+CUDA...``) is left alone, the other one still gets passkit."""
 REQUIRED_API = (
-    ("sglang.srt.compilation.backend", "SGLangBackend.configure_post_pass"),
-    ("sglang.srt.compilation.backend", "CompilerManager.compile"),
-    ("sglang.srt.compilation.pass_manager", "PostGradPassManager.add"),
-    ("sglang.srt.compilation.inductor_pass", "pass_context"),
-    ("sglang.srt.compilation.inductor_pass", "SGLangInductorPass"),
-    ("sglang.srt.compilation.torch_compile_decoration", "patch_model"),
+    *PATH_API[PIECEWISE],
+    *PATH_API[TORCH_COMPILE],
     ("sglang.srt.plugins.hook_registry", "HookRegistry"),
 )
-"""What the adapter uses of SGLang (checked by :func:`check_api`)."""
+"""Everything the adapter uses of SGLang (checked by :func:`check_api`)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -84,6 +96,7 @@ _active: SGLangAdapter | None = None
 _error: PasskitError | None = None
 _explicit = False
 _hooks_registered = False
+_registered_paths: set[str] = set()
 
 
 def active() -> SGLangAdapter | None:
@@ -92,8 +105,10 @@ def active() -> SGLangAdapter | None:
 
 
 def _adapter_for_compile() -> SGLangAdapter | None:
-    if _error is not None:
-        raise _error  # a config that failed when the plugin loaded: fail the compile loudly
+    if _error is not None:  # a config that failed when the plugin loaded: fail the compile
+        from ...dynamo_errors import surface  # loudly, passkit's message first (not Dynamo's)
+
+        surface(_error, inspect.currentframe(), "not enabled in SGLang")
     return _active
 
 
@@ -150,28 +165,67 @@ def _dynamic_torch_compile(original: Callable[..., Any]) -> bool:
     return is_hip and os.environ.get("SGLANG_TORCH_DYNAMIC_SHAPE", "").lower() in ("1", "true", "yes")
 
 
-def _register_hooks() -> None:
-    """Register passkit's hooks with SGLang's ``HookRegistry`` (once per process)."""
+def _register_hooks(paths: Iterable[str]) -> None:
+    """Register passkit's hooks of SGLang's compile ``paths`` (those whose modules import:
+    SGLang logs a traceback for a hook whose target does not) with its ``HookRegistry``,
+    each once per process."""
     global _hooks_registered
-    if _hooks_registered:
-        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(PIECEWISE_TARGET, _after_configure_post_pass, HookType.AFTER)
-    HookRegistry.register(COMPILE_TARGET, _around_compile, HookType.AROUND)
-    HookRegistry.register(TORCH_COMPILE_TARGET, _around_patch_model, HookType.AROUND)
+    hooks: dict[str, list[tuple[str, Callable[..., Any], Any]]] = {
+        PIECEWISE: [
+            (PIECEWISE_TARGET, _after_configure_post_pass, HookType.AFTER),
+            (COMPILE_TARGET, _around_compile, HookType.AROUND),
+        ],
+        TORCH_COMPILE: [(TORCH_COMPILE_TARGET, _around_patch_model, HookType.AROUND)],
+    }
     if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") == "1":
-        HookRegistry.register(CPU_TORCH_COMPILE_TARGET, _around_patch_model, HookType.AROUND)
-    _hooks_registered = True
+        hooks[TORCH_COMPILE].append((CPU_TORCH_COMPILE_TARGET, _around_patch_model, HookType.AROUND))
+    for path in paths:
+        if path in _registered_paths:
+            continue
+        for target, hook, kind in hooks[path]:
+            HookRegistry.register(target, hook, kind)
+        _registered_paths.add(path)
+    _hooks_registered = bool(_registered_paths)
 
 
-def check_api(version: str) -> None:
-    """Raise :class:`~passkit.hosts.HostError` naming what SGLang ``version`` lacks of
-    :data:`REQUIRED_API` (or which of its modules fails to import, and why)."""
+def check_api(version: str) -> tuple[str, ...]:
+    """The compile paths of SGLang ``version`` passkit can hook (:data:`PATH_API`), each one
+    only if all it uses imports and exists. Raise :class:`~passkit.hosts.HostError` naming
+    what is missing or fails to import (and why) when no path is left, or SGLang's hook
+    registry is missing. A path left out is logged once, naming why."""
+    problems = {path: _api_problem(api) for path, api in PATH_API.items()}
+    registry = _api_problem((("sglang.srt.plugins.hook_registry", "HookRegistry"),))
+    paths = tuple(path for path, problem in problems.items() if problem is None)
+    if registry is None and paths:
+        for path, problem in problems.items():
+            if problem is not None:
+                logs.log.warning(
+                    "passkit: SGLang's %s is not available (%s); passkit hooks %s only",
+                    path,
+                    problem,
+                    ", ".join(paths),
+                )
+        return paths
+    found = [p for p in (registry, *problems.values()) if p is not None]
+    if any(p.startswith("fails to import") for p in found):
+        raise HostError(f"passkit.hosts.sglang: SGLang {version} {'; '.join(found)}")
+    from .. import HOSTS
+
+    supported = ", ".join(f"{s}.x" for s in HOSTS[HOST].supported)
+    raise HostError(
+        f"passkit.hosts.sglang: SGLang {version} {'; '.join(found)}; passkit supports "
+        f"SGLang {supported} (tested with 0.5.23)"
+    )
+
+
+def _api_problem(api: Iterable[tuple[str, str]]) -> str | None:
+    """Why ``api`` (module, attribute path) is not usable, or None."""
     import importlib
 
     missing, broken = [], []
-    for module_name, path in REQUIRED_API:
+    for module_name, path in api:
         try:
             obj: Any = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -181,7 +235,9 @@ def check_api(version: str) -> None:
                 broken.append(f"{module_name} ({type(exc).__name__}: {exc})")
             continue
         except Exception as exc:
-            broken.append(f"{module_name} ({type(exc).__name__}: {exc})")
+            broken.append(
+                f"{module_name} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            )
             continue
         try:
             for part in path.split("."):
@@ -189,15 +245,10 @@ def check_api(version: str) -> None:
         except AttributeError:
             missing.append(f"{module_name}.{path}")
     if broken:
-        raise HostError(f"passkit.hosts.sglang: SGLang {version} fails to import {'; '.join(broken)}")
+        return f"fails to import {'; '.join(dict.fromkeys(broken))}"
     if missing:
-        from .. import HOSTS
-
-        supported = ", ".join(f"{s}.x" for s in HOSTS[HOST].supported)
-        raise HostError(
-            f"passkit.hosts.sglang: SGLang {version} lacks {', '.join(missing)}; passkit supports "
-            f"SGLang {supported} (tested with 0.5.23)"
-        )
+        return f"lacks {', '.join(missing)}"
+    return None
 
 
 def install(
@@ -217,14 +268,14 @@ def install(
     """
     global _active, _error, _explicit
     version = check_version(HOST, on_unknown=on_unknown_version)
-    check_api(version)
+    paths = check_api(version)
     logs.register_with_torch()
     if pipeline is not None and (config is not None or overrides):
         raise TypeError("give either a pipeline or a config, not both")
     adapter = SGLangAdapter(
         pipeline if pipeline is not None else build_pipeline(config, **overrides), version
     )
-    _register_hooks()
+    _register_hooks(paths)
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     HookRegistry.apply_hooks()  # idempotent: targets already patched are skipped
@@ -241,41 +292,63 @@ def uninstall() -> None:
 def plugin() -> None:
     """The ``sglang.srt.plugins`` entry point, run by SGLang in each of its processes.
 
-    Does nothing unless the passkit config enables passes. A config or version error is
-    logged here (SGLang would swallow an exception) and raised at the first compile, so a
-    server never starts silently without the passes it was configured with.
+    Does nothing unless the passkit config enables passes. A config error is logged here in
+    one line (SGLang would swallow an exception) and raised at the first compile, its message
+    first, so a server never starts silently without the passes it was configured with. An
+    SGLang whose compile paths cannot be hooked (a version without the APIs passkit uses, or
+    neither path importable) is logged in one line and passkit stays off: no hooks. A path
+    that does not import (the piecewise backend on a CPU-only install) is left alone; the
+    other still gets passkit.
     """
-    global _active, _error
+    global _active
     if _explicit:
         return  # install() in this process decides
     try:
         config = load_config()
     except PasskitError as exc:
-        _fail(exc)
+        _fail(exc, _paths_or_none())
         return
     if not config.passes:
         return
     try:
         version = check_version(HOST)
-        logs.register_with_torch()
-        pipeline = build_pipeline(config)
-        check_api(version)
-        _active = SGLangAdapter(pipeline, version)
+        paths = check_api(version)
     except PasskitError as exc:
-        _fail(exc)
+        _fail(exc, ())  # nothing passkit could hook: stay off, no hooks
         return
-    _register_hooks()  # SGLang's load_plugins applies them after every plugin ran
-    logs.log.info("passkit: SGLang plugin enabled %s", ", ".join(_active.pipeline.names()))
+    try:
+        logs.register_with_torch()
+        _active = SGLangAdapter(build_pipeline(config), version)
+    except PasskitError as exc:
+        _fail(exc, paths)
+        return
+    _register_hooks(paths)  # SGLang's load_plugins applies them after every plugin ran
+    logs.log.info(
+        "passkit: SGLang plugin enabled %s (%s)", ", ".join(_active.pipeline.names()), ", ".join(paths)
+    )
 
 
-def _fail(exc: PasskitError) -> None:
+def _paths_or_none() -> tuple[str, ...]:
+    """The compile paths passkit can hook here, or none (quietly)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return check_api(check_version(HOST))
+    except PasskitError:
+        return ()
+
+
+def _fail(exc: PasskitError, paths: Iterable[str]) -> None:
+    """Record why passkit is off (raised at the first compile on a hooked ``paths``)."""
     global _error
     _error = exc
     logs.log.error("passkit: not enabled in SGLang: %s", exc)
-    try:
-        _register_hooks()
-    except ImportError:  # pragma: no cover - SGLang calls this entry point, so it exists
-        pass
+    paths = tuple(paths)
+    if paths:
+        try:
+            _register_hooks(paths)
+        except ImportError:  # pragma: no cover - SGLang calls this entry point, so it exists
+            pass
 
 
 __all__ = [

@@ -88,12 +88,14 @@ class SGLangAdapter:
     ) -> Any:
         """Run ``compile_fn`` (one compile of ``gm`` with ``pipeline``); when Inductor serves
         it from its cache (no pass runs), record a report restored from passkit's report
-        cache, as :class:`passkit.Backend` does."""
-        from ... import report_cache
+        cache, as :class:`passkit.Backend` does. When Inductor fails on the graph passes
+        changed, they are named and the piece compiles again without them
+        (:mod:`passkit.inductor_failures`)."""
+        from ... import inductor_failures, report_cache
         from ...integration import _cache_hits
 
         before, hits = len(pipeline.reports), _cache_hits()
-        compiled = compile_fn()
+        compiled = inductor_failures.guarded(compile_fn, pipeline, "SGLang's piece")
         try:
             cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs)
         except Exception:  # a graph passkit cannot key: no restored report, nothing else lost
@@ -118,11 +120,14 @@ class SGLangAdapter:
         pipeline = self.for_shape(num_tokens)
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            from ... import inductor_failures
             from ...integration import _cache_hits
 
             before, hits = len(pipeline.reports), _cache_hits()
-            with _inductor_patch(pipeline):
-                result = forward(*args, **kwargs)
+            with _inductor_patch(pipeline):  # a failed compile is retried by the next call
+                result = inductor_failures.guarded(
+                    lambda: forward(*args, **kwargs), pipeline, "the batch size"
+                )
             if len(pipeline.reports) == before and _cache_hits() > hits:
                 # compiled from Inductor's cache: no pass ran (torch.compile hides the graph,
                 # so passkit's report cache cannot say what they did when it was built)

@@ -1,8 +1,19 @@
 """The vLLM ``InductorPass`` that runs a passkit pipeline (imports vLLM: load it through
-:func:`passkit.hosts.vllm.post_grad_pass`, never from ``passkit``'s own imports)."""
+:func:`passkit.hosts.vllm.post_grad_pass`, never from ``passkit``'s own imports).
+
+While a :class:`VllmPass` exists in a process, vLLM's ``CompilerManager.compile`` (one graph,
+one compile range) runs wrapped (:func:`wrap_compiler_manager`; vLLM has no hook for it): a
+compile served from vLLM's or Inductor's cache, which calls no pass, gets its report restored
+from passkit's report cache, and an Inductor failure on a graph passkit's passes changed
+compiles the graph again without them (:mod:`passkit.inductor_failures`). Compiles whose
+pass manager holds no passkit pass go through untouched.
+"""
 
 from __future__ import annotations
 
+import functools
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch.fx
@@ -28,6 +39,7 @@ class VllmPass(InductorPass):
         self.pipeline = pipeline
         self.version = version
         self._by_range: dict[TokenRange, Pipeline] = {}
+        wrap_compiler_manager()
 
     # -- what vLLM calls -------------------------------------------------------------------
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -120,3 +132,85 @@ def _pass_config() -> Any:
 
 def _graph_ops(graph: torch.fx.Graph) -> list[str]:
     return [str(n.target) for n in graph.nodes if n.op == "call_function"]
+
+
+def wrap_compiler_manager() -> None:
+    """Wrap vLLM's ``CompilerManager.compile`` once per process (see the module docstring)."""
+    from vllm.compilation import backends
+
+    manager = backends.CompilerManager
+    if getattr(manager.compile, "passkit_wrapped", False):
+        return
+    manager.compile = _reported(manager.compile)  # type: ignore[method-assign]
+
+
+def _reported(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compile(
+        self: Any,
+        graph: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        additional_inductor_config: dict[str, Any],
+        compilation_config: Any,
+        compile_range: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        def call() -> Any:
+            return original(
+                self,
+                graph,
+                example_inputs,
+                additional_inductor_config,
+                compilation_config,
+                compile_range,
+                *args,
+                **kwargs,
+            )
+
+        manager = additional_inductor_config.get("post_grad_custom_post_pass")
+        ours = [p for p in getattr(manager, "passes", ()) if isinstance(p, VllmPass)]
+        if not ours or compile_range is None:
+            return call()
+        pipeline = ours[0].for_range(adapter.token_range(compile_range.start, compile_range.end))
+        return _compile_reported(
+            call, pipeline, graph, example_inputs, f"vLLM's graph for range {compile_range}"
+        )
+
+    compile.passkit_wrapped = True  # type: ignore[attr-defined]
+    return compile
+
+
+_first_code: weakref.WeakKeyDictionary[torch.fx.GraphModule, str] = weakref.WeakKeyDictionary()
+"""The code of each graph vLLM compiles, as passkit first saw it."""
+
+
+def _compile_reported(
+    call: Callable[[], Any],
+    pipeline: Pipeline,
+    graph: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    what: str,
+) -> Any:
+    """One vLLM compile with ``pipeline``: Inductor failures guarded; a compile that made no
+    report (served from a cache: no pass ran) gets one restored from passkit's report cache."""
+    from ... import inductor_failures, logs, report_cache
+
+    try:  # vLLM changes a graph as it compiles it (one graph, every range): key by its first code
+        code = _first_code.setdefault(graph, graph.code)
+        key: str | None = report_cache.key(pipeline.uuid(), graph, example_inputs, code=code)
+    except Exception:  # a graph passkit cannot key: no restored report, nothing else lost
+        logs.log.debug("passkit: no report-cache key for a vLLM compile", exc_info=True)
+        key = None
+    before = len(pipeline.reports)
+    compiled = inductor_failures.guarded(call, pipeline, what)
+    if key is None:
+        return compiled
+    new = pipeline.reports[before:]
+    if new:
+        report_cache.save(key, new)
+    else:
+        restored = report_cache.load(key)
+        records = [r for old in restored for r in old.records] if restored else []
+        pipeline.record_cache_hit("inductor", records)
+    return compiled

@@ -55,10 +55,20 @@ def registered(plugins: Any = None) -> list[Dialect]:
     if known is not None and known[0] is plugins:
         return known[1]
     declared: list[Any] = []
-    caller = getattr(plugins.hook, "passkit_fusion_dialects", None)
-    if caller is not None:
-        for result in reversed(caller()):  # pluggy calls the last registered first
-            declared.extend(result or ())
+    if getattr(plugins.hook, "passkit_fusion_dialects", None) is not None:
+        from passkit import hooks
+
+        # each hookimpl isolated: one that raises is recorded (plugin, distribution) and disabled
+        results = hooks.call(
+            plugins, "passkit_fusion_dialects", {}, during="collecting passkit-fusion's dialects"
+        )
+        for result in reversed(results):  # pluggy calls the last registered first
+            if isinstance(result, (list, tuple)):
+                declared.extend(result)
+            else:
+                logger.warning(
+                    "passkit_fusion: ignoring passkit_fusion_dialects result %r: not a list", result
+                )
     ordered = [*builtin(), *(d for d in declared if _cls(d) not in builtin())]
     dialects: list[Dialect] = []
     for item in ordered:

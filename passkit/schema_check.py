@@ -1,0 +1,154 @@
+"""A cheap structural check after each pass, on by default (``verify`` off or on).
+
+A pass that calls an ATen op with arguments its schema does not accept (``relu(x, x)``, a
+keyword the op does not have, a missing argument, a number where a tensor must go) leaves a
+graph that Inductor rejects much later, in lowering, with a message that names no pass.
+:func:`check` runs right after the pass instead, on the nodes it added or changed only (found
+by comparing with the snapshot the pipeline takes anyway): each ``call_function`` node whose
+target is an ATen/custom op overload must bind to its op's schema. The cost is one pass over
+the graph comparing targets and arguments, plus one ``inspect.Signature.bind`` per changed
+node; the full fake-tensor re-propagation stays behind ``verify = true``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+import torch.fx
+
+from .errors import VerificationError, cut
+
+_MAX_LISTED = 5
+_TENSOR_LIKE = (
+    torch.fx.Node,
+    torch.Tensor,
+    int,
+    float,
+    bool,
+    complex,
+    torch.SymInt,
+    torch.SymFloat,
+    torch.SymBool,
+)
+"""What a ``Tensor`` argument may hold in a graph (ATen wraps numbers into tensors)."""
+
+
+def changed_nodes(graph: torch.fx.Graph, before: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The ``call_function`` nodes of ``graph`` that are new since ``before`` (a snapshot of
+    it, same node names) or whose target or arguments changed."""
+    old = {n.name: n for n in before.nodes}
+    changed = []
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        prior = old.get(node.name)
+        if (
+            prior is None
+            or prior.target is not node.target
+            or not _same(prior.args, node.args)
+            or (bool(prior.kwargs or node.kwargs) and not _same(prior.kwargs, node.kwargs))
+        ):
+            changed.append(node)
+    return changed
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Whether two node arguments are equal, nodes compared by name (the snapshot's nodes
+    are copies); a flat loop over the tuples of nodes and numbers most nodes have."""
+    if isinstance(old, (tuple, list)):
+        if not isinstance(new, (tuple, list)) or len(old) != len(new):
+            return False
+        for a, b in zip(old, new):
+            if a is b:
+                continue
+            if isinstance(a, torch.fx.Node):
+                if not (isinstance(b, torch.fx.Node) and a.name == b.name):
+                    return False
+            elif not _same(a, b):
+                return False
+        return True
+    if isinstance(old, torch.fx.Node):
+        return isinstance(new, torch.fx.Node) and old.name == new.name
+    if isinstance(old, dict):
+        return (
+            isinstance(new, dict)
+            and old.keys() == new.keys()
+            and _same(list(old.values()), list(new.values()))
+        )
+    if old is new:
+        return True
+    try:
+        return type(old) is type(new) and bool(old == new)
+    except Exception:  # a value whose == gives no bool (a tensor constant)
+        return False
+
+
+def problem(node: torch.fx.Node) -> str | None:
+    """Why ``node``'s arguments do not fit its op's schema, or None (also None for targets
+    that have no schema: Python functions, higher-order ops)."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        overloads = [getattr(target, name) for name in target.overloads()]
+        found = [_mismatch(o, node.args, node.kwargs) for o in overloads]
+        if overloads and all(found):
+            return f"{_call(node)}: no overload of {target} accepts these arguments ({found[0]})"
+        return None
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    why = _mismatch(target, node.args, node.kwargs)
+    return f"{_call(node)}: {why} (schema {target._schema})" if why else None
+
+
+def check(graph: torch.fx.Graph, before: torch.fx.Graph, pass_name: str) -> None:
+    """Raise :class:`VerificationError` naming ``pass_name`` and the nodes when a node it
+    added or changed does not bind to its op's schema."""
+    problems = [why for node in changed_nodes(graph, before) if (why := problem(node))]
+    if not problems:
+        return
+    more = (
+        f" (and {len(problems) - 1} more: " + "; ".join(problems[1:_MAX_LISTED]) + ")"
+        if len(problems) > 1
+        else ""
+    )
+    raise VerificationError(f"after pass {pass_name!r}: {problems[0]}{more}")
+
+
+def _mismatch(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    signature = _signature(op)
+    if signature is None:
+        return None
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        return str(exc)
+    for argument, name in zip(op._schema.arguments, signature.parameters):
+        if name in bound.arguments and _wants_tensor(argument.type):
+            value = bound.arguments[name]
+            if not isinstance(value, _TENSOR_LIKE):
+                return f"argument {argument.name!r} must be a Tensor, got {cut(repr(value), 80)}"
+    return None
+
+
+def _wants_tensor(schema_type: Any) -> bool:
+    return isinstance(schema_type, torch._C.TensorType)
+
+
+@functools.cache
+def _signature(op: torch._ops.OpOverload) -> inspect.Signature | None:
+    try:
+        from torch.fx.operator_schemas import _torchscript_schema_to_signature
+
+        return _torchscript_schema_to_signature(op._schema)
+    except Exception:  # a schema torch cannot express as a signature: no check
+        return None
+
+
+def _call(node: torch.fx.Node) -> str:
+    args = [str(a) for a in node.args] + [f"{k}={v}" for k, v in node.kwargs.items()]
+    return f"{node.name} = {node.target}({', '.join(args)})"
+
+
+__all__ = ["changed_nodes", "check", "problem"]
