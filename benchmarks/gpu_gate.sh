@@ -11,20 +11,10 @@
 # dynamic, Inductor vs passkit with and without mode="reduce-overhead": sites fused per pass
 # and latency per token count), e2e (benchmarks/fusion_e2e.py --world 2). Each step is
 # time-boxed; the log is $OUT/gate.log (commit it under benchmarks/results/).
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-LOG="$OUT/gate.log"
+LOG="${OUT:-/tmp/out}/gate.log"
 WORLD=${GATE_WORLD:-2}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PATH=/tmp/site/bin:$PATH
-source .gpu-carry/activate.sh
-[ "${NCCL_NVLS_ENABLE:-}" = 0 ] || { echo "multicast must be off"; exit 1; }
-step() { local limit=$1; shift; echo "=== $* (limit ${limit}s)" | tee -a "$LOG"; local t0=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n 60; echo "=== rc=${PIPESTATUS[0]} in $((SECONDS - t0))s" | tee -a "$LOG"; }
-nvidia-smi -L | tee -a "$LOG"
+STEP_TAIL=60
+source benchmarks/gpu_env.sh
 python3 -c "import torch, passkit, passkit_fusion; print('torch', torch.__version__, 'passkit', passkit.__version__, 'GPUs', torch.cuda.device_count())" | tee -a "$LOG"
 for s in ${GATE_STEPS:-probe tests hf e2e}; do
   case $s in

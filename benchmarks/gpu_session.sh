@@ -7,19 +7,8 @@
 #     E2E_WORLDS="2 4" OP_WORLDS="4" TEST_WORLDS="2 4" TEST_REPEAT=3 TEARDOWN_WORLDS="2" \
 #       bash benchmarks/gpu_session.sh
 # Logs and results go to $OUT. NVLink multicast stays off (activate.sh sets the variables).
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-LOG="$OUT/log.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PATH=/tmp/site/bin:$PATH
-source .gpu-carry/activate.sh
-[ "${NCCL_NVLS_ENABLE:-}" = 0 ] || { echo "multicast must be off"; exit 1; }
-step() { local limit=$1; shift; echo "=== $* (limit ${limit}s)" | tee -a "$LOG"; local t0=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n 40; echo "=== rc=${PIPESTATUS[0]} in $((SECONDS - t0))s" | tee -a "$LOG"; }
-nvidia-smi -L | tee -a "$LOG"
+LOG="${OUT:-/tmp/out}/log.txt"
+source benchmarks/gpu_env.sh
 python3 -c "import torch, passkit, passkit_fusion, flashinfer; print(torch.__version__, passkit.__version__, flashinfer.__version__, torch.cuda.device_count())" | tee -a "$LOG"
 for W in ${E2E_WORLDS:-2}; do
   step "${E2E_LIMIT:-150}" python3 benchmarks/fusion_e2e.py --world "$W" --replays "${REPLAYS:-100}" ${E2E_ARGS:-}

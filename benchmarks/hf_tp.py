@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from compile_modes import time_calls  # benchmarks/ is on sys.path when run as a script
 
 SERVING = ["sequence_parallel", "async_tp", "allreduce_rmsnorm", "cleanup"]
 VARIANTS = {
@@ -119,19 +120,6 @@ def shard(model: Any, world: int, device: torch.device) -> None:
         parallelize_module(layer, mesh, plan)
 
 
-def timed(fn: Any, ids: torch.Tensor, device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(ids)
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end))
-    t0 = time.perf_counter()
-    fn(ids)
-    return (time.perf_counter() - t0) * 1e3
-
-
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any) -> None:
     import passkit
 
@@ -194,7 +182,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
                 for name in order:
                     for _ in range(args.iters):
                         dist.barrier() if not cuda else None
-                        samples[name][t].append(timed(compiled[name], inputs[t], device))
+                        samples[name][t].append(time_calls(compiled[name], inputs[t], 1, device))
     ms = {n: {t: statistics.median(v) for t, v in per.items()} for n, per in samples.items()}
     diff = {
         n: {

@@ -1,0 +1,15 @@
+# Sourced by gpu_session.sh and gpu_gate.sh on the GPU machine (LOG names the log file):
+# installs the carried wheels (.whl/), activates the staged flashinfer (.gpu-carry/), refuses
+# to go on with NVLink multicast on, and defines `step LIMIT CMD...` (time-boxed, logged).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/site/bin:$PATH
+source .gpu-carry/activate.sh
+[ "${NCCL_NVLS_ENABLE:-}" = 0 ] || { echo "multicast must be off"; exit 1; }
+step() { local limit=$1; shift; echo "=== $* (limit ${limit}s)" | tee -a "$LOG"; local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n "${STEP_TAIL:-40}"; echo "=== rc=${PIPESTATUS[0]} in $((SECONDS - t0))s" | tee -a "$LOG"; }
+nvidia-smi -L | tee -a "$LOG"
