@@ -22,7 +22,9 @@ gamma in the input's dtype), which raise here, so that a wrong argument fails a 
 :func:`install` puts modules ``flashinfer`` and ``flashinfer.comm`` into ``sys.modules``, in
 one of :data:`VARIANTS`:
 
-* ``"0.7.2"``: both APIs with the signatures above.
+* ``"0.7.2"``: both APIs with the signatures above, and the compiled kernel's entry point
+  (``comm.trtllm_ar.get_trtllm_comm_module().trtllm_allreduce_fusion``, recorded as
+  ``kernel:trtllm_allreduce_fusion``).
 * ``"legacy-only"``: only the ``trtllm_*`` functions, without the ``metadata`` /
   ``create_metadata`` / ``weight_bias`` parameters, which flashinfer added over time: the
   shape of an older API for runtime's signature probing, not a copy of one release. Calling
@@ -496,6 +498,77 @@ def allreduce_fusion(
     return quant_out if quant_out is not None else output
 
 
+# ------------------------------------------------------------------------ compiled entry point
+
+
+def _kernel_entry(
+    allreduce_in: torch.Tensor,
+    world_size: int,
+    world_rank: int,
+    token_num: int,
+    hidden_dim: int,
+    workspace_ptrs: torch.Tensor,
+    launch_with_pdl: bool,
+    use_oneshot: bool,
+    trigger_completion_at_end: bool,
+    fp32_acc: bool,
+    pattern_code: int,
+    allreduce_out: torch.Tensor | None,
+    residual_in: torch.Tensor | None,
+    residual_out: torch.Tensor | None,
+    norm_out: torch.Tensor | None,
+    quant_out: torch.Tensor | None,
+    scale_out: torch.Tensor | None,
+    rms_gamma: torch.Tensor | None,
+    rms_eps: float | None,
+    scale_factor: Any,
+    layout_code: Any,
+    block_quant_group_size: int | None = None,
+    weight_bias: float | None = None,
+) -> None:
+    """``trtllm_ar.get_trtllm_comm_module().trtllm_allreduce_fusion`` (0.7.2's parameters):
+    no Python checks; the C++ reads data pointers only, so any contiguous tensor with
+    ``token_num * hidden_dim`` elements is accepted (checked here)."""
+    _record("kernel:trtllm_allreduce_fusion", locals())
+    if block_quant_group_size is not None or layout_code is not None:
+        raise NotImplementedError("fake flashinfer: block or FP4 quantising patterns")
+
+    def flat(t: torch.Tensor | None, name: str) -> torch.Tensor | None:
+        if t is None:
+            return None
+        if not t.is_contiguous() or t.numel() != token_num * hidden_dim:
+            raise RuntimeError(
+                f"fake flashinfer kernel: {name} is not a contiguous [{token_num}, {hidden_dim}]"
+            )
+        return t.view(-1)
+
+    _fused_kernel(
+        flat(allreduce_in, "allreduce_in"),
+        world_size,
+        world_rank,
+        token_num,
+        hidden_dim,
+        workspace_ptrs,
+        pattern_code,
+        use_oneshot,
+        flat(allreduce_out, "allreduce_out"),
+        flat(residual_in, "residual_in"),
+        flat(residual_out, "residual_out"),
+        flat(norm_out, "norm_out"),
+        flat(quant_out, "quant_out"),
+        rms_gamma,
+        rms_eps,
+        None,
+        weight_bias,
+        scale_factor,
+    )
+
+
+def get_trtllm_comm_module() -> types.SimpleNamespace:
+    """``flashinfer.comm.trtllm_ar.get_trtllm_comm_module``: the loaded kernel module's functions."""
+    return types.SimpleNamespace(trtllm_allreduce_fusion=_kernel_entry)
+
+
 # ------------------------------------------------------------------------ modules
 
 
@@ -529,6 +602,8 @@ def make_modules(variant: str = "0.7.2") -> tuple[types.ModuleType, types.Module
             trtllm_create_ipc_workspace_for_all_reduce_fusion
         )
         comm.trtllm_allreduce_fusion = trtllm_allreduce_fusion
+        comm.trtllm_ar = types.ModuleType("flashinfer.comm.trtllm_ar")
+        comm.trtllm_ar.get_trtllm_comm_module = get_trtllm_comm_module
     elif variant == "legacy-only":
         comm.trtllm_create_ipc_workspace_for_all_reduce_fusion = _without(
             trtllm_create_ipc_workspace_for_all_reduce_fusion,

@@ -4,7 +4,7 @@ quantizes as the CUDA kernel does) in a 2-rank gloo world on a pretend sm90 GPU.
 
 What flashinfer receives (pattern code, ``quant_out`` dtype and shape, ``scale_factor`` as a
 one-element fp32 tensor, ``norm_out`` only when needed), through the unified and the legacy
-API; that the FP8 op shares the unquantized op's workspace (one creation per group, hidden
+API and the kernel's entry point; that the FP8 op shares the unquantized op's workspace (one creation per group, hidden
 size and dtype); the fallback paths (over the workspace, forced unfused, a flashinfer without
 the FP8 patterns); and the results against a float64 reference, within one FP8 step.
 """
@@ -125,7 +125,7 @@ def _without_fp8_patterns(rank: int, world_size: int) -> dict[str, Any]:
 def _rank(rank: int, world_size: int) -> dict[str, Any]:
     fake_flashinfer.pretend_gpu("Fake GPU")
     fake_flashinfer.install("0.7.2")
-    out = {api: _scenario(rank, world_size, api) for api in ("auto", "legacy")}
+    out = {api: _scenario(rank, world_size, api) for api in ("auto", "unified", "legacy")}
     out["no-fp8"] = _without_fp8_patterns(rank, world_size)
     return out
 
@@ -153,7 +153,7 @@ def _assert_one_step(q_bits: torch.Tensor, expected: torch.Tensor) -> None:
     assert ((got - expected).abs() <= step).all()
 
 
-@pytest.mark.parametrize("api", ["auto", "legacy"])
+@pytest.mark.parametrize("api", ["auto", "unified", "legacy"])
 def test_fp8_paths_and_results(world, api):
     for out in world:
         for label, ((q, norm, total), record) in out[api]["results"].items():
@@ -184,7 +184,7 @@ def test_fp8_paths_and_results(world, api):
     assert (stats["fp8+norm:fallback"], stats["fp8:fallback"]) == (1, 1)
 
 
-@pytest.mark.parametrize("api", ["auto", "legacy"])
+@pytest.mark.parametrize("api", ["auto", "unified", "legacy"])
 def test_fp8_flashinfer_arguments(world, api):
     patterns = fake_flashinfer.AllReduceFusionPattern
     for _rank, out in enumerate(world):
@@ -195,7 +195,12 @@ def test_fp8_flashinfer_arguments(world, api):
             calls = result["calls"][label]
             created = [c for c in calls if "create" in c[0]]
             assert len(created) == (label == "fp8-fp16-bf16-scale"), label  # ... which the FP8 op reuses
-            runs = [args for name, args in calls if name in ("allreduce_fusion", "trtllm_allreduce_fusion")]
+            run_function = {
+                "auto": "kernel:trtllm_allreduce_fusion",  # auto: the kernel's entry point
+                "unified": "allreduce_fusion",
+                "legacy": "trtllm_allreduce_fusion",
+            }[api]
+            runs = [args for name, args in calls if name == run_function]
             if EXPECTED_PATH[label][0] == "fallback":
                 assert runs == [], label
                 continue
@@ -209,9 +214,9 @@ def test_fp8_flashinfer_arguments(world, api):
                 if need_norm_out
                 else patterns.kARResidualRMSNormFP8Quant
             )
-            assert run["pattern" if api == "auto" else "pattern_code"] == expected
+            assert run["pattern" if api == "unified" else "pattern_code"] == expected
             assert run["scale_factor"] == ("tensor", (1,), "float32")
-            quant_shape = (tokens, HIDDEN) if api == "auto" else (tokens * HIDDEN,)
+            quant_shape = (tokens * HIDDEN,) if api == "legacy" else (tokens, HIDDEN)
             assert run["quant_out"] == ("tensor", quant_shape, "float8_e4m3fn")
             assert (run["norm_out"] is not None) is need_norm_out
             assert run["trigger_completion_at_end"] is True and run["launch_with_pdl"] is False

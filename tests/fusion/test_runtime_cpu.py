@@ -405,14 +405,17 @@ def test_flashinfer_missing(fake_gpu):
 @pytest.mark.parametrize(
     ("variant", "preference", "api", "weight_bias", "metadata"),
     [
-        ("0.7.2", "auto", "unified", True, None),
+        ("0.7.2", "auto", "kernel", True, None),
+        ("0.7.2", "kernel", "kernel", True, None),
         ("0.7.2", "unified", "unified", True, None),
         ("0.7.2", "legacy", "legacy", True, True),
         ("legacy-only", "auto", "legacy", False, False),
         ("legacy-only", "legacy", "legacy", False, False),
         ("legacy-only", "unified", None, None, None),
+        ("legacy-only", "kernel", None, None, None),
         ("unified-no-weight-bias", "auto", "unified", False, None),
         ("unified-no-weight-bias", "legacy", None, None, None),
+        ("unified-no-weight-bias", "kernel", None, None, None),
     ],
 )
 def test_flashinfer_api_selection(fake_gpu, variant, preference, api, weight_bias, metadata):
@@ -846,6 +849,51 @@ def _mismatch(rank: int, world_size: int, **settings: Any) -> dict[str, Any]:
     return out
 
 
+def _repeat_scenario(rank: int, world_size: int) -> dict[str, Any]:
+    """The same call three times (the route is kept after the first), then once more after
+    ``configure`` (forgotten and routed again: the table now says unfused)."""
+    name = dist.group.WORLD.group_name
+    xs, res, weight, _ = _fused_inputs("one-token", world_size)
+    runtime.configure(flashinfer_api="auto", max_tokens=CAPACITY)
+    runtime.reset_stats()
+    fake_flashinfer.reset()
+    outputs = [runtime.fused_allreduce_rmsnorm_cuda(xs[rank], res, weight, EPS, 0.0, name) for _ in range(3)]
+    out: dict[str, Any] = {"outputs": outputs, "routes": len(runtime._sites[(name, HIDDEN, BF16)].routes)}
+    with runtime.forced(UNFUSED):
+        out["forced"] = runtime.fused_allreduce_rmsnorm_cuda(xs[rank], res, weight, EPS, 0.0, name)
+        out["forced_record"] = runtime.last_decision()
+    out["stats"] = runtime.stats()
+    out["runs"] = len(_runs(_calls()))
+    runtime.destroy_workspaces()
+    runtime.configure(flashinfer_api="auto", max_tokens=None)
+    return out
+
+
+def _captured_warnings():
+    """Collect the warnings passkit_fusion logs (a list of messages) within the block."""
+    import contextlib
+    import logging
+
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                messages.append(record.getMessage())
+
+    @contextlib.contextmanager
+    def capture():
+        logger = logging.getLogger("passkit_fusion")
+        handler = Keep()
+        logger.addHandler(handler)
+        try:
+            yield messages
+        finally:
+            logger.removeHandler(handler)
+
+    return capture()
+
+
 #: tokens: (unfused, oneshot, twoshot) medians in us; TUNE_RANK1 overrides rank 1's.
 TUNE_MEDIANS = {
     1: (20.0, 5.0, None),
@@ -902,7 +950,21 @@ def _fake_flashinfer_rank(rank: int, world_size: int) -> dict[str, Any]:
     fake_flashinfer.install("0.7.2")
     out: dict[str, Any] = {"unavailable": runtime.unavailable_reason()}
     out["0.7.2/auto"] = _fused_scenario(rank, world_size, "auto")
+    out["0.7.2/unified"] = _fused_scenario(rank, world_size, "unified")
     out["0.7.2/legacy"] = _fused_scenario(rank, world_size, "legacy")
+    out["repeat"] = _repeat_scenario(rank, world_size)
+    # an entry point without a parameter passkit passes: the unified API runs, with a warning
+    entry = fake_flashinfer.get_trtllm_comm_module
+    narrower = fake_flashinfer._without(fake_flashinfer._kernel_entry, "layout_code")
+    sys.modules["flashinfer.comm"].trtllm_ar.get_trtllm_comm_module = lambda: types.SimpleNamespace(
+        trtllm_allreduce_fusion=narrower
+    )
+    _clear_runtime_caches()
+    with _captured_warnings() as logged:
+        out["entry-point-mismatch/auto"] = _fused_scenario(rank, world_size, "auto")
+    out["entry-point-mismatch/logged"] = logged
+    sys.modules["flashinfer.comm"].trtllm_ar.get_trtllm_comm_module = entry
+    _clear_runtime_caches()
     out["mismatch/max_tokens"] = _mismatch(rank, world_size, max_tokens=100)
     out["mismatch/api"] = _mismatch(rank, world_size, flashinfer_api="legacy")
     for variant in ("legacy-only", "unified-no-weight-bias"):
@@ -920,12 +982,30 @@ def fake_world() -> list[dict[str, Any]]:
     return gloo_world(_fake_flashinfer_rank, 2, timeout=120)
 
 
-SCENARIOS = ["0.7.2/auto", "0.7.2/legacy", "legacy-only/auto", "unified-no-weight-bias/auto"]
+SCENARIOS = [
+    "0.7.2/auto",
+    "0.7.2/unified",
+    "0.7.2/legacy",
+    "legacy-only/auto",
+    "unified-no-weight-bias/auto",
+    "entry-point-mismatch/auto",
+]
+
+
+def _api_of(scenario: str) -> str:
+    """The adapter the scenario selects, and the API whose function its runs call."""
+    if "legacy" in scenario:
+        return "legacy"
+    return "kernel" if scenario in ("0.7.2/auto", "entry-point-mismatch/auto") else "unified"
+
+
+def _run_api(scenario: str) -> str:
+    return "unified" if scenario == "entry-point-mismatch/auto" else _api_of(scenario)
 
 
 def _expected_path(label: str, scenario: str) -> tuple[str, str]:
     """The path and fallback reason of call ``label`` in ``scenario``."""
-    weight_bias_ok = scenario.startswith("0.7.2")  # the other variants lack the parameter
+    weight_bias_ok = scenario.startswith(("0.7.2", "entry-point"))  # the others lack the parameter
     with_bias = ("fused_oneshot", "") if weight_bias_ok else ("fallback", "weight_bias_unsupported")
     twoshot_with_bias = ("fused_twoshot", "") if weight_bias_ok else ("fallback", "weight_bias_unsupported")
     return {
@@ -943,7 +1023,7 @@ def _expected_path(label: str, scenario: str) -> tuple[str, str]:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_fake_flashinfer_paths_and_results(fake_world, scenario):
     assert fake_world[0]["unavailable"] is None
-    expected_api = "legacy" if "legacy" in scenario else "unified"
+    expected_api = _api_of(scenario)
     for rank, out in enumerate(fake_world):
         result = out[scenario]
         assert result["api"] == expected_api
@@ -962,8 +1042,16 @@ def test_fake_flashinfer_paths_and_results(fake_world, scenario):
         assert result["stats"] == expected_stats
 
 
-def _runs(calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    return [args for name, args in calls if name in ("allreduce_fusion", "trtllm_allreduce_fusion")]
+RUN_FUNCTIONS = {
+    "kernel": "kernel:trtllm_allreduce_fusion",
+    "unified": "allreduce_fusion",
+    "legacy": "trtllm_allreduce_fusion",
+}
+
+
+def _runs(calls: list[tuple[str, dict[str, Any]]], api: str | None = None) -> list[dict[str, Any]]:
+    names = (RUN_FUNCTIONS[api],) if api else tuple(RUN_FUNCTIONS.values())
+    return [args for name, args in calls if name in names]
 
 
 def _creates(calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -1008,6 +1096,7 @@ def test_fake_flashinfer_receives_the_right_arguments(fake_world, scenario):
                 assert runs == [], label  # nothing reached flashinfer
                 continue
             (run,) = runs
+            assert runs == _runs(calls[label], _run_api(scenario)), label
             shape, dtype, _, weight_bias, _ = FUSED_CALLS[label]
             tokens = math.prod(shape[:-1])
             assert run["use_oneshot"] is (path == "fused_oneshot"), label
@@ -1029,6 +1118,22 @@ def test_fake_flashinfer_receives_the_right_arguments(fake_world, scenario):
                 assert (run.get("metadata") is not None) is has_metadata, label
                 if has_metadata:
                     assert run["metadata"]["max_token_num"] == CAPACITY
+            elif _run_api(scenario) == "kernel":  # the entry point: 2-D tensors, the workspace's pointers
+                assert run["pattern_code"] == fake_flashinfer.AllReduceFusionPattern.kARResidualRMSNorm
+                assert (run["world_rank"], run["world_size"], run["token_num"], run["hidden_dim"]) == (
+                    rank,
+                    2,
+                    tokens,
+                    HIDDEN,
+                )
+                for name in ("allreduce_in", "residual_in", "residual_out", "norm_out"):
+                    assert run[name] == ("tensor", (tokens, HIDDEN), tables.dtype_name(dtype)), name
+                assert (run["allreduce_out"], run["quant_out"], run["scale_out"], run["layout_code"]) == (
+                    None,
+                    None,
+                    None,
+                    None,
+                )
             else:
                 assert run["pattern"] == fake_flashinfer.AllReduceFusionPattern.kARResidualRMSNorm
                 assert run["input"] == ("tensor", (tokens, HIDDEN), tables.dtype_name(dtype))
@@ -1062,7 +1167,7 @@ def test_prepare_grows_workspaces_and_destroy_frees_them(fake_world, scenario):
     [
         # rank 0 sizes workspaces from the (conservative) table: 8 MiB / (64 * 2 bytes)
         ("mismatch/max_tokens", "field 'max_tokens' differs: 65536 on rank 0; 100 on rank 1"),
-        ("mismatch/api", "field 'api' differs: 'unified' on rank 0; 'legacy' on rank 1"),
+        ("mismatch/api", "field 'api' differs: 'kernel' on rank 0; 'legacy' on rank 1"),
     ],
 )
 def test_rank_check_raises_in_a_2_rank_world(fake_world, scenario, expected):
@@ -1115,3 +1220,23 @@ def test_tune_with_given_medians(fake_world):
         assert {(t, v) for t, v, _ in result["seen"] if v == "twoshot"} == {
             (t, "twoshot") for t in TUNE_MEDIANS if t > 2
         }
+
+
+def test_a_kept_route_gives_the_same_results_and_configure_forgets_it(fake_world):
+    xs, res, weight, _ = _fused_inputs("one-token", 2)
+    reference = _reference(xs, res, weight, 0.0)
+    for out in fake_world:
+        result = out["repeat"]
+        for norm_residual in result["outputs"]:
+            _assert_matches_reference(norm_residual, reference, BF16)
+        assert result["routes"] == 1  # one (tokens, weight bias, variant) kept
+        assert (result["forced_record"].path, result["forced_record"].reason) == ("fallback", "table")
+        _assert_matches_reference(result["forced"], reference, BF16)
+        assert result["stats"] == {"fused_oneshot": 3, "fallback": 1, "fallback:table": 1}
+        assert result["runs"] == 3  # every fused call reached the kernel
+
+
+def test_an_entry_point_without_a_parameter_falls_back_to_the_unified_api_loudly(fake_world):
+    for out in fake_world:
+        logged = out["entry-point-mismatch/logged"]
+        assert any("lacks layout_code" in m and "unified API" in m for m in logged), logged

@@ -5,7 +5,14 @@ flashinfer exposes the kernel through two APIs: the unified one
 older ``trtllm_*`` functions; :class:`UnifiedApi` and :class:`LegacyApi` adapt both to
 :class:`FlashinferApi` (create a workspace, run the kernel, destroy the workspace), probing
 the signatures for the parameters flashinfer added over time (``weight_bias``,
-``metadata``). With ``quant_out`` and ``scale_factor`` the kernel also quantizes the norm
+``metadata``). :class:`KernelApi` (the default where it is found) creates the unified API's
+workspace and calls the compiled kernel's entry point
+(``flashinfer.comm.trtllm_ar.get_trtllm_comm_module().trtllm_allreduce_fusion``) directly:
+both Python APIs re-validate every argument at every call (about 55 us of host time per call
+on an H200 host, against 5-12 us of kernel at 1-256 tokens), which passkit checks once per
+site and token count; without CUDA graphs that host time is what the fusion must save. Its
+parameters are probed when the first workspace is created (loading the kernel module);
+an entry point without them falls back to the unified API, with a warning. With ``quant_out`` and ``scale_factor`` the kernel also quantizes the norm
 output to ``float8_e4m3fn`` (patterns ``kARResidualRMSNormFP8Quant`` /
 ``kARResidualRMSNormOutFP8Quant``): it computes ``fp8(norm_out * (1 / *scale_factor))``
 with saturation, reading ``scale_factor`` (a one-element fp32 CUDA tensor, the
@@ -32,6 +39,8 @@ __all__ = [
     "SUPPORTED_SM_MAJORS",
     "ApiName",
     "FlashinferApi",
+    "KernelApi",
+    "KernelHandle",
     "LegacyApi",
     "LegacyHandle",
     "UnifiedApi",
@@ -46,7 +55,8 @@ logger = logging.getLogger(__name__)
 #: Compute-capability majors flashinfer builds its trtllm all-reduce kernels for.
 SUPPORTED_SM_MAJORS = frozenset({9, 10, 12})
 
-ApiName = Literal["auto", "unified", "legacy"]
+ApiName = Literal["auto", "kernel", "unified", "legacy"]
+API_NAMES: tuple[str, ...] = ("auto", "kernel", "unified", "legacy")
 
 
 class FlashinferApi(Protocol):
@@ -80,6 +90,7 @@ class FlashinferApi(Protocol):
         residual_out: torch.Tensor,
         quant_out: torch.Tensor | None = None,
         scale_factor: torch.Tensor | None = None,
+        launch_with_pdl: bool = False,
     ) -> None: ...
 
     def destroy(self, handle: Any) -> None: ...
@@ -136,6 +147,7 @@ class UnifiedApi:
         residual_out: torch.Tensor,
         quant_out: torch.Tensor | None = None,
         scale_factor: torch.Tensor | None = None,
+        launch_with_pdl: bool = False,
     ) -> None:
         extra: dict[str, Any] = {"weight_bias": weight_bias} if weight_bias else {}
         if quant_out is not None:
@@ -144,7 +156,7 @@ class UnifiedApi:
             input=x,
             workspace=handle,
             pattern=pattern_code(self._comm, norm_out is not None, quant_out is not None),
-            launch_with_pdl=False,
+            launch_with_pdl=launch_with_pdl,
             trigger_completion_at_end=True,
             residual_out=residual_out,
             norm_out=norm_out,
@@ -157,6 +169,126 @@ class UnifiedApi:
 
     def destroy(self, handle: Any) -> None:
         handle.destroy()
+
+
+#: The compiled entry point's parameters :class:`KernelApi` passes (flashinfer 0.7's names).
+KERNEL_PARAMETERS = (
+    "allreduce_in", "world_size", "world_rank", "token_num", "hidden_dim", "workspace_ptrs",
+    "launch_with_pdl", "use_oneshot", "trigger_completion_at_end", "fp32_acc", "pattern_code",
+    "allreduce_out", "residual_in", "residual_out", "norm_out", "quant_out", "scale_out",
+    "rms_gamma", "rms_eps", "scale_factor", "layout_code",
+)  # fmt: skip
+
+
+@dataclasses.dataclass
+class KernelHandle:
+    """A unified-API workspace and the kernel entry point that runs on it (None: the entry
+    point lacks :data:`KERNEL_PARAMETERS`; the unified API runs instead)."""
+
+    workspace: Any
+    kernel: Any
+    workspace_ptrs: torch.Tensor
+    rank: int
+    world_size: int
+
+
+class KernelApi(UnifiedApi):
+    """The unified API's ``trtllm`` workspace, the kernel's compiled entry point called directly
+    (see the module docstring): the same kernel and arguments as :class:`UnifiedApi`, without
+    flashinfer's per-call Python checks (passkit's runtime makes them once per site)."""
+
+    name = "kernel"
+
+    def __init__(self, comm: ModuleType, trtllm_ar: ModuleType) -> None:
+        super().__init__(comm)
+        self._trtllm_ar = trtllm_ar
+        patterns = comm.AllReduceFusionPattern
+        self._patterns = {(True, False): patterns.kARResidualRMSNorm}
+        if self.supports_fp8:
+            self._patterns[(False, True)] = patterns.kARResidualRMSNormFP8Quant
+            self._patterns[(True, True)] = patterns.kARResidualRMSNormOutFP8Quant
+
+    def create(
+        self,
+        *,
+        group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        max_tokens: int,
+        hidden: int,
+        dtype: torch.dtype,
+    ) -> KernelHandle:
+        workspace = super().create(
+            group=group, rank=rank, world_size=world_size, max_tokens=max_tokens, hidden=hidden, dtype=dtype
+        )
+        return KernelHandle(workspace, self._entry_point(), workspace.workspace_tensor, rank, world_size)
+
+    def _entry_point(self) -> Any:
+        kernel = self._trtllm_ar.get_trtllm_comm_module().trtllm_allreduce_fusion
+        missing = [p for p in KERNEL_PARAMETERS if not _accepts(kernel, p)]
+        if self.supports_weight_bias and not _accepts(kernel, "weight_bias"):
+            missing.append("weight_bias")
+        if missing:
+            logger.warning(
+                "passkit_fusion: flashinfer's trtllm_allreduce_fusion entry point lacks %s; "
+                "calling it through flashinfer's unified API instead (more host time per call)",
+                ", ".join(missing),
+            )
+            return None
+        return kernel
+
+    def run(
+        self,
+        handle: KernelHandle,
+        *,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        gamma: torch.Tensor,
+        eps: float,
+        weight_bias: float,
+        oneshot: bool,
+        norm_out: torch.Tensor | None,
+        residual_out: torch.Tensor,
+        quant_out: torch.Tensor | None = None,
+        scale_factor: torch.Tensor | None = None,
+        launch_with_pdl: bool = False,
+    ) -> None:
+        if handle.kernel is None:
+            super().run(
+                handle.workspace, x=x, residual=residual, gamma=gamma, eps=eps, weight_bias=weight_bias,
+                oneshot=oneshot, norm_out=norm_out, residual_out=residual_out, quant_out=quant_out,
+                scale_factor=scale_factor, launch_with_pdl=launch_with_pdl,
+            )  # fmt: skip
+            return
+        extra = {"weight_bias": weight_bias} if weight_bias else {}
+        tokens, hidden = x.shape
+        handle.kernel(
+            allreduce_in=x,
+            world_size=handle.world_size,
+            world_rank=handle.rank,
+            token_num=tokens,
+            hidden_dim=hidden,
+            workspace_ptrs=handle.workspace_ptrs,
+            launch_with_pdl=launch_with_pdl,
+            use_oneshot=oneshot,
+            trigger_completion_at_end=True,
+            fp32_acc=False,
+            pattern_code=self._patterns[(norm_out is not None, quant_out is not None)],
+            allreduce_out=None,
+            residual_in=residual,
+            residual_out=residual_out,
+            norm_out=norm_out,
+            quant_out=quant_out,
+            scale_out=None,
+            rms_gamma=gamma,
+            rms_eps=eps,
+            scale_factor=scale_factor,
+            layout_code=None,
+            **extra,
+        )
+
+    def destroy(self, handle: KernelHandle) -> None:
+        handle.workspace.destroy()
 
 
 @dataclasses.dataclass
@@ -220,6 +352,7 @@ class LegacyApi:
         residual_out: torch.Tensor,
         quant_out: torch.Tensor | None = None,
         scale_factor: torch.Tensor | None = None,
+        launch_with_pdl: bool = False,
     ) -> None:
         extra: dict[str, Any] = {"weight_bias": weight_bias} if weight_bias else {}
         if self._takes_metadata and handle.metadata is not None:
@@ -232,7 +365,7 @@ class LegacyApi:
             token_num=tokens,
             hidden_dim=hidden,
             workspace_ptrs=handle.workspace_tensor,
-            launch_with_pdl=False,
+            launch_with_pdl=launch_with_pdl,
             use_oneshot=oneshot,
             trigger_completion_at_end=True,
             fp32_acc=False,
@@ -304,6 +437,10 @@ def select_api(preference: ApiName) -> FlashinferApi | None:
     legacy = hasattr(comm, "trtllm_create_ipc_workspace_for_all_reduce_fusion") and hasattr(
         comm, "trtllm_allreduce_fusion"
     )
+    trtllm_ar = getattr(comm, "trtllm_ar", None)
+    kernel = unified and hasattr(trtllm_ar, "get_trtllm_comm_module")
+    if kernel and preference in ("auto", "kernel"):
+        return KernelApi(comm, trtllm_ar)
     if unified and preference in ("auto", "unified"):
         return UnifiedApi(comm)
     if legacy and preference in ("auto", "legacy"):

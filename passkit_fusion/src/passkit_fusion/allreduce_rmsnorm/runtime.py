@@ -66,7 +66,7 @@ from ..tuning.tables import (
     rules_fingerprint,
 )
 from . import workspaces
-from .flashinfer_api import ApiName, FlashinferApi, flashinfer_version, select_api, unavailable
+from .flashinfer_api import API_NAMES, ApiName, FlashinferApi, flashinfer_version, select_api, unavailable
 from .workspaces import Workspace
 
 __all__ = [
@@ -122,8 +122,10 @@ class RuntimeConfig:
     ``check_rank_consistency``: compare the plan across ranks before the first call.
     ``table``: decision table; ``None`` uses the tables shipped with passkit-fusion.
     ``force``: take this decision for every call instead of the table's (benchmarks, tuning).
-    ``flashinfer_api``: ``"unified"`` (``create_allreduce_fusion_workspace`` +
-    ``allreduce_fusion``), ``"legacy"`` (``trtllm_*``), or ``"auto"`` (unified if present).
+    ``flashinfer_api``: ``"kernel"`` (the unified API's workspace, the kernel's compiled entry
+    point called directly: the least host time per call), ``"unified"``
+    (``create_allreduce_fusion_workspace`` + ``allreduce_fusion``), ``"legacy"``
+    (``trtllm_*``), or ``"auto"`` (the first of these that the installed flashinfer has).
     ``collective_timeout_s``: how long a rank waits for the others at a step passkit
     coordinates (plan check, workspace creation); ``None``: ``PASSKIT_FUSION_COLLECTIVE_TIMEOUT``
     or 180 s. A rank missing after it raises :class:`RankAgreementError` on every rank.
@@ -133,6 +135,9 @@ class RuntimeConfig:
     collective (``PASSKIT_FUSION_CHECK_CALLS=1``): turns ranks that call with different
     shapes into an error instead of a hang, at the cost of a store round trip per call
     (a debugging aid, off by default).
+    ``launch_with_pdl``: launch the fused kernel with programmatic dependent launch (it may
+    start while the previous kernel finishes and waits for it before reading; Hopper and
+    newer; ``PASSKIT_FUSION_PDL=1``). Off by default.
     """
 
     max_tokens: int | None = None
@@ -143,6 +148,7 @@ class RuntimeConfig:
     collective_timeout_s: float | None = None
     teardown_timeout_s: float = 10.0
     check_calls: bool = os.environ.get("PASSKIT_FUSION_CHECK_CALLS", "") not in ("", "0")
+    launch_with_pdl: bool = os.environ.get("PASSKIT_FUSION_PDL", "") not in ("", "0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +184,7 @@ def configure(
     collective_timeout_s: float | None = _UNSET,
     teardown_timeout_s: float = _UNSET,
     check_calls: bool = _UNSET,
+    launch_with_pdl: bool = _UNSET,
 ) -> RuntimeConfig:
     """Change the given settings (see :class:`RuntimeConfig`) and return the new config.
 
@@ -196,6 +203,7 @@ def configure(
             ("collective_timeout_s", collective_timeout_s),
             ("teardown_timeout_s", teardown_timeout_s),
             ("check_calls", check_calls),
+            ("launch_with_pdl", launch_with_pdl),
         )
         if value is not _UNSET
     }
@@ -205,6 +213,7 @@ def configure(
     for site in _sites.values():
         site.rules = None
         site.checked = False
+        site.routes.clear()
     return new
 
 
@@ -249,10 +258,8 @@ def last_decision() -> CallRecord | None:
 def _validate_config(config: RuntimeConfig) -> None:
     if config.max_tokens is not None and config.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer or None, got {config.max_tokens}")
-    if config.flashinfer_api not in ("auto", "unified", "legacy"):
-        raise ValueError(
-            f"flashinfer_api must be 'auto', 'unified' or 'legacy', got {config.flashinfer_api!r}"
-        )
+    if config.flashinfer_api not in API_NAMES:
+        raise ValueError(f"flashinfer_api must be one of {API_NAMES}, got {config.flashinfer_api!r}")
     if config.table is not None and not isinstance(config.table, Table):
         raise TypeError(f"table must be a passkit_fusion.Table, got {type(config.table)}")
     for field in ("collective_timeout_s", "teardown_timeout_s"):
@@ -295,19 +302,9 @@ def fused_allreduce_rmsnorm_cuda(
     its inputs.
     """
     _check_args(x, residual, weight)
-    hidden = x.shape[-1]
     x2d, res2d = _as_2d(x), None if residual is None else _as_2d(residual)
-    site = _site(group_name, hidden, x.dtype)
-    capturing = _capturing()
-    if not site.checked and not capturing:
-        _check_ranks(site)
-    tokens = x2d.shape[0]
-    path, reason = _route(site, tokens, x2d, weight_bias)
-    if _config.check_calls and not capturing:
-        _agree(
-            site, "allreduce_rmsnorm:call", {"tokens": tokens, "path": path, "reason": reason, "variant": ""}
-        )
-    _record(site, tokens, path, reason)
+    site = _site(group_name, x.shape[-1], x.dtype)
+    path = _call_path(site, x2d, weight_bias, "")
     if path == FALLBACK:
         norm_out, residual_out = unfused_allreduce_rmsnorm(x2d, res2d, weight, eps, weight_bias, site.group)
     else:
@@ -344,22 +341,9 @@ def fused_allreduce_rmsnorm_fp8_cuda(
         raise ValueError(
             f"scale must be a one-element floating tensor, got {tuple(scale.shape)} {scale.dtype}"
         )
-    hidden = x.shape[-1]
     x2d, res2d = _as_2d(x), None if residual is None else _as_2d(residual)
-    site = _site(group_name, hidden, x.dtype)
-    capturing = _capturing()
-    if not site.checked and not capturing:
-        _check_ranks(site)
-    tokens = x2d.shape[0]
-    variant = "fp8+norm" if need_norm_out else "fp8"
-    path, reason = _route(site, tokens, x2d, weight_bias, fp8=True)
-    if _config.check_calls and not capturing:
-        _agree(
-            site,
-            "allreduce_rmsnorm:call",
-            {"tokens": tokens, "path": path, "reason": reason, "variant": variant},
-        )
-    _record(site, tokens, path, reason, variant)
+    site = _site(group_name, x.shape[-1], x.dtype)
+    path = _call_path(site, x2d, weight_bias, "fp8+norm" if need_norm_out else "fp8")
     if path == FALLBACK:
         quant_out, norm_out, residual_out = unfused_allreduce_rmsnorm_fp8(
             x2d, res2d, weight, eps, weight_bias, scale, site.group
@@ -389,6 +373,37 @@ def unfused_allreduce_rmsnorm_fp8(
     """The FP8 fallback: :func:`unfused_allreduce_rmsnorm`, then the kernel's quantization."""
     norm_out, residual_out = unfused_allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group)
     return fp8_quantize(norm_out, scale), norm_out, residual_out
+
+
+def _call_path(site: _Site, x: torch.Tensor, weight_bias: float, variant: str) -> str:
+    """The path of one call on ``site`` (``x`` is ``[tokens, hidden]``): checks the ranks
+    agree at the site's first eager call, routes, agrees on every call with
+    ``check_calls``, and records it.
+
+    The route of a (token count, weight bias, variant) is kept on the site once its ranks
+    agreed: without CUDA graphs a compiled forward calls the op at every site on every step,
+    and the routing (the table's rules, the legality checks) would cost more host time
+    than the kernel takes. :func:`configure` and a workspace's creation or destruction
+    forget the kept routes."""
+    tokens = x.shape[0]
+    key = (tokens, weight_bias != 0, variant, x.is_cuda)
+    route = site.routes.get(key)
+    if route is None or _config.check_calls:
+        capturing = _capturing()
+        if not site.checked and not capturing:
+            _check_ranks(site)
+        route = _route(site, tokens, x, weight_bias, fp8=variant != "")
+        if _config.check_calls and not capturing:
+            path, reason = route
+            _agree(
+                site,
+                "allreduce_rmsnorm:call",
+                {"tokens": tokens, "path": path, "reason": reason, "variant": variant},
+            )
+        if site.checked:
+            site.routes[key] = route
+    _record(site, tokens, route[0], route[1], variant)
+    return route[0]
 
 
 def choose_path(
@@ -570,6 +585,7 @@ def _launch(
         eps=eps,
         weight_bias=weight_bias,
         oneshot=oneshot,
+        launch_with_pdl=_config.launch_with_pdl,
         **outputs,
     )
 
@@ -619,6 +635,8 @@ class _Site:
     rules: tuple[Rule, ...] | None = None
     workspace: Workspace | None = None
     checked: bool = False
+    routes: dict[tuple[int, bool, str, bool], tuple[str, str]] = dataclasses.field(default_factory=dict)
+    """``(path, reason)`` per ``(tokens, weight_bias != 0, variant, on CUDA)`` (see ``_call_path``)."""
 
 
 _sites: dict[tuple[str, int, torch.dtype], _Site] = {}
@@ -731,6 +749,7 @@ def _create_workspace(site: _Site) -> Workspace:
     api, max_tokens = _api(), _planned_max_tokens(site)
     # every rank is here, for the same workspace, before flashinfer's collective set-up
     _agree(site, "allreduce_rmsnorm:workspace", {"api": api.name, "max_tokens": max_tokens})
+    site.routes.clear()  # the capacity changes
     site.workspace = workspaces.create(
         api,
         group=site.group,
@@ -749,6 +768,7 @@ def _destroy_site_workspace(site: _Site) -> None:
     """Free ``site``'s workspace once the GPU is done with it, each step bounded by
     ``teardown_timeout_s`` (see :func:`.workspaces.destroy`)."""
     workspace, site.workspace = site.workspace, None
+    site.routes.clear()
     if workspace is None:
         return
     what = f"workspace of group {site.group_name!r}, hidden {site.hidden}"
