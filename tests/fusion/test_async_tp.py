@@ -225,7 +225,7 @@ def test_declared_after_sequence_parallel():
 @pytest.mark.parametrize(
     "options, expected",
     [
-        ({}, TokenConstraint(min_tokens=2048)),
+        ({}, TokenConstraint(min_tokens=4096)),
         ({"min_tokens": 256, "max_tokens": 8192}, TokenConstraint(256, 8192)),
         ({"restrict_tokens": False}, None),
     ],
@@ -239,7 +239,7 @@ def test_default_options():
     o = AsyncTPOptions()
     assert (o.implementation, o.min_tokens, o.max_tokens, o.restrict_tokens, o.collective_timeout_s) == (
         "auto",
-        2048,
+        4096,
         None,
         True,
         180.0,
@@ -250,7 +250,7 @@ def test_default_options():
     "options, message",
     [
         ({"min_tokens": 0}, "passes.async_tp.min_tokens: Input should be greater than or equal to 1"),
-        ({"max_tokens": 512}, "max_tokens (512) must be >= min_tokens (2048)"),
+        ({"max_tokens": 512}, "max_tokens (512) must be >= min_tokens (4096)"),
         ({"implementation": "nccl"}, "passes.async_tp.implementation: Input should be 'auto' or 'test_mode'"),
         ({"collective_timeout_s": 0}, "passes.async_tp.collective_timeout_s: Input should be greater than 0"),
         ({"max_token": 4}, "passes.async_tp.max_token: unknown option (known options: implementation"),

@@ -328,7 +328,10 @@ def test_a_schema_appending_a_defaulted_argument_is_still_read() -> None:
     from passkit_fusion.dialects.schemas import schema_difference
 
     expected = VllmDialect.SCHEMAS["vllm::all_reduce"]
-    assert schema_difference(expected, "vllm::all_reduce(Tensor tensor, str group_name, int algo=0) -> Tensor") is None
+    assert (
+        schema_difference(expected, "vllm::all_reduce(Tensor tensor, str group_name, int algo=0) -> Tensor")
+        is None
+    )
 
 
 def test_host_fusion_is_named_in_the_report() -> None:

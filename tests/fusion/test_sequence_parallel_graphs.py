@@ -177,10 +177,10 @@ def test_rejects_with_reason(form: Form, reason: str, world_size: int):
 
 def test_static_token_counts_below_min_tokens_are_left_alone():
     form = Form(llama_residual, shape=(8, 64))
-    result = rewrite(form.fn, *form.inputs(), passes=[{"name": "sequence_parallel"}])  # min 2048
+    result = rewrite(form.fn, *form.inputs(), passes=[{"name": "sequence_parallel"}])  # min 4096
     result.assert_matches("sequence_parallel", 0)
     assert result.report["sequence_parallel"].notes == [
-        "1 candidate(s) rejected: 8 tokens: outside min_tokens..max_tokens (2048..)"
+        "1 candidate(s) rejected: 8 tokens: outside min_tokens..max_tokens (4096..)"
     ]
     unrestricted = {"name": "sequence_parallel", "restrict_tokens": False}
     rewrite(form.fn, *form.inputs(), passes=[unrestricted]).assert_matches("sequence_parallel", 1)
@@ -245,7 +245,7 @@ def test_skips_at_world_size_one(clean_env):
 
 def test_token_constraint():
     ctx = CompileContext(world_size=4)
-    assert SequenceParallel().token_constraint(ctx) == TokenConstraint(min_tokens=2048, multiple_of=4)
+    assert SequenceParallel().token_constraint(ctx) == TokenConstraint(min_tokens=4096, multiple_of=4)
     assert SequenceParallel(min_tokens=8, max_tokens=64).token_constraint(ctx) == TokenConstraint(8, 64, 4)
     assert SequenceParallel(restrict_tokens=False).token_constraint(ctx) == TokenConstraint(multiple_of=4)
     assert SequenceParallel().token_constraint(CompileContext(world_size=1)) is None

@@ -51,8 +51,8 @@ class AsyncTPOptions(pydantic.BaseModel):
 
     implementation: Literal["auto", "test_mode"] = "auto"
     """auto: fuse on CUDA graphs where torch has symmetric memory, else skip with the reason; test_mode: rewrite on any device (torch's test mode; the ops then compute the unfused result with functional collectives), for tracing and CPU tests"""
-    min_tokens: int = pydantic.Field(2048, ge=1)
-    """the smallest token count the pass applies to: micro-pipelining pays only for long GEMMs (with sequence_parallel on the 8-layer Llama-8B stack at TP=2, H200: 0.94x Inductor at 1024 tokens, 1.02x at 2048-8192)"""
+    min_tokens: int = pydantic.Field(4096, ge=1)
+    """the smallest token count the pass applies to: micro-pipelining pays only for long GEMMs (with sequence_parallel on the 8-layer Llama-8B stack at TP=2, H200: 0.94x Inductor at 1024 tokens, 1.02x at 2048-8192; the 2-layer HF Llama at TP=2 on H100: 0.97x at 2048 with CUDA graphs, 0.6x without, hence 4096)"""
     max_tokens: int | None = pydantic.Field(None, ge=1)
     """the largest token count the pass applies to (None: no bound); also reserves the symmetric-memory workspace for that many tokens at the first call, so CUDA graphs captured later for any size up to it run fused"""
     restrict_tokens: bool = True

@@ -47,8 +47,8 @@ class SequenceParallelOptions(pydantic.BaseModel):
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
-    min_tokens: int = pydantic.Field(2048, ge=1)
-    """the smallest token count the pass rewrites. Sequence parallelism pays only with many tokens: with async_tp, the 8-layer Llama-8B stack at TP=2 on H200 was 0.94x Inductor at 1024 tokens and 1.02x at 2048-8192 (benchmarks/fusion_e2e.py); allreduce_rmsnorm wins below"""
+    min_tokens: int = pydantic.Field(4096, ge=1)
+    """the smallest token count the pass rewrites. Sequence parallelism pays only with many tokens: with async_tp, the 8-layer Llama-8B stack at TP=2 on H200 was 0.94x Inductor at 1024 tokens and 1.02x at 2048-8192 (benchmarks/fusion_e2e.py), but the 2-layer HF Llama at TP=2 on H100 was 0.97x with CUDA graphs and 0.6x without at 2048 (benchmarks/hf_tp.py), so the default starts at 4096; allreduce_rmsnorm wins below"""
     max_tokens: int | None = pydantic.Field(None, ge=1)
     """the largest token count the pass rewrites (None: no bound)"""
     restrict_tokens: bool = True
