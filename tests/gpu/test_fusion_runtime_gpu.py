@@ -318,6 +318,40 @@ def scenario_legacy_api() -> None:
         runtime.configure(flashinfer_api="auto")
 
 
+def scenario_kernel_entry_point_equals_unified_api() -> None:
+    """The default API (the kernel's entry point, called directly) is the kernel the unified
+    API runs, with the same arguments: bit-identical outputs, one-shot and two-shot, with and
+    without a residual and a weight bias, and the FP8 pattern."""
+    runtime.destroy_workspaces()
+    outputs: dict[str, list[torch.Tensor]] = {}
+    try:
+        for api in ("auto", "unified"):
+            runtime.configure(flashinfer_api=api)
+            assert runtime._api().name == ("kernel" if api == "auto" else "unified")
+            assert runtime.prepare(_group_name(), 4096, BF16, max_tokens=256) == 256
+            got = outputs.setdefault(api, [])
+            for tokens, decision, with_residual, weight_bias in (
+                (1, ONESHOT, True, 0.0),
+                (100, TWOSHOT, True, 0.0),
+                (37, ONESHOT, False, 1.0),
+            ):
+                x, residual, weight, _ = _inputs(tokens, 4096, seed=tokens)
+                norm, res, _ = _op(x, residual if with_residual else None, weight, weight_bias, decision)
+                got += [norm, res]
+            x, residual, weight, _ = _inputs(16, 4096, seed=3)
+            scale = torch.tensor([0.05], device=x.device)
+            group = _group_name()
+            got += list(
+                runtime.fused_allreduce_rmsnorm_fp8_cuda(x, residual, weight, EPS, 0.0, scale, group, True)
+            )
+            runtime.destroy_workspaces()
+        for i, (a, b) in enumerate(zip(outputs["auto"], outputs["unified"], strict=True)):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"output {i} differs"
+    finally:
+        runtime.destroy_workspaces()
+        runtime.configure(flashinfer_api="auto")
+
+
 SCENARIOS: dict[str, Callable[[], None]] = {
     name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")
 }

@@ -27,7 +27,7 @@ change), so they hold after a cache hit as well.
 The ops are defined with ``torch.library.Library`` (schema, one implementation for every
 device, a fake), not ``torch.library.custom_op``: a compiled graph calls them once per site
 on every forward, and ``custom_op``'s Python wrappers (its autograd layer and alias checks)
-cost about three times the dispatcher's own call (8 vs 2.4 us on a CPU core, measured with
+cost two to three times the dispatcher's own call (15.7 vs 7.0 us on a busy CPU core, measured with
 ``benchmarks/op_host_cost.py``), which a launch-bound forward without CUDA graphs pays per site.
 """
 
