@@ -6,7 +6,8 @@
 #     bash benchmarks/gpu_gate.sh                      # every step
 #     GATE_STEPS="probe tests" bash benchmarks/gpu_gate.sh   # some (each call of the device
 #     GATE_STEPS="hf e2e" bash benchmarks/gpu_gate.sh        # tool is limited to 10 minutes)
-# Steps: probe (versions, flashinfer JIT build, kernels saved to $OUT), tests (tests/gpu at
+# Steps: probe (versions, flashinfer JIT build, kernels saved to $OUT), host (the fused op's
+# host time per call, benchmarks/op_host_cost.py), tests (tests/gpu at
 # GPU_WORLD_SIZE=2), hf (benchmarks/hf_tp.py: Hugging Face Llama TP=2, DTensor, tokens
 # dynamic, Inductor vs passkit with and without mode="reduce-overhead": sites fused per pass
 # and latency per token count), e2e (benchmarks/fusion_e2e.py --world 2). Each step is
@@ -19,6 +20,7 @@ python3 -c "import torch, passkit, passkit_fusion; print('torch', torch.__versio
 for s in ${GATE_STEPS:-probe tests hf e2e}; do
   case $s in
     probe) step "${PROBE_LIMIT:-330}" python3 benchmarks/gpu_probe.py; bash .gpu-carry/save-jit.sh ;;
+    host) step "${HOST_LIMIT:-120}" python3 benchmarks/op_host_cost.py --device cuda --world "$WORLD" --out "$OUT/op_host_cost" ;;
     tests) GPU_WORLD_SIZE=$WORLD step "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-tests/gpu} ;;
     hf) step "${HF_LIMIT:-420}" python3 benchmarks/hf_tp.py --world "$WORLD" --out "$OUT/hf_tp" ${HF_ARGS:-} ;;
     e2e) step "${E2E_LIMIT:-200}" python3 benchmarks/fusion_e2e.py --world "$WORLD" --replays "${REPLAYS:-50}" ${E2E_ARGS:-} ;;
