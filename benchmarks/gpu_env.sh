@@ -13,3 +13,4 @@ source .gpu-carry/activate.sh
 step() { local limit=$1; shift; echo "=== $* (limit ${limit}s)" | tee -a "$LOG"; local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n "${STEP_TAIL:-40}"; echo "=== rc=${PIPESTATUS[0]} in $((SECONDS - t0))s" | tee -a "$LOG"; }
 nvidia-smi -L | tee -a "$LOG"
+nvidia-smi topo -m 2>&1 | head -12 | tee -a "$LOG"  # NVLink or PCIe between the GPUs: the collectives' costs differ

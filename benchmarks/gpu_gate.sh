@@ -20,7 +20,7 @@ python3 -c "import torch, passkit, passkit_fusion; print('torch', torch.__versio
 for s in ${GATE_STEPS:-probe tests hf e2e}; do
   case $s in
     probe) step "${PROBE_LIMIT:-330}" python3 benchmarks/gpu_probe.py; bash .gpu-carry/save-jit.sh ;;
-    host) step "${HOST_LIMIT:-120}" python3 benchmarks/op_host_cost.py --device cuda --world "$WORLD" --out "$OUT/op_host_cost" ;;
+    host) step "${HOST_LIMIT:-120}" python3 benchmarks/op_host_cost.py --device cuda --world "$WORLD" --out "$OUT/op_host_cost" ${HOST_ARGS:-} ;;
     tests) GPU_WORLD_SIZE=$WORLD step "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-tests/gpu} ;;
     hf) step "${HF_LIMIT:-420}" python3 benchmarks/hf_tp.py --world "$WORLD" --out "$OUT/hf_tp" ${HF_ARGS:-} ;;
     e2e) step "${E2E_LIMIT:-200}" python3 benchmarks/fusion_e2e.py --world "$WORLD" --replays "${REPLAYS:-50}" ${E2E_ARGS:-} ;;

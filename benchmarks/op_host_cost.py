@@ -162,8 +162,35 @@ def gpu_worker(rank: int, world: int, port: int, args: argparse.Namespace, queue
         return row
 
     results = {tokens: measure(tokens) for tokens in args.tokens}
+    profile = ""
+    if args.profile:  # where the op's host time goes: cProfile over op calls at the first size
+        import cProfile
+        import io
+        import pstats
+
+        x = torch.randn(args.tokens[0], hidden, device="cuda", dtype=dtype)
+        residual, weight = torch.randn_like(x), torch.ones(hidden, device="cuda", dtype=dtype)
+        runtime.configure(flashinfer_api="auto")
+        with torch.no_grad():
+            op(x, residual, weight, 1e-6, 0.0, name, "flashinfer", None, True)
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(args.calls * 5):
+                op(x, residual, weight, 1e-6, 0.0, name, "flashinfer", None, True)
+            profiler.disable()
+        sync()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        profile = text.getvalue()
     if rank == 0:
-        queue.put({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "us": results})
+        queue.put(
+            {
+                "device": torch.cuda.get_device_name(0),
+                "torch": torch.__version__,
+                "us": results,
+                "profile": profile,
+            }
+        )
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # flashinfer's IPC workspaces make an orderly teardown slow
@@ -184,6 +211,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256])
     parser.add_argument("--calls", type=int, default=200, help="back-to-back calls per sample")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--profile", action="store_true", help="cuda: cProfile the op's calls on rank 0")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args()
     if args.device == "cpu":
@@ -221,6 +249,14 @@ def main() -> None:
         ]
         for t, row in res["us"].items():
             lines.append(f"| {t} | " + " | ".join(f"{row[v]:.1f}" for v in variants) + f" | {row['path']} |")
+        if res.get("profile"):
+            lines += [
+                "",
+                f"cProfile of {args.calls * 5} op calls at {args.tokens[0]} tokens (rank 0):",
+                "```",
+                res["profile"],
+                "```",
+            ]
     text = "\n".join(lines)
     print(text)
     if args.out:
