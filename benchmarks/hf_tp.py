@@ -9,8 +9,9 @@ with the default mode and with ``mode="reduce-overhead"``. Prints, side by side 
 
 * the sites each pass fused in each compile (its token range, status, matches), so a pass
   that fuses nothing shows;
-* forward latency per token count (medians over interleaved rounds, CUDA events) and the
-  ratio to Inductor in the same mode, with the issue's targets checked;
+* forward latency per token count (medians over interleaved rounds, CUDA events, the ranks
+  aligned by a barrier before each forward) and the ratio to Inductor in the same mode, with
+  the issue's targets checked;
 * the output's difference to Inductor's.
 
     torchrun-free: python benchmarks/hf_tp.py --world 2 --out benchmarks/results/hf_tp_h100x2
@@ -181,8 +182,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if cuda:
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", rank=rank, world_size=world, device_id=device if cuda else None
+    )
     model, vocab = build_model(args, device, torch.bfloat16 if cuda else torch.float32)
     shard(model, world, device)
     impl = "auto" if cuda else "reference"
@@ -240,7 +243,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
             for t in args.tokens:
                 for name in order:
                     for _ in range(args.iters):
-                        dist.barrier() if not cuda else None
+                        # the ranks start each forward together, as a server's broadcast of the
+                        # batch makes them; free-running, a rank's timing would include its wait
+                        # for a late peer at the first collective (absent without collectives)
+                        dist.barrier()
                         samples[name][t].append(time_calls(compiled[name], inputs[t], 1, device))
     ms = {n: {t: statistics.median(v) for t, v in per.items()} for n, per in samples.items()}
     diff = {

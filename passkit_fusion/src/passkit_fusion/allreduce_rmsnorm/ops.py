@@ -51,6 +51,8 @@ FP8_SCHEMA = (
 
 _runtime_settings: tuple[int | None, bool] | None = None
 """The ``(max_tokens, check_rank_consistency)`` last handed to ``runtime.configure``."""
+_runtime_module = None
+""":mod:`.runtime`, once the first flashinfer call imported it."""
 
 _library = torch.library.Library("passkit_fusion", "FRAGMENT")
 
@@ -180,16 +182,18 @@ _define(FP8_SCHEMA, allreduce_rmsnorm_fp8, _fake_fp8)
 
 def _runtime(x: torch.Tensor, max_tokens: int | None, check_rank_consistency: bool):
     """The CUDA runtime, configured with the graph's settings (see the module docstring)."""
-    if x.device.type != "cuda":
+    global _runtime_module, _runtime_settings
+    if not x.is_cuda:
         raise RuntimeError(
             f"passkit_fusion.allreduce_rmsnorm: impl='flashinfer' needs CUDA tensors, got {x.device} "
             "(compile with implementation='reference' to run the reference op)"
         )
-    from . import runtime  # imports flashinfer lazily itself
+    if _runtime_module is None:  # once: an import statement per call costs microseconds
+        from . import runtime  # imports flashinfer lazily itself
 
-    global _runtime_settings
+        _runtime_module = runtime
     settings = (max_tokens, check_rank_consistency)
     if _runtime_settings != settings:
-        runtime.configure(max_tokens=max_tokens, check_rank_consistency=check_rank_consistency)
+        _runtime_module.configure(max_tokens=max_tokens, check_rank_consistency=check_rank_consistency)
         _runtime_settings = settings
-    return runtime
+    return _runtime_module
