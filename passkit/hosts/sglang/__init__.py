@@ -129,13 +129,11 @@ def _around_compile(original: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     ours = [p for p in candidates if getattr(p, "adapter", None) is adapter]
     if not ours:  # this backend was configured before passkit was installed
         return original(*args, **kwargs)
-    pipeline = adapter.for_shape(bound.arguments.get("runtime_shape"), ours[0].capture_sizes)
-    return adapter.reported_compile(
-        lambda: original(*args, **kwargs),
-        pipeline,
-        bound.arguments["graph"],
-        bound.arguments["example_inputs"],
-    )
+    shape, graph, inputs = (bound.arguments.get(k) for k in ("runtime_shape", "graph", "example_inputs"))
+    static = adapter.static_tokens(graph, inputs) if shape is None else None
+    with adapter.compiling_static(static):  # the pass, called inside, picks the same pipeline
+        pipeline = adapter.for_shape(shape, ours[0].capture_sizes)
+        return adapter.reported_compile(lambda: original(*args, **kwargs), pipeline, graph, inputs)
 
 
 def _around_patch_model(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
