@@ -230,7 +230,9 @@ def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[
     }
 
 
-def _run_block(tmp_path: Path, config: dict[str, Any], inductor_cache: bool = False) -> list[dict[str, Any]]:
+def _run_block(
+    tmp_path: Path, config: dict[str, Any], inductor_cache: bool = False, vllm_cache: bool = False
+) -> list[dict[str, Any]]:
     env = {
         "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
@@ -238,8 +240,9 @@ def _run_block(tmp_path: Path, config: dict[str, Any], inductor_cache: bool = Fa
         "TORCH_LOGS": "passkit",
         "PASSKIT_ON_ERROR": "raise",  # config from the environment reaches the pass too
     }
-    env["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # vLLM's own cache off: it keeps Inductor's on
-    if not inductor_cache:
+    if not vllm_cache:
+        env["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # vLLM's own cache off: it keeps Inductor's on
+    if not inductor_cache and not vllm_cache:
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
     return gloo_world(_compiled_block, 2, args=(config,), timeout=420, env=env)
 
@@ -527,6 +530,34 @@ def test_compiles_served_from_inductors_cache_inside_vllm_get_restored_reports(t
         )
         for report in warm["reports"]:
             assert _records(report)["fold_double_neg"]["status"] == "ran"
+            assert _records(report)["vllm_site_census"]["matches"] == SITES_PER_GRAPH
+
+
+@pytest.mark.slow
+def test_a_warm_start_from_vllms_own_compile_cache_restores_the_cold_starts_reports(tmp_path):
+    """Issue 27: with vLLM's compile cache on (its default: the AOT artifact of the whole
+    model), a second start loads the compiled model and compiles no graph, so no pass runs;
+    the reports the cold start made are stored with the artifact and restored, one per
+    compile range, equal to the cold ones and saying they were restored."""
+    config = {"passes": ["fold_double_neg", "vllm_site_census"]}
+    cold_run = _run_block(tmp_path, config, vllm_cache=True)
+    warm_run = _run_block(tmp_path, config, vllm_cache=True)
+    assert list((tmp_path / "vllm-cache").rglob("model")), "vLLM stored no AOT artifact"
+    assert list((tmp_path / "passkit-reports").glob("vllm-aot-*.json"))
+    for cold, warm in zip(cold_run, warm_run, strict=True):
+        assert max(warm["diffs"].values()) < 1e-4
+        assert cold["reports"] and not any(r["cache_hit"] for r in cold["reports"])
+        assert warm["reports"] and all(r["cache_hit"] and r["restored"] for r in warm["reports"])
+        assert all("restored from vLLM's compile cache" in r["notes"][0] for r in warm["reports"])
+        assert warm["logged_reports"] == len(warm["reports"])
+
+        def same(report):
+            return report["token_range"], [
+                (p["name"], p["status"], p["matches"], p.get("notes")) for p in report["passes"]
+            ]
+
+        assert sorted(map(same, warm["reports"])) == sorted(map(same, cold["reports"]))
+        for report in warm["reports"]:
             assert _records(report)["vllm_site_census"]["matches"] == SITES_PER_GRAPH
 
 
