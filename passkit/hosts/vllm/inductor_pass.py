@@ -59,6 +59,16 @@ class VllmPass(InductorPass):
         tokens = current_range()
         pipeline = self.for_range(tokens) if tokens is not None else self.pipeline
         notes = adapter.range_notes(pipeline, tokens) if tokens is not None else []
+        if tokens is None and (outside := outside_manager()) is not None:
+            notes.append(outside)
+            if not _warned_outside:
+                _warned_outside.append(outside)
+                import warnings
+
+                from ... import logs
+
+                logs.log.warning("passkit: %s", outside)
+                warnings.warn(f"passkit: {outside}", RuntimeWarning, stacklevel=2)
         notes += adapter.host_fusion_notes(pipeline, _pass_config(), _graph_ops(graph))
         pipeline.note = "; ".join(notes) or None
         try:
@@ -131,6 +141,47 @@ def current_range() -> TokenRange | None:
     if compile_range is None:
         return None
     return adapter.token_range(compile_range.start, compile_range.end)
+
+
+_warned_outside: list[str] = []
+"""The reason :func:`outside_manager` gave, once it was warned about in this process."""
+
+
+def outside_manager() -> str | None:
+    """Why vLLM runs this pass outside its own pass manager (no compile range, no vLLM
+    pass ran before it, no restored report on a cache hit), or None when it does not.
+
+    vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``) replaces ``CompilationMode.VLLM_COMPILE``
+    with ``DYNAMO_TRACE_ONCE`` in ``CpuPlatform.check_and_update_config``: Dynamo traces the
+    model once and plain Inductor compiles it, calling the pass from
+    ``inductor_compile_config["post_grad_custom_post_pass"]`` directly."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    if config is None:
+        return None
+    mode = getattr(config.compilation_config, "mode", None)
+    mode_name = getattr(mode, "name", str(mode))
+    if mode_name == "VLLM_COMPILE":
+        return None
+    try:
+        from vllm.platforms import current_platform
+
+        platform = type(current_platform).__name__
+        cpu = bool(current_platform.is_cpu())
+    except Exception:  # pragma: no cover - a vLLM without a platform API
+        platform, cpu = "?", False
+    why = (
+        "vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu) sets CompilationMode.DYNAMO_TRACE_ONCE, "
+        "so plain Inductor compiles the model"
+        if cpu
+        else f"vLLM compiles in CompilationMode.{mode_name} on {platform}, with plain Inductor"
+    )
+    return (
+        f"{why}: passkit runs outside vLLM's pass manager, on one graph for every token count "
+        "(no vLLM compile range: passes' token constraints are decided for every size; no vLLM "
+        "pass ran before passkit)"
+    )
 
 
 def _pass_config() -> Any:
