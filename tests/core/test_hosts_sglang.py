@@ -247,3 +247,46 @@ def test_the_entry_point_reports_a_config_error_at_the_first_compile(clean_env, 
             host._after_configure_post_pass(None, object())
     finally:
         host.uninstall()
+
+
+def _fake_sglang_common(monkeypatch, backend: bool) -> list[int]:
+    """``sglang.srt.utils.common`` as SGLang's AMX check reads it: ``cpu_has_amx_support()``
+    (AMX tiles and sgl_kernel's CPU backend). Returns the list its calls are counted in."""
+    import types
+
+    calls: list[int] = []
+    common = types.ModuleType("sglang.srt.utils.common")
+    common.cpu_has_amx_support = lambda: calls.append(1) or backend  # type: ignore[attr-defined]
+    for name in ("sglang", "sglang.srt", "sglang.srt.utils"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.utils.common", common)
+    return calls
+
+
+@pytest.mark.parametrize("backend", [False, True])
+def test_on_an_amx_cpu_sglangs_amx_check_is_answered_before_tracing(monkeypatch, backend):
+    """Issue 27: on a CPU with AMX tiles SGLang's all-reduce asks ``cpu_has_amx_support()``,
+    which imports sgl_kernel: inside Dynamo's trace that fails. passkit asks it first (the
+    answer is cached), and says which all-reduce SGLang then uses; ``passkit check`` too."""
+    from passkit.builtin import plugin as builtin_plugin
+    from passkit.hosts.sglang import amx
+
+    calls = _fake_sglang_common(monkeypatch, backend)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert amx.prepare() is None and not calls  # no AMX: SGLang never asks, nor does passkit
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    ok, what = amx.prepare()
+    assert calls == [1]
+    assert ok is (not backend)
+    assert ("sgl_kernel.shm_allreduce" in what) is backend
+    assert ("torch's functional all-reduce" in what) is (not backend)
+    monkeypatch.setattr(amx, "check", amx.prepare)  # SGLang "installed"
+    (line,) = builtin_plugin.passkit_environment_checks()
+    assert line.subject == "SGLang on this CPU (AMX)" and line.ok is (not backend)
+
+
+def test_without_sglang_or_amx_passkit_check_says_nothing_about_it(monkeypatch):
+    from passkit.builtin import plugin as builtin_plugin
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert builtin_plugin.passkit_environment_checks() == []
