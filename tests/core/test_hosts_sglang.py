@@ -256,7 +256,8 @@ def _fake_sglang_common(monkeypatch, backend: bool) -> list[int]:
 
     calls: list[int] = []
     common = types.ModuleType("sglang.srt.utils.common")
-    common.cpu_has_amx_support = lambda: calls.append(1) or backend  # type: ignore[attr-defined]
+    common._is_intel_amx_backend_available = lambda: calls.append(1) or backend  # type: ignore[attr-defined]
+    common.cpu_has_amx_support = lambda: common._is_intel_amx_backend_available()  # type: ignore[attr-defined]
     for name in ("sglang", "sglang.srt", "sglang.srt.utils"):
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.utils.common", common)
@@ -277,6 +278,9 @@ def test_on_an_amx_cpu_sglangs_amx_check_is_answered_before_tracing(monkeypatch,
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     ok, what = amx.prepare()
     assert calls == [1]
+    common = sys.modules["sglang.srt.utils.common"]
+    assert common._is_intel_amx_backend_available.passkit_pinned  # the answer, pinned
+    assert common.cpu_has_amx_support() is backend and calls == [1]  # no second import
     assert ok is (not backend)
     assert ("sgl_kernel.shm_allreduce" in what) is backend
     assert ("torch's functional all-reduce" in what) is (not backend)

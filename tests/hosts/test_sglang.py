@@ -694,3 +694,71 @@ def test_a_config_error_in_sglang_is_passkits_first_and_leaves_no_traceback():
     assert result["tracebacks"] == [] and "Traceback" not in result["stderr"]
     first = next(line for line in result["stderr"].splitlines() if "passkit" in line)
     assert "not enabled in SGLang: PASSKIT_PASSES: invalid configuration" in first
+
+
+# ---------------------------------------------------------------------------------------
+# a CPU with AMX tiles, simulated
+
+
+def _amx_world(rank: int, world_size: int, config_dir: str, with_passkit: bool) -> dict[str, Any]:
+    """SGLang's CPU path on a CPU that reports AMX tiles (``torch.cpu._is_amx_tile_supported``
+    made to say so before SGLang reads it): SGLang's all-reduce asks ``cpu_has_amx_support()``,
+    which imports sgl_kernel (absent here). ``with_passkit``: passkit's plugin loads first."""
+    torch.cpu._is_amx_tile_supported = lambda: True  # type: ignore[attr-defined]
+    _cpu_stand_ins()
+    from sglang.srt.utils import common
+
+    common.is_amx_tile_supported = True  # read when SGLang is imported (this module did)
+    common._is_intel_amx_backend_available.cache_clear()
+    _sglang_groups(rank, world_size)
+    out: dict[str, Any] = {"sglang_sees_amx": bool(common.is_amx_tile_supported)}
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("passkit").addHandler(handler)
+    if with_passkit:
+        os.chdir(config_dir)
+        passkit.register(_ProbePlugin(), name="sglang-probe")
+        from sglang.srt.plugins import load_plugins
+
+        import passkit.hosts.sglang as host
+
+        load_plugins()
+        out["active"] = host.active() is not None
+    torch.manual_seed(1 + rank)
+    inputs = [(torch.randn(n, HIDDEN), torch.randn(n, HIDDEN)) for n in (8,)]
+    with torch.no_grad():
+        want = [_block()(x.clone(), r.clone()) for x, r in inputs]
+    try:
+        run = _compile_and_run(_block(), inputs)
+    except Exception as exc:
+        out["failed"] = f"{type(exc).__name__}: {exc}"
+    else:
+        out["error"] = max(_max_error(g, w) for g, w in zip(run["outputs"], want))
+        if with_passkit:
+            out["reports"] = _reports(host.active(), 0)
+    out["logged"] = logged
+    return out
+
+
+@pytest.mark.slow
+def test_on_a_cpu_with_amx_passkit_answers_sglangs_check_before_the_trace(tmp_path):
+    """Issue 27: with AMX tiles SGLang's all-reduce imports sgl_kernel while Dynamo traces and
+    the trace fails (reproduced here by making torch report AMX tiles); with passkit's plugin
+    loaded, passkit asks SGLang's check first, the trace takes torch's functional all-reduce,
+    every site is fused and the log says why."""
+    (tmp_path / "passkit.toml").write_text(_config())
+    env = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), "TORCH_LOGS": "passkit"}
+    without = gloo_world(_amx_world, WORLD, args=(str(tmp_path), False), timeout=900, env=env)
+    for rank in without:
+        assert rank["sglang_sees_amx"]
+        assert "sgl_kernel" in rank.get("failed", ""), rank
+    with_passkit = gloo_world(_amx_world, WORLD, args=(str(tmp_path), True), timeout=900, env=env)
+    for rank in with_passkit:
+        assert rank["active"] and "failed" not in rank, rank
+        assert rank["error"] < 1e-4
+        assert any("AMX tiles and sgl_kernel's CPU backend is not available" in m for m in rank["logged"])
+        if HAVE_DIALECTS:
+            for report in rank["reports"]:
+                fused = _records(report)["allreduce_rmsnorm"]
+                assert fused["status"] == "ran" and fused["matches"] >= 1, fused
