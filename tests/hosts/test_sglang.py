@@ -597,6 +597,10 @@ def test_allreduce_rmsnorm_matches_every_sglang_all_reduce_site(world):
                 sites = _records(report)["sglang_probe"]["matches"]
                 fused = _records(report)["allreduce_rmsnorm"]["matches"]
                 assert sites == 2 and fused == sites, (scenario, report["token_range"], sites, fused)
+                # issue 27: layer names are module paths on every path (not Dynamo's sources,
+                # e.g. L['fn'].__closure__[1].cell_contents.__self__.norm1 under torch.compile)
+                notes = _records(report)["allreduce_rmsnorm"]["notes"]
+                assert "per layer: norm1=1, norm2=1" in notes, (scenario, notes)
         device = [n for r in rank["device"]["reports"] for n in _records(r)["allreduce_rmsnorm"]["notes"]]
         assert any("2 in the sglang dialect" in n for n in device), device
 
@@ -762,3 +766,62 @@ def test_on_a_cpu_with_amx_passkit_answers_sglangs_check_before_the_trace(tmp_pa
             for report in rank["reports"]:
                 fused = _records(report)["allreduce_rmsnorm"]
                 assert fused["status"] == "ran" and fused["matches"] >= 1, fused
+
+
+# ---------------------------------------------------------------------------------------
+# Dynamo's 1-token recompile
+
+
+def _recompile_world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
+    """SGLang's piecewise compile of the block called with 8, 16, then 1 token: Dynamo
+    compiles the 1-token call again with static shapes, and SGLang compiles that graph as a
+    general-shape compile."""
+    _cpu_stand_ins()
+    _sglang_groups(rank, world_size)
+    os.chdir(config_dir)
+    passkit.register(_ProbePlugin(), name="sglang-probe")
+    from sglang.srt.compilation.backend import SGLangBackend
+    from sglang.srt.compilation.compilation_config import CompilationConfig
+    from sglang.srt.compilation.compile import install_torch_compiled
+    from sglang.srt.compilation.compile_phase import enable_torch_compile_warmup
+    from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
+        enable_tc_piecewise_cuda_graph,
+    )
+    from sglang.srt.plugins import load_plugins
+
+    import passkit.hosts.sglang as host
+
+    load_plugins()
+    config = CompilationConfig(CAPTURE_SIZES, compiler="inductor")
+    block = _block()
+
+    def backend_factory(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return SGLangBackend(config, graph_pool=object())(gm, example_inputs)
+
+    install_torch_compiled(block, compile_config=config, graph_pool=object(), backend_factory=backend_factory)
+    torch.manual_seed(1 + rank)
+    inputs = [(torch.randn(n, HIDDEN), torch.randn(n, HIDDEN)) for n in (8, 16, 1)]
+    with torch.no_grad():
+        want = [_block()(x.clone(), r.clone()) for x, r in inputs]
+    with torch.no_grad(), enable_tc_piecewise_cuda_graph(), enable_torch_compile_warmup():
+        got = [block(x.clone(), r.clone()) for x, r in inputs]
+    return {
+        "error": max(_max_error(g, w) for g, w in zip(got, want)),
+        "reports": _reports(host.active(), 0),
+    }
+
+
+@pytest.mark.slow
+def test_dynamos_1_token_recompile_is_reported_as_serving_1_token(tmp_path):
+    """Issue 27: the report of SGLang's compile of Dynamo's 1-token recompile says it serves 1
+    token (it read ``tokens 4..16``, the capture sizes' span)."""
+    (tmp_path / "passkit.toml").write_text(_config())
+    env = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    for rank in gloo_world(_recompile_world, WORLD, args=(str(tmp_path),), timeout=900, env=env):
+        assert rank["error"] < 1e-4
+        labels = [r["token_range"] for r in rank["reports"]]
+        assert labels[-1] == "tokens = 1 (Dynamo's 1-token recompile)", labels
+        assert set(labels[:-1]) == {GENERAL}, labels
+        last = rank["reports"][-1]
+        assert "Dynamo compiled with static shapes: it serves 1 token only" in last["notes"][0]
+        assert _records(last)["sglang_probe"]["status"] == "ran"
