@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 
 import torch.fx
 
@@ -54,3 +55,45 @@ def unified_diff(before: str, after: str, name: str) -> str:
 
 def count_nodes(graph: torch.fx.Graph) -> int:
     return len(graph.nodes)
+
+
+_ROOT = re.compile(r"""^(?:L|G)\[(['"])[^'"]*\1\]""")
+_ATTR_CHAIN = re.compile(r"""\.__closure__\[\d+\]\.cell_contents|\.__self__|\.__func__|\.forward\b""")
+_ITEM = re.compile(
+    r"""\._(?:modules|parameters|buffers)\[(['"])([^'"]*)\1\]|\[(['"])([^'"]*)\3\]|\[(\d+)\]"""
+)
+
+
+def module_path_from_source(source: str) -> str:
+    """The module path (``layers.1.mlp``) of a Dynamo source string naming a module.
+
+    Dynamo names modules by how it reached them: ``L['self'].layers[1].mlp`` for a
+    compiled module, ``L['fn'].__closure__[1].cell_contents.__self__.layers.1`` for a
+    compiled bound method captured in a closure (SGLang's ``--enable-torch-compile``),
+    ``L['self']._modules['layers']._modules['1']`` in older torch. Everything up to the
+    module the compiled function belongs to (the root, closure cells, ``__self__``) is
+    dropped and item accesses become dotted names; a string that is not a Dynamo source
+    (``layers.1``, ``self.layers.1``) comes back without a leading ``self.``."""
+    path = source.strip()
+    root = _ROOT.match(path)
+    if root:
+        path = path[root.end() :]
+    chain = list(_ATTR_CHAIN.finditer(path))
+    if chain:
+        path = path[chain[-1].end() :]
+    path = _ITEM.sub(lambda m: "." + (m.group(2) or m.group(4) or m.group(5) or ""), path)
+    path = path.lstrip(".")
+    if path == "self" or path.startswith("self."):
+        path = path[len("self") :].lstrip(".")
+    return path
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """The innermost module ``node`` was traced in, as a dotted path (``""`` if unknown):
+    the last entry of its ``nn_module_stack``, through :func:`module_path_from_source`."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    entry = list(stack.values())[-1]
+    source = entry[0] if isinstance(entry, (tuple, list)) else entry
+    return module_path_from_source(str(source))

@@ -64,6 +64,48 @@ def graph_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> lis
     return [v if v is not None else e for v, e in zip(values, example_inputs)]
 
 
+def static_tokens(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int | None:
+    """The token count a graph with static shapes serves, or None (a dynamic graph, or none
+    found).
+
+    Dynamo compiles a graph again with static shapes for a size it specializes (0 and 1:
+    a call with 1 token after a dynamic compile gets its own "1-token recompile"); such a
+    graph serves that one size only. Its token count is the leading dimension of its first
+    tensor input that is not a parameter or buffer (Dynamo names those placeholders
+    ``..._parameters_...``/``..._buffers_...``)."""
+    inputs = graph_inputs(gm, example_inputs)
+    if any(isinstance(v, torch.SymInt) for v in inputs):
+        return None
+    tensors = [v for v in inputs if isinstance(v, torch.Tensor)]
+    if any(not isinstance(s, int) for t in tensors for s in t.shape):
+        return None
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(names) != len(inputs):
+        names = [""] * len(inputs)
+    for name, value in zip(names, inputs):
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or isinstance(value, torch.nn.Parameter):
+            continue
+        if "_parameters_" in name or "_buffers_" in name:
+            continue
+        return int(value.shape[0])
+    return None
+
+
+def static_label(tokens: int) -> str:
+    """How reports name the compile of a static graph serving ``tokens`` tokens only."""
+    what = f"Dynamo's {tokens}-token recompile" if tokens <= 1 else "static shapes"
+    return f"tokens = {tokens} ({what})"
+
+
+def static_note(tokens: int | None) -> str:
+    """The report note of a graph compiled once, with static shapes (:func:`static_tokens`)."""
+    served = f"; it serves {static_label(tokens)}" if tokens is not None else ""
+    return (
+        f"no dynamic token dimension in the graph's inputs{served}: compiled once; token ranges "
+        "(compile_ranges, passes' token constraints) are not applied"
+    )
+
+
 def find_token_dim(example_inputs: Sequence[Any], override: TokenDim | None = None) -> TokenDimension | None:
     """The token dimension of a Dynamo graph's inputs (see :func:`graph_inputs`).
 
@@ -124,10 +166,7 @@ def plan(
         return None
     token_dim = find_token_dim(graph_inputs(gm, example_inputs), pipeline.config.token_dim)
     if token_dim is None:
-        return (
-            "no dynamic token dimension in the graph's inputs: compiled once; token ranges "
-            "(compile_ranges, passes' token constraints) are not applied"
-        )
+        return static_note(static_tokens(gm, example_inputs))
     specializations, rules = plan_specializations(constraints, user_ends, relations)
     return Plan(specializations, rules, token_dim)
 

@@ -100,6 +100,86 @@ def test_the_adapter_keeps_one_pipeline_per_shape_and_reports_in_one_list(pipeli
     assert general.uuid() != adapter.for_shape(8).uuid() != adapter.pipeline.uuid()
 
 
+def _piece(tokens, dynamic: bool):
+    """A Dynamo-like piece: a weight placeholder, then the activations (``tokens`` rows);
+    ``dynamic``: its token dimension symbolic, as SGLang's general compile gets it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    class Piece(torch.nn.Module):
+        def forward(self, w, x):
+            return x @ w
+
+    gm = torch.fx.symbolic_trace(Piece())
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders[0].name = "l_self_modules_layers_modules_0_parameters_weight_"
+    mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic else None)
+    x = torch.randn(tokens, 8)
+    if dynamic:
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+        fake_x = mode.from_tensor(x, symbolic_context=context, source=ConstantSource("x"))
+    else:
+        fake_x = mode.from_tensor(x)
+    weight = torch.randn(8, 8)
+    inputs = [mode.from_tensor(weight, static_shapes=True) if dynamic else mode.from_tensor(weight), fake_x]
+    for node, value in zip(placeholders, inputs):
+        node.meta["val"] = value
+    return gm, inputs
+
+
+def test_dynamos_1_token_recompile_is_labelled_by_the_token_it_serves(pipeline_of):
+    """Issue 27: SGLang compiles a graph Dynamo recompiled for 1 token (static shapes) as a
+    general compile; its report says it serves 1 token, not the capture sizes' span."""
+    adapter = host.SGLangAdapter(pipeline_of("small", "everywhere"), "0.5.23")
+    static_gm, static_inputs = _piece(1, dynamic=False)
+    dynamic_gm, dynamic_inputs = _piece(4, dynamic=True)
+    assert adapter.static_tokens(dynamic_gm, dynamic_inputs) is None
+    assert adapter.static_tokens(static_gm, static_inputs) == 1
+    with adapter.compiling_static(adapter.static_tokens(static_gm, static_inputs)):
+        static = adapter.for_shape(None, [1, 300])
+        assert static is adapter.for_shape(None, [1, 300])  # the pass, inside, gets the same
+    general = adapter.for_shape(None, [1, 300])
+    assert general is not static and general.range_label == "tokens 1..300"
+    assert static.current_range() == TokenRange(1, 1, 1)
+    assert static.range_label == "tokens = 1 (Dynamo's 1-token recompile)"
+    assert "serves 1 token only" in static.note
+    # the plain torch.compile path labels such a graph the same way
+    from passkit import specialize
+
+    assert "it serves tokens = 1 (Dynamo's 1-token recompile)" in specialize.static_note(
+        specialize.static_tokens(static_gm, static_inputs)
+    )
+
+
+def test_layer_names_read_as_module_paths_from_every_dynamo_source():
+    """Issue 27: on SGLang's ``--enable-torch-compile`` path Dynamo names modules through the
+    compiled bound method's closure; reports show the module path."""
+    from passkit.graph_utils import module_path, module_path_from_source
+
+    cases = {
+        "L['fn'].__closure__[1].cell_contents.__self__.layers.1": "layers.1",
+        "L['self'].layers[0].mlp": "layers.0.mlp",
+        "L['self']._modules['layers']._modules['1']": "layers.1",
+        "L['self'].model.layers[2].post_attention_layernorm": "model.layers.2.post_attention_layernorm",
+        "self.layers.1": "layers.1",
+        "layers.1": "layers.1",
+        "L['self']": "",
+    }
+    assert {s: module_path_from_source(s) for s in cases} == cases
+    node = torch.fx.Graph().placeholder("x")
+    node.meta["nn_module_stack"] = {
+        "a": ("L['fn'].__closure__[1].cell_contents.__self__", object),
+        "b": ("L['fn'].__closure__[1].cell_contents.__self__.layers.1", object),
+    }
+    assert module_path(node) == "layers.1"
+    from passkit_fusion.patterns.graph import module_path as fusion_module_path
+
+    assert fusion_module_path(node) == "layers.1"
+
+
 def _fake_patch_model(model, enable_compile, num_tokens, tp_group):
     """SGLang's ``torch_compile_decoration.patch_model``'s signature; yields the forward."""
 
@@ -167,3 +247,50 @@ def test_the_entry_point_reports_a_config_error_at_the_first_compile(clean_env, 
             host._after_configure_post_pass(None, object())
     finally:
         host.uninstall()
+
+
+def _fake_sglang_common(monkeypatch, backend: bool) -> list[int]:
+    """``sglang.srt.utils.common`` as SGLang's AMX check reads it: ``cpu_has_amx_support()``
+    (AMX tiles and sgl_kernel's CPU backend). Returns the list its calls are counted in."""
+    import types
+
+    calls: list[int] = []
+    common = types.ModuleType("sglang.srt.utils.common")
+    common._is_intel_amx_backend_available = lambda: calls.append(1) or backend  # type: ignore[attr-defined]
+    common.cpu_has_amx_support = lambda: common._is_intel_amx_backend_available()  # type: ignore[attr-defined]
+    for name in ("sglang", "sglang.srt", "sglang.srt.utils"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.utils.common", common)
+    return calls
+
+
+@pytest.mark.parametrize("backend", [False, True])
+def test_on_an_amx_cpu_sglangs_amx_check_is_answered_before_tracing(monkeypatch, backend):
+    """Issue 27: on a CPU with AMX tiles SGLang's all-reduce asks ``cpu_has_amx_support()``,
+    which imports sgl_kernel: inside Dynamo's trace that fails. passkit asks it first (the
+    answer is cached), and says which all-reduce SGLang then uses; ``passkit check`` too."""
+    from passkit.builtin import plugin as builtin_plugin
+    from passkit.hosts.sglang import amx
+
+    calls = _fake_sglang_common(monkeypatch, backend)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert amx.prepare() is None and not calls  # no AMX: SGLang never asks, nor does passkit
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    ok, what = amx.prepare()
+    assert calls == [1]
+    common = sys.modules["sglang.srt.utils.common"]
+    assert common._is_intel_amx_backend_available.passkit_pinned  # the answer, pinned
+    assert common.cpu_has_amx_support() is backend and calls == [1]  # no second import
+    assert ok is (not backend)
+    assert ("sgl_kernel.shm_allreduce" in what) is backend
+    assert ("torch's functional all-reduce" in what) is (not backend)
+    monkeypatch.setattr(amx, "check", amx.prepare)  # SGLang "installed"
+    (line,) = builtin_plugin.passkit_environment_checks()
+    assert line.subject == "SGLang on this CPU (AMX)" and line.ok is (not backend)
+
+
+def test_without_sglang_or_amx_passkit_check_says_nothing_about_it(monkeypatch):
+    from passkit.builtin import plugin as builtin_plugin
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert builtin_plugin.passkit_environment_checks() == []

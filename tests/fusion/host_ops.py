@@ -152,6 +152,21 @@ def _sglang_reduce_scatter(output: torch.Tensor, input: torch.Tensor, group_name
     output.copy_(total.chunk(dist.get_world_size(group), 0)[dist.get_rank(group)])
 
 
+def _fused_add_rms_norm_in_place(
+    x: torch.Tensor,
+    x_residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    epsilon: float,
+    variance_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM IR's ``maybe_inplace`` overload, as an in-place implementation may run it: the
+    results are returned (new tensors) and its arguments are clobbered."""
+    out, total = _fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size)
+    x.copy_(out)
+    x_residual.copy_(total)
+    return out.clone(), total.clone()
+
+
 def _nothing(*args: object) -> None:
     return None
 
@@ -178,6 +193,12 @@ def register() -> None:
         "vllm_ir::fused_add_rms_norm",
         v["vllm_ir::fused_add_rms_norm"],
         _fused_add_rms_norm,
+        lambda x, x_residual, weight, epsilon, variance_size=None: (torch.empty_like(x), torch.empty_like(x)),
+    )
+    _define(
+        "vllm_ir::fused_add_rms_norm.maybe_inplace",
+        v["vllm_ir::fused_add_rms_norm.maybe_inplace"],
+        _fused_add_rms_norm_in_place,
         lambda x, x_residual, weight, epsilon, variance_size=None: (torch.empty_like(x), torch.empty_like(x)),
     )
     _define("sglang::outplace_all_reduce", s["sglang::outplace_all_reduce"], _sglang_outplace, _like)

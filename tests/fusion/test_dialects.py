@@ -575,3 +575,30 @@ def test_torch_all_reduce_then_vllm_ir_norms() -> None:
     result.assert_matches("allreduce_rmsnorm", 2)
     sp.assert_matches("sequence_parallel", 2)
     assert op_counts(result.graph_after).get("vllm_ir.fused_add_rms_norm.default", 0) == 0
+
+
+def test_vllm_cpu_platforms_maybe_inplace_norm_after_torchs_all_reduce() -> None:
+    """Issue 27: on vLLM's CPU platform no vLLM pass manager lowers its IR, so ``RMSNorm``
+    with a residual stays ``auto_functionalized(vllm_ir.fused_add_rms_norm.maybe_inplace,
+    ...)``; it is read (its recorded schema checked) and fused after torch's all-reduce, and
+    the graph no longer calls it."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        y = funcol.all_reduce(x @ w2, "sum", group)
+        out, r2 = vllm_ir.fused_add_rms_norm.maybe_inplace(y, r, w, EPS)
+        z = funcol.all_reduce(out @ w2, "sum", group)
+        out2, r3 = vllm_ir.fused_add_rms_norm.maybe_inplace(z, r2, w, EPS)
+        return out2, r3
+
+    with fake_world(2) as world:
+        group = world.group_name
+        result = run_passes(fn, *inputs(), passes=[REFERENCE])
+    before = [node_op(n)[1] for n in result.graph_before.graph.nodes]
+    assert before.count("vllm_ir::fused_add_rms_norm") == 2, before
+    assert any("auto_functionalized" in str(n.target) for n in result.graph_before.graph.nodes)
+    result.assert_matches("allreduce_rmsnorm", 2)
+    after = [node_op(n)[1] for n in result.graph_after.graph.nodes]
+    assert "vllm_ir::fused_add_rms_norm" not in after
+    assert VllmDialect().schema_problems(result.graph_before.graph) == {}
+    result.assert_close()

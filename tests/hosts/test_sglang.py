@@ -597,6 +597,10 @@ def test_allreduce_rmsnorm_matches_every_sglang_all_reduce_site(world):
                 sites = _records(report)["sglang_probe"]["matches"]
                 fused = _records(report)["allreduce_rmsnorm"]["matches"]
                 assert sites == 2 and fused == sites, (scenario, report["token_range"], sites, fused)
+                # issue 27: layer names are module paths on every path (not Dynamo's sources,
+                # e.g. L['fn'].__closure__[1].cell_contents.__self__.norm1 under torch.compile)
+                notes = _records(report)["allreduce_rmsnorm"]["notes"]
+                assert "per layer: norm1=1, norm2=1" in notes, (scenario, notes)
         device = [n for r in rank["device"]["reports"] for n in _records(r)["allreduce_rmsnorm"]["notes"]]
         assert any("2 in the sglang dialect" in n for n in device), device
 
@@ -694,3 +698,130 @@ def test_a_config_error_in_sglang_is_passkits_first_and_leaves_no_traceback():
     assert result["tracebacks"] == [] and "Traceback" not in result["stderr"]
     first = next(line for line in result["stderr"].splitlines() if "passkit" in line)
     assert "not enabled in SGLang: PASSKIT_PASSES: invalid configuration" in first
+
+
+# ---------------------------------------------------------------------------------------
+# a CPU with AMX tiles, simulated
+
+
+def _amx_world(rank: int, world_size: int, config_dir: str, with_passkit: bool) -> dict[str, Any]:
+    """SGLang's CPU path on a CPU that reports AMX tiles (``torch.cpu._is_amx_tile_supported``
+    made to say so before SGLang reads it): SGLang's all-reduce asks ``cpu_has_amx_support()``,
+    which imports sgl_kernel (absent here). ``with_passkit``: passkit's plugin loads first."""
+    torch.cpu._is_amx_tile_supported = lambda: True  # type: ignore[attr-defined]
+    _cpu_stand_ins()
+    from sglang.srt.utils import common
+
+    common.is_amx_tile_supported = True  # read when SGLang is imported (this module did)
+    common._is_intel_amx_backend_available.cache_clear()
+    _sglang_groups(rank, world_size)
+    out: dict[str, Any] = {"sglang_sees_amx": bool(common.is_amx_tile_supported)}
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("passkit").addHandler(handler)
+    if with_passkit:
+        os.chdir(config_dir)
+        passkit.register(_ProbePlugin(), name="sglang-probe")
+        from sglang.srt.plugins import load_plugins
+
+        import passkit.hosts.sglang as host
+
+        load_plugins()
+        out["active"] = host.active() is not None
+    torch.manual_seed(1 + rank)
+    inputs = [(torch.randn(n, HIDDEN), torch.randn(n, HIDDEN)) for n in (8,)]
+    with torch.no_grad():
+        want = [_block()(x.clone(), r.clone()) for x, r in inputs]
+    try:
+        run = _compile_and_run(_block(), inputs)
+    except Exception as exc:
+        out["failed"] = f"{type(exc).__name__}: {exc}"
+    else:
+        out["error"] = max(_max_error(g, w) for g, w in zip(run["outputs"], want))
+        if with_passkit:
+            out["reports"] = _reports(host.active(), 0)
+    out["logged"] = logged
+    return out
+
+
+@pytest.mark.slow
+def test_on_a_cpu_with_amx_passkit_answers_sglangs_check_before_the_trace(tmp_path):
+    """Issue 27: with AMX tiles SGLang's all-reduce imports sgl_kernel while Dynamo traces and
+    the trace fails (reproduced here by making torch report AMX tiles); with passkit's plugin
+    loaded, passkit asks SGLang's check first, the trace takes torch's functional all-reduce,
+    every site is fused and the log says why."""
+    (tmp_path / "passkit.toml").write_text(_config())
+    env = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), "TORCH_LOGS": "passkit"}
+    without = gloo_world(_amx_world, WORLD, args=(str(tmp_path), False), timeout=900, env=env)
+    for rank in without:
+        assert rank["sglang_sees_amx"]
+        assert "sgl_kernel" in rank.get("failed", ""), rank
+    with_passkit = gloo_world(_amx_world, WORLD, args=(str(tmp_path), True), timeout=900, env=env)
+    for rank in with_passkit:
+        assert rank["active"] and "failed" not in rank, rank
+        assert rank["error"] < 1e-4
+        assert any("AMX tiles and sgl_kernel's CPU backend is not available" in m for m in rank["logged"])
+        if HAVE_DIALECTS:
+            for report in rank["reports"]:
+                fused = _records(report)["allreduce_rmsnorm"]
+                assert fused["status"] == "ran" and fused["matches"] >= 1, fused
+
+
+# ---------------------------------------------------------------------------------------
+# Dynamo's 1-token recompile
+
+
+def _recompile_world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
+    """SGLang's piecewise compile of the block called with 8, 16, then 1 token: Dynamo
+    compiles the 1-token call again with static shapes, and SGLang compiles that graph as a
+    general-shape compile."""
+    _cpu_stand_ins()
+    _sglang_groups(rank, world_size)
+    os.chdir(config_dir)
+    passkit.register(_ProbePlugin(), name="sglang-probe")
+    from sglang.srt.compilation.backend import SGLangBackend
+    from sglang.srt.compilation.compilation_config import CompilationConfig
+    from sglang.srt.compilation.compile import install_torch_compiled
+    from sglang.srt.compilation.compile_phase import enable_torch_compile_warmup
+    from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
+        enable_tc_piecewise_cuda_graph,
+    )
+    from sglang.srt.plugins import load_plugins
+
+    import passkit.hosts.sglang as host
+
+    load_plugins()
+    config = CompilationConfig(CAPTURE_SIZES, compiler="inductor")
+    block = _block()
+
+    def backend_factory(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return SGLangBackend(config, graph_pool=object())(gm, example_inputs)
+
+    install_torch_compiled(block, compile_config=config, graph_pool=object(), backend_factory=backend_factory)
+    torch.manual_seed(1 + rank)
+    inputs = [(torch.randn(n, HIDDEN), torch.randn(n, HIDDEN)) for n in (8, 16, 1)]
+    with torch.no_grad():
+        want = [_block()(x.clone(), r.clone()) for x, r in inputs]
+    with torch.no_grad(), enable_tc_piecewise_cuda_graph(), enable_torch_compile_warmup():
+        got = [block(x.clone(), r.clone()) for x, r in inputs]
+    return {
+        "error": max(_max_error(g, w) for g, w in zip(got, want)),
+        "reports": _reports(host.active(), 0),
+    }
+
+
+@pytest.mark.slow
+def test_dynamos_1_token_recompile_is_reported_as_serving_1_token(tmp_path):
+    """Issue 27: the report of SGLang's compile of Dynamo's 1-token recompile says it serves 1
+    token (it read ``tokens 4..16``, the capture sizes' span)."""
+    (tmp_path / "passkit.toml").write_text(_config())
+    env = {"SGLANG_CACHE_DIR": str(tmp_path / "cache"), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    for rank in gloo_world(_recompile_world, WORLD, args=(str(tmp_path),), timeout=900, env=env):
+        assert rank["error"] < 1e-4
+        labels = [r["token_range"] for r in rank["reports"]]
+        assert labels[-1] == "tokens = 1 (Dynamo's 1-token recompile)", labels
+        assert set(labels[:-1]) == {GENERAL}, labels
+        last = rank["reports"][-1]
+        assert "Dynamo compiled with static shapes: it serves 1 token only" in last["notes"][0]
+        assert _records(last)["sglang_probe"]["status"] == "ran"

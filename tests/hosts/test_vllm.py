@@ -196,6 +196,7 @@ def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[
     )
 
     _standin_cuda_ops()
+    cpu_platform = os.environ.get("VLLM_TARGET_DEVICE") == "cpu"
     logged: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
@@ -208,9 +209,15 @@ def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[
     with set_current_vllm_config(vllm_config):
         init_distributed_environment(world_size, rank, backend="gloo", local_rank=rank)
         initialize_model_parallel(tensor_model_parallel_size=world_size)
-        _as_on_cuda(get_tp_group())
+        if not cpu_platform:  # vLLM's CPU platform: its own communicator, torch's all-reduce
+            _as_on_cuda(get_tp_group())
         torch.manual_seed(0)
         block = _block_class()(vllm_config=vllm_config, prefix="block")
+        if cpu_platform:  # what vLLM's model loader does: the CPU platform picks its GEMM here
+            for module in block.modules():
+                method = getattr(module, "quant_method", None)
+                if method is not None:
+                    method.process_weights_after_loading(module)
         with torch.no_grad():
             for p in block.parameters():
                 p.normal_(0.0, 0.1)
@@ -227,10 +234,17 @@ def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[
         "logged_reports": sum("passkit report" in m for m in logged),
         "passkit_log_level": logging.getLogger("passkit").getEffectiveLevel(),
         "uuid": custom_pass.uuid(),
+        "logged": logged,
     }
 
 
-def _run_block(tmp_path: Path, config: dict[str, Any], inductor_cache: bool = False) -> list[dict[str, Any]]:
+def _run_block(
+    tmp_path: Path,
+    config: dict[str, Any],
+    inductor_cache: bool = False,
+    vllm_cache: bool = False,
+    cpu_platform: bool = False,
+) -> list[dict[str, Any]]:
     env = {
         "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
@@ -238,8 +252,11 @@ def _run_block(tmp_path: Path, config: dict[str, Any], inductor_cache: bool = Fa
         "TORCH_LOGS": "passkit",
         "PASSKIT_ON_ERROR": "raise",  # config from the environment reaches the pass too
     }
-    env["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # vLLM's own cache off: it keeps Inductor's on
-    if not inductor_cache:
+    if cpu_platform:
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+    if not vllm_cache:
+        env["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # vLLM's own cache off: it keeps Inductor's on
+    if not inductor_cache and not vllm_cache:
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
     return gloo_world(_compiled_block, 2, args=(config,), timeout=420, env=env)
 
@@ -528,6 +545,59 @@ def test_compiles_served_from_inductors_cache_inside_vllm_get_restored_reports(t
         for report in warm["reports"]:
             assert _records(report)["fold_double_neg"]["status"] == "ran"
             assert _records(report)["vllm_site_census"]["matches"] == SITES_PER_GRAPH
+
+
+@pytest.mark.slow
+def test_a_warm_start_from_vllms_own_compile_cache_restores_the_cold_starts_reports(tmp_path):
+    """Issue 27: with vLLM's compile cache on (its default: the AOT artifact of the whole
+    model), a second start loads the compiled model and compiles no graph, so no pass runs;
+    the reports the cold start made are stored with the artifact and restored, one per
+    compile range, equal to the cold ones and saying they were restored."""
+    config = {"passes": ["fold_double_neg", "vllm_site_census"]}
+    cold_run = _run_block(tmp_path, config, vllm_cache=True)
+    warm_run = _run_block(tmp_path, config, vllm_cache=True)
+    assert list((tmp_path / "vllm-cache").rglob("model")), "vLLM stored no AOT artifact"
+    assert list((tmp_path / "passkit-reports").glob("vllm-aot-*.json"))
+    for cold, warm in zip(cold_run, warm_run, strict=True):
+        assert max(warm["diffs"].values()) < 1e-4
+        assert cold["reports"] and not any(r["cache_hit"] for r in cold["reports"])
+        assert warm["reports"] and all(r["cache_hit"] and r["restored"] for r in warm["reports"])
+        assert all("restored from vLLM's compile cache" in r["notes"][0] for r in warm["reports"])
+        assert warm["logged_reports"] == len(warm["reports"])
+
+        def same(report):
+            return report["token_range"], [
+                (p["name"], p["status"], p["matches"], p.get("notes")) for p in report["passes"]
+            ]
+
+        assert sorted(map(same, warm["reports"])) == sorted(map(same, cold["reports"]))
+        for report in warm["reports"]:
+            assert _records(report)["vllm_site_census"]["matches"] == SITES_PER_GRAPH
+
+
+@pytest.mark.slow
+def test_vllms_cpu_platform_fuses_every_site_and_says_it_bypasses_vllms_pass_manager(tmp_path):
+    """Issue 27: with ``VLLM_TARGET_DEVICE=cpu`` vLLM's CPU platform compiles in
+    ``DYNAMO_TRACE_ONCE`` mode with plain Inductor: the pass runs outside vLLM's pass manager
+    (one graph, no compile range), which the report and a warning say. vLLM's ``RMSNorm``
+    there stays ``auto_functionalized(vllm_ir.fused_add_rms_norm.maybe_inplace, ...)`` (no vLLM
+    pass lowers it) after torch's functional all-reduce: every site is fused (issue 27 saw 1 of
+    3: "no RMSNorm after the all-reduce"), the block equal to eager."""
+    config = {"passes": ["vllm_site_census", {"name": "allreduce_rmsnorm", "implementation": "reference"}]}
+    for result in _run_block(tmp_path, config, cpu_platform=True):
+        assert max(result["diffs"].values()) < 1e-4, result["diffs"]
+        (report,) = result["reports"]  # one Dynamo graph, every token count
+        assert report["token_range"] is None
+        assert (
+            "vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu) sets CompilationMode.DYNAMO_TRACE_ONCE"
+            in (report["notes"][0])
+        )
+        assert "outside vLLM's pass manager" in report["notes"][0]
+        assert any("outside vLLM's pass manager" in m for m in result["logged"])
+        census = _notes(_records(report)["vllm_site_census"])
+        assert census["_c10d_functional.all_reduce"] == SITES_PER_GRAPH
+        fused = _records(report)["allreduce_rmsnorm"]
+        assert fused["status"] == "ran" and fused["matches"] == SITES_PER_GRAPH, fused
 
 
 @pytest.mark.slow

@@ -129,13 +129,11 @@ def _around_compile(original: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     ours = [p for p in candidates if getattr(p, "adapter", None) is adapter]
     if not ours:  # this backend was configured before passkit was installed
         return original(*args, **kwargs)
-    pipeline = adapter.for_shape(bound.arguments.get("runtime_shape"), ours[0].capture_sizes)
-    return adapter.reported_compile(
-        lambda: original(*args, **kwargs),
-        pipeline,
-        bound.arguments["graph"],
-        bound.arguments["example_inputs"],
-    )
+    shape, graph, inputs = (bound.arguments.get(k) for k in ("runtime_shape", "graph", "example_inputs"))
+    static = adapter.static_tokens(graph, inputs) if shape is None else None
+    with adapter.compiling_static(static):  # the pass, called inside, picks the same pipeline
+        pipeline = adapter.for_shape(shape, ours[0].capture_sizes)
+        return adapter.reported_compile(lambda: original(*args, **kwargs), pipeline, graph, inputs)
 
 
 def _around_patch_model(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -276,6 +274,7 @@ def install(
         pipeline if pipeline is not None else build_pipeline(config, **overrides), version
     )
     _register_hooks(paths)
+    _prepare_amx()
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     HookRegistry.apply_hooks()  # idempotent: targets already patched are skipped
@@ -323,9 +322,25 @@ def plugin() -> None:
         _fail(exc, paths)
         return
     _register_hooks(paths)  # SGLang's load_plugins applies them after every plugin ran
+    _prepare_amx()
     logs.log.info(
         "passkit: SGLang plugin enabled %s (%s)", ", ".join(_active.pipeline.names()), ", ".join(paths)
     )
+
+
+def _prepare_amx() -> None:
+    """On a CPU with AMX tiles, answer SGLang's AMX check before Dynamo traces, and say what
+    SGLang's all-reduce does there (:mod:`.amx`); nothing elsewhere."""
+    from . import amx
+
+    try:
+        found = amx.prepare()
+    except Exception:  # never fail SGLang's start over a note
+        logs.log.debug("passkit: SGLang's AMX check failed", exc_info=True)
+        return
+    if found is not None:
+        ok, what = found
+        (logs.log.info if ok else logs.log.warning)("passkit: %s", what)
 
 
 def _paths_or_none() -> tuple[str, ...]:

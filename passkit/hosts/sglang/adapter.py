@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ... import logs
+from ... import logs, specialize
 from ...pass_base import Stage
 from ...pipeline import Pipeline
 from ...report import Report
@@ -33,8 +33,9 @@ class SGLangAdapter:
     def __init__(self, pipeline: Pipeline, version: str):
         self.pipeline = pipeline
         self.version = version
-        self._ranges: dict[tuple[TokenRange, int | None], Pipeline] = {}
+        self._ranges: dict[tuple[TokenRange, int | str | None], Pipeline] = {}
         self._lock = threading.Lock()
+        self._static = threading.local()
 
     @property
     def reports(self) -> list[Report]:
@@ -42,15 +43,46 @@ class SGLangAdapter:
         return self.pipeline.reports
 
     def for_shape(self, runtime_shape: int | None, capture_sizes: Sequence[int] = ()) -> Pipeline:
-        """The pipeline of a compile for SGLang's ``runtime_shape``."""
-        tokens = token_range(runtime_shape, capture_sizes)
-        key = (tokens, runtime_shape)
+        """The pipeline of a compile for SGLang's ``runtime_shape``. Inside
+        :meth:`compiling_static` (a general compile of a graph with static shapes, e.g.
+        Dynamo's 1-token recompile) the general compile serves that token count only."""
+        static = getattr(self._static, "tokens", None) if runtime_shape is None else None
+        if static is not None:
+            tokens = TokenRange(static, static, static)
+            key: tuple[TokenRange, int | str | None] = (tokens, "static")
+        else:
+            tokens = token_range(runtime_shape, capture_sizes)
+            key = (tokens, runtime_shape)
         with self._lock:
             found = self._ranges.get(key)
             if found is None:
-                notes = range_notes(self.pipeline, tokens, runtime_shape)
-                found = self._ranges[key] = self.pipeline.for_range(tokens, note="; ".join(notes))
+                notes = range_notes(self.pipeline, tokens, runtime_shape, static=static)
+                label = specialize.static_label(static) if static is not None else None
+                found = self._ranges[key] = self.pipeline.for_range(
+                    tokens, label=label, note="; ".join(notes)
+                )
         return found
+
+    @staticmethod
+    def static_tokens(graph: Any, example_inputs: Sequence[Any]) -> int | None:
+        """The one token count a piece with static shapes serves (None: a dynamic piece, or
+        one passkit cannot read): :func:`passkit.specialize.static_tokens`."""
+        try:
+            return specialize.static_tokens(graph, list(example_inputs or ()))
+        except Exception:  # never fail SGLang's compile over a label
+            logs.log.debug("passkit: cannot read a static SGLang piece's token count", exc_info=True)
+            return None
+
+    @contextlib.contextmanager
+    def compiling_static(self, tokens: int | None) -> Iterator[None]:
+        """For the block (one piece's compile, this thread): a general compile serves
+        ``tokens`` only (None: as SGLang says)."""
+        previous = getattr(self._static, "tokens", None)
+        self._static.tokens = tokens
+        try:
+            yield
+        finally:
+            self._static.tokens = previous
 
     # -- the piecewise backend ---------------------------------------------------------
     def post_grad_pass(self, stage: Stage = Stage.POST, capture_sizes: Sequence[int] = ()) -> SGLangPass:

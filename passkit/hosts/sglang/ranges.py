@@ -38,11 +38,19 @@ def applies(pipeline: Pipeline, tokens: TokenRange) -> bool:
     return any(c is None or c.holds_for(tokens) for c in constraints(pipeline).values())
 
 
-def range_notes(pipeline: Pipeline, tokens: TokenRange, runtime_shape: int | None) -> list[str]:
+def range_notes(
+    pipeline: Pipeline, tokens: TokenRange, runtime_shape: int | None, static: int | None = None
+) -> list[str]:
     """Report notes for one SGLang compile: what the range is, passes it straddles, and
-    passkit config that SGLang's shapes replace."""
+    passkit config that SGLang's shapes replace. ``static``: the general compile is of a
+    graph with static shapes serving that token count only (Dynamo's 1-token recompile)."""
     what = f"SGLang compile for runtime shape {runtime_shape}"
-    if runtime_shape is None:
+    if runtime_shape is None and static is not None:
+        what = (
+            f"SGLang general-shape compile of a graph Dynamo compiled with static shapes: it "
+            f"serves {static} token{'s' if static != 1 else ''} only"
+        )
+    elif runtime_shape is None:
         what = "SGLang general-shape compile (serves the CUDA-graph capture sizes " + (
             f"{tokens.lo}..{tokens.hi})" if tokens.hi is not None else "; none known: every size)"
         )

@@ -7,6 +7,15 @@ compile served from vLLM's or Inductor's cache, which calls no pass, gets its re
 from passkit's report cache, and an Inductor failure on a graph passkit's passes changed
 compiles the graph again without them (:mod:`passkit.inductor_failures`). Compiles whose
 pass manager holds no passkit pass go through untouched.
+
+A warm start served from vLLM's own AOT compile cache (``VLLM_USE_AOT_COMPILE``, on by
+default with torch >= 2.10, and its "mega" artifact, on with torch >= 2.12) compiles no
+graph at all: vLLM loads the whole compiled model. So vLLM's ``VllmSerializableFunction``
+is wrapped too (:func:`wrap_aot_artifacts`): when vLLM serializes the model it compiled,
+the reports of that model's compiles are stored in passkit's report cache under a hash of
+the artifact's bytes; when vLLM loads an artifact with those bytes, the reports are restored
+(``cache_hit``, ``restored``, a note saying so), one per compile range, as the cold start
+made them.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ class VllmPass(InductorPass):
         self.version = version
         self._by_range: dict[TokenRange, Pipeline] = {}
         wrap_compiler_manager()
+        wrap_aot_artifacts()
 
     # -- what vLLM calls -------------------------------------------------------------------
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -49,6 +59,16 @@ class VllmPass(InductorPass):
         tokens = current_range()
         pipeline = self.for_range(tokens) if tokens is not None else self.pipeline
         notes = adapter.range_notes(pipeline, tokens) if tokens is not None else []
+        if tokens is None and (outside := outside_manager()) is not None:
+            notes.append(outside)
+            if not _warned_outside:
+                _warned_outside.append(outside)
+                import warnings
+
+                from ... import logs
+
+                logs.log.warning("passkit: %s", outside)
+                warnings.warn(f"passkit: {outside}", RuntimeWarning, stacklevel=2)
         notes += adapter.host_fusion_notes(pipeline, _pass_config(), _graph_ops(graph))
         pipeline.note = "; ".join(notes) or None
         try:
@@ -123,6 +143,47 @@ def current_range() -> TokenRange | None:
     return adapter.token_range(compile_range.start, compile_range.end)
 
 
+_warned_outside: list[str] = []
+"""The reason :func:`outside_manager` gave, once it was warned about in this process."""
+
+
+def outside_manager() -> str | None:
+    """Why vLLM runs this pass outside its own pass manager (no compile range, no vLLM
+    pass ran before it, no restored report on a cache hit), or None when it does not.
+
+    vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``) replaces ``CompilationMode.VLLM_COMPILE``
+    with ``DYNAMO_TRACE_ONCE`` in ``CpuPlatform.check_and_update_config``: Dynamo traces the
+    model once and plain Inductor compiles it, calling the pass from
+    ``inductor_compile_config["post_grad_custom_post_pass"]`` directly."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    if config is None:
+        return None
+    mode = getattr(config.compilation_config, "mode", None)
+    mode_name = getattr(mode, "name", str(mode))
+    if mode_name == "VLLM_COMPILE":
+        return None
+    try:
+        from vllm.platforms import current_platform
+
+        platform = type(current_platform).__name__
+        cpu = bool(current_platform.is_cpu())
+    except Exception:  # pragma: no cover - a vLLM without a platform API
+        platform, cpu = "?", False
+    why = (
+        "vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu) sets CompilationMode.DYNAMO_TRACE_ONCE, "
+        "so plain Inductor compiles the model"
+        if cpu
+        else f"vLLM compiles in CompilationMode.{mode_name} on {platform}, with plain Inductor"
+    )
+    return (
+        f"{why}: passkit runs outside vLLM's pass manager, on one graph for every token count "
+        "(no vLLM compile range: passes' token constraints are decided for every size; no vLLM "
+        "pass ran before passkit)"
+    )
+
+
 def _pass_config() -> Any:
     from vllm.config import get_current_vllm_config_or_none
 
@@ -173,9 +234,13 @@ def _reported(original: Callable[..., Any]) -> Callable[..., Any]:
         if not ours or compile_range is None:
             return call()
         pipeline = ours[0].for_range(adapter.token_range(compile_range.start, compile_range.end))
-        return _compile_reported(
+        before = len(pipeline.reports)
+        compiled = _compile_reported(
             call, pipeline, graph, example_inputs, f"vLLM's graph for range {compile_range}"
         )
+        made = _made_by_manager.setdefault(self, [])
+        made.extend(((compile_range.start, compile_range.end), r) for r in pipeline.reports[before:])
+        return compiled
 
     compile.passkit_wrapped = True  # type: ignore[attr-defined]
     return compile
@@ -214,3 +279,115 @@ def _compile_reported(
         records = [r for old in restored for r in old.records] if restored else []
         pipeline.record_cache_hit("inductor", records)
     return compiled
+
+
+_made_by_manager: weakref.WeakKeyDictionary[Any, list[tuple[tuple[int, int], Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The reports of each vLLM ``CompilerManager``'s compiles, with their compile range."""
+
+AOT_NOTE = "restored from vLLM's compile cache: vLLM loaded this compiled range, no pass ran"
+
+
+def wrap_aot_artifacts() -> None:
+    """Wrap vLLM's ``VllmSerializableFunction`` (de)serialization once per process (see the
+    module docstring). A vLLM without it (no AOT compile) is left alone."""
+    try:
+        from vllm.compilation.caching import VllmSerializableFunction
+    except ImportError:
+        return
+    cls = VllmSerializableFunction
+    if getattr(cls.serialize_compile_artifacts, "passkit_wrapped", False):
+        return
+    serialize = cls.serialize_compile_artifacts.__func__
+    deserialize = cls.deserialize_compile_artifacts.__func__
+
+    def serialize_compile_artifacts(owner: Any, compiled_fn: Any) -> bytes:
+        data = serialize(owner, compiled_fn)
+        try:
+            manager = getattr(getattr(compiled_fn, "vllm_backend", None), "compiler_manager", None)
+            made = _made_by_manager.get(manager, []) if manager is not None else []
+            if made:
+                _save_aot_reports(data, made)
+        except Exception:  # losing the restored report never fails vLLM's save
+            from ... import logs
+
+            logs.log.debug("passkit: could not store reports with vLLM's artifact", exc_info=True)
+        return data
+
+    def deserialize_compile_artifacts(owner: Any, data: bytes) -> Any:
+        fn = deserialize(owner, data)
+        if getattr(fn, "_fake_mode", None) is None and getattr(fn, "vllm_backend", None) is None:
+            # vLLM's mega artifact: no graph is compiled (else the compiles to come run
+            # through CompilerManager.compile, which restores their reports itself)
+            try:
+                _restore_aot_reports(data)
+            except Exception:
+                from ... import logs
+
+                logs.log.debug("passkit: could not restore reports for vLLM's artifact", exc_info=True)
+        return fn
+
+    serialize_compile_artifacts.passkit_wrapped = True  # type: ignore[attr-defined]
+    cls.serialize_compile_artifacts = classmethod(serialize_compile_artifacts)  # type: ignore[assignment]
+    cls.deserialize_compile_artifacts = classmethod(deserialize_compile_artifacts)  # type: ignore[assignment]
+
+
+def _aot_path(data: bytes) -> Any:
+    import hashlib
+
+    from ... import report_cache
+
+    return report_cache.cache_dir() / f"vllm-aot-{hashlib.sha256(data).hexdigest()[:32]}.json"
+
+
+def _save_aot_reports(data: bytes, made: list[tuple[tuple[int, int], Any]]) -> None:
+    import json
+    import os
+
+    path = _aot_path(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps([{"range": list(r), "report": report.to_dict()} for r, report in made]))
+    tmp.replace(path)
+
+
+def _restore_aot_reports(data: bytes) -> None:
+    """Record, on this process's :class:`VllmPass`, the reports stored with the artifact
+    ``data`` (nothing when none were stored or no passkit pass is configured)."""
+    import json
+
+    from vllm.config import get_current_vllm_config_or_none
+
+    from ... import logs
+    from ...report import Report
+
+    config = get_current_vllm_config_or_none()
+    slot = None if config is None else config.compilation_config.inductor_compile_config
+    ours = (slot or {}).get("post_grad_custom_post_pass")
+    if not isinstance(ours, VllmPass):
+        ours = next((p for p in getattr(ours, "passes", ()) if isinstance(p, VllmPass)), None)
+    if ours is None:
+        return
+    path = _aot_path(data)
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        logs.log.debug("passkit: no reports stored with vLLM's artifact (%s): %s", path, exc)
+        stored = None
+    if not stored:
+        ours.pipeline.note = AOT_NOTE + "; passkit stored no report with it"
+        try:
+            ours.pipeline.record_cache_hit("inductor")
+        finally:
+            ours.pipeline.note = None
+        return
+    for entry in stored:
+        start, end = entry["range"]
+        old = Report.from_dict(entry["report"])
+        pipeline = ours.for_range(adapter.token_range(start, end))
+        pipeline.note = "; ".join([AOT_NOTE, *old.notes])
+        try:
+            pipeline.record_cache_hit("inductor", list(old.records))
+        finally:
+            pipeline.note = None

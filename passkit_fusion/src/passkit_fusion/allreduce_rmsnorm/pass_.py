@@ -237,6 +237,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         fused.meta.update(val=vals, stack_trace=site.out.meta.get("stack_trace"))
         for node, value in zip(outputs, vals):
             node.meta["val"] = value
+        for node, value in site.host_norm.rebind if site.host_norm is not None else ():
+            node.replace_all_uses_with(value)  # a maybe-in-place op's argument, unchanged
         inside = set(site.nodes)
         replaced = list(site.nodes)
         if quant is not None:

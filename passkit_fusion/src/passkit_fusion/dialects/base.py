@@ -51,6 +51,7 @@ __all__ = [
     "functionalized",
     "node_op",
     "op_name",
+    "overload_name",
     "registered_schema",
     "sole_user",
     "val",
@@ -117,6 +118,11 @@ class HostNorm:
     residual: fx.Node | None = None
     """``fused_add``: the residual the op adds to the sum."""
     total: fx.Node | None = None
+    rebind: tuple[tuple[fx.Node, fx.Node], ...] = ()
+    """``(output, value)``: outputs of a maybe-in-place op (vLLM IR's ``maybe_inplace``
+    under ``auto_functionalized``) holding a mutated argument's new value, which the rewrite
+    reads as ``value``, the argument unchanged (the op may, not must, write its arguments:
+    what a non-in-place implementation leaves)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,13 +202,24 @@ def functionalized(node: fx.Node, name: str) -> tuple[fx.Node, fx.Node]:
 
 def registered_schema(qualified: str) -> str | None:
     """``str(schema)`` of the default overload registered in this process under
-    ``"ns::name"``, or None when no such op exists (never imports the host)."""
+    ``"ns::name"`` (of overload ``o`` for ``"ns::name.o"``), or None when no such op exists
+    (never imports the host)."""
     namespace, _, name = qualified.partition("::")
+    name, _, overload = name.partition(".")
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
-        return str(packet.default._schema)
+        return str(getattr(packet, overload or "default")._schema)
     except (AttributeError, RuntimeError):
         return None
+
+
+def overload_name(op: Any) -> str | None:
+    """``"ns::name.overload"`` of an op overload other than ``default`` (None otherwise)."""
+    overload = getattr(op, "_overloadname", None)
+    qualified = op_name(op)
+    if not overload or overload == "default" or qualified is None:
+        return None
+    return f"{qualified}.{overload}"
 
 
 class Dialect:
@@ -250,7 +267,9 @@ class Dialect:
         argument: :func:`~passkit_fusion.dialects.schemas.schema_difference`)."""
         problems: dict[str, str] = {}
         for node in graph.nodes:
-            _, qualified, _ = node_op(node)
+            op, qualified, _ = node_op(node)
+            if overload_name(op) in self.SCHEMAS:  # an overload the dialect records apart
+                qualified = overload_name(op)
             if qualified is None or qualified not in self.SCHEMAS or qualified in problems:
                 continue
             problem = self.schema_problem(qualified)

@@ -7,8 +7,13 @@
 * RMSNorm: vLLM IR ops, which vLLM lowers only after the passes added through
   ``post_grad_custom_post_pass`` ran: ``vllm_ir.rms_norm(x, weight, epsilon,
   variance_size)`` and ``vllm_ir.fused_add_rms_norm(x, x_residual, weight, epsilon,
-  variance_size) -> (out, x + x_residual)`` (the ``maybe_inplace`` overload too: same
-  schema). Their native decomposition (no IR) is matched like any graph's.
+  variance_size) -> (out, x + x_residual)``. Its ``maybe_inplace`` overload (same
+  arguments, ``x`` and ``x_residual`` marked mutable: an implementation may write them) is
+  what vLLM's ``RMSNorm`` calls with a residual; in a graph no vLLM pass manager lowered (vLLM's
+  CPU platform compiles with plain Inductor) it stays ``auto_functionalized(maybe_inplace,
+  x=..., ...)``, read here too: the rewrite takes the arguments' new values as the arguments
+  unchanged (what the native implementation leaves). Their native decomposition (no IR) is
+  matched like any graph's.
 * Groups: vLLM's name (``GroupCoordinator.unique_name``, e.g. ``"tp:0"``) ->
   ``vllm.distributed.parallel_state._groups[name]().device_group``. Where vLLM's registry
   does not know the name (stand-in ops in tests) the name is read as torch's.
@@ -36,6 +41,7 @@ _ALL_GATHER = "vllm::all_gather"
 _REDUCE_SCATTER = "vllm::reduce_scatter"
 _RMS_NORM = "vllm_ir::rms_norm"
 _FUSED_ADD = "vllm_ir::fused_add_rms_norm"
+_FUSED_ADD_INPLACE = "vllm_ir::fused_add_rms_norm.maybe_inplace"
 
 
 class VllmDialect(Dialect):
@@ -54,6 +60,7 @@ class VllmDialect(Dialect):
         _ALL_GATHER: "vllm::all_gather(Tensor tensor, SymInt dim, SymInt world_size, str group_name) -> Tensor",
         _RMS_NORM: "vllm_ir::rms_norm(Tensor x, Tensor? weight, float epsilon, SymInt? variance_size=None) -> Tensor",
         _FUSED_ADD: "vllm_ir::fused_add_rms_norm(Tensor x, Tensor x_residual, Tensor? weight, float epsilon, SymInt? variance_size=None) -> (Tensor, Tensor)",
+        _FUSED_ADD_INPLACE: "vllm_ir::fused_add_rms_norm.maybe_inplace(Tensor(a0!) x, Tensor(a1!) x_residual, Tensor? weight, float epsilon, SymInt? variance_size=None) -> (Tensor, Tensor)",
     }  # fmt: skip
     HOST_FUSIONS: ClassVar[dict[str, str]] = {
         "vllm::flashinfer_trtllm_fused_allreduce_norm": "vLLM's fuse_allreduce_rms (AllReduceFusionPass, flashinfer)",
@@ -89,12 +96,15 @@ class VllmDialect(Dialect):
 
     def match_norm(self, total: fx.Node) -> HostNorm | None:
         for user in total.users:
-            _, qualified, _ = node_op(user)
+            _, qualified, wrapped = node_op(user)
             if qualified == _RMS_NORM and arg(user, 0, "x") is total:
                 weight, eps = self._weight_eps(user, 1, 2, 3, total)
                 return HostNorm("rms_norm", user, weight, eps, 0.0, user, (user,))
             if qualified == _FUSED_ADD:
-                a, b = arg(user, 0, "x"), arg(user, 1, "x_residual")
+                if wrapped:  # auto_functionalized(_v2)(maybe_inplace, x=..., x_residual=..., ...)
+                    (a, new_a), (b, new_b) = (_mutated(user, n) for n in ("x", "x_residual"))
+                else:
+                    a, b = arg(user, 0, "x"), arg(user, 1, "x_residual")
                 if total not in (a, b) or a is b:
                     continue
                 if len(total.users) != 1:  # the op outputs the sum with the residual only
@@ -108,10 +118,19 @@ class VllmDialect(Dialect):
                     raise Declined(
                         f"residual is {dtype_str(val(residual).dtype)} but the all-reduce is {dtype_str(val(total).dtype)}"
                     )
+                rebind = []
+                if wrapped:  # the new values of x and x_residual: read as left unchanged
+                    for index, source in ((new_a, a), (new_b, b)):
+                        if index in outs and source is total:
+                            raise Declined(
+                                f"{_FUSED_ADD_INPLACE}'s new value of the all-reduce result is read"
+                            )
+                        if index in outs:
+                            rebind.append((outs[index], source))
                 nodes = (user, *outs.values())
                 return HostNorm(
                     "fused_add", user, weight, eps, 0.0, outs[0], nodes,
-                    residual=residual, total=outs.get(1),
+                    residual=residual, total=outs.get(1), rebind=tuple(rebind),
                 )  # fmt: skip
         return None
 
@@ -136,6 +155,21 @@ class VllmDialect(Dialect):
         if coordinator is not None:
             return coordinator.device_group
         return super().resolve_group(group)
+
+
+def _mutated(node: fx.Node, name: str) -> tuple[Any, int]:
+    """``(argument, output index of its new value)`` of the mutated argument ``name`` of an
+    ``auto_functionalized`` (v1: the argument by name, new values after the op's 2 returns
+    in argument order) or ``auto_functionalized_v2`` node (``_all_bases[_name_base_index]``,
+    new value at ``2 + base index``) wrapping ``fused_add_rms_norm.maybe_inplace``."""
+    if "_all_bases" not in node.kwargs:
+        return node.kwargs.get(name), 2 + ("x", "x_residual").index(name)
+    index = node.kwargs.get(f"_{name}_base_index")
+    view_keys = ("size", "stride", "storage_offset", "slice_dim", "slice_start", "slice_end", "alias")
+    views = [k for k in view_keys if f"_{name}_{k}" in node.kwargs]
+    if views or not isinstance(index, int):
+        raise Declined(f"{_FUSED_ADD_INPLACE} mutates a view of its base tensor ({name})")
+    return node.kwargs["_all_bases"][index], 2 + index
 
 
 def op_name_short(op: Any) -> str:

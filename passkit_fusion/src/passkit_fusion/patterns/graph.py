@@ -15,6 +15,8 @@ from collections.abc import Iterable
 import torch
 import torch.fx as fx
 
+from passkit.graph_utils import module_path as _module_path
+
 __all__ = [
     "Mismatch",
     "dtype_str",
@@ -32,15 +34,10 @@ class Mismatch(Exception):
 
 
 def module_path(node: fx.Node) -> str:
-    """The innermost module ``node`` was traced in, as a dotted path (``""`` if unknown)."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    path = str(list(stack.values())[-1][0])
-    for prefix in ("L['self'].", "L['self']", "self."):
-        if path.startswith(prefix):
-            return path[len(prefix) :]
-    return path
+    """The innermost module ``node`` was traced in, as a dotted path (``""`` if unknown):
+    passkit's :func:`passkit.graph_utils.module_path`, which reads Dynamo's source strings
+    (``L['fn'].__closure__[1].cell_contents.__self__.layers.1`` reads ``layers.1``)."""
+    return _module_path(node)
 
 
 def val(node: fx.Node) -> torch.Tensor:
