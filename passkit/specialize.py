@@ -7,6 +7,12 @@ axis at every bound (:func:`passkit.tokens.plan_specializations`) and returns a
 of a copy of the graph, with the pipeline restricted to the range) and wraps them in a
 :class:`Dispatcher`, which reads the token count of each call and calls the right one: a
 few integer comparisons, no re-tracing.
+
+With ``compile_at = "first_use"`` (the default) the backend compiles the range of the call
+being compiled only; the dispatcher compiles each other range at the first call that lands in
+it, after Dynamo returned. :class:`LateGuards` makes such a late compile sound: the call's
+sizes as the shape environment's hints, the guards the compile makes checked per call, the
+shape environment's knowledge of the sizes restored afterwards.
 """
 
 from __future__ import annotations
