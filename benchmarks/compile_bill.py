@@ -3,8 +3,8 @@
 For each model (``--models``: the Llama-style module of the tests, ``tiny``, and a Hugging
 Face Llama, ``hf-llama``), each world size (``--worlds``: 1, where the serving passes cannot
 run; 2, a TP=2 world where the three fusion passes run) and each variant (Inductor alone;
-passkit with no pass; passkit with the serving config, compiling every token range at the
-first call or each at its first use), fresh processes compile the model with a dynamic token
+passkit with no pass; passkit with the serving config, compiling each token range at its
+first use, the default, or every range at the first call, ``upfront``), fresh processes compile the model with a dynamic token
 dimension and call it at token counts that visit every range passkit plans.
 
 Cold: an empty Inductor cache directory (one per variant). Warm: the same directory again
@@ -49,8 +49,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 SERVING = ["sequence_parallel", "async_tp", "allreduce_rmsnorm", "cleanup"]
-VARIANTS = ("inductor", "passkit no pass", "passkit first_call", "passkit first_use")
-DEFAULT_VARIANTS = ("inductor", "passkit no pass", "passkit first_call")
+VARIANTS = ("inductor", "passkit no pass", "passkit first_use", "passkit upfront")
+DEFAULT_VARIANTS = ("inductor", "passkit no pass", "passkit first_use")
+EARLIER_NAMES = {"upfront": "first_call"}
+"""``compile_at`` values under their earlier names, for ``--baseline-tree`` checkouts."""
 
 
 def passes_for(device: str) -> list[Any]:
@@ -114,6 +116,7 @@ BEFORE = " [before]"
 
 def _backend(variant: str, device: str) -> Any:
     """The variant's backend; for passkit, ``import passkit`` happens here (timed)."""
+    before = variant.endswith(BEFORE)
     variant = variant.removesuffix(BEFORE)
     if variant == "inductor":
         return "inductor"
@@ -121,7 +124,10 @@ def _backend(variant: str, device: str) -> Any:
 
     if variant == "passkit no pass":
         return passkit.backend(passes=[])
-    return passkit.backend(passes=passes_for(device), compile_at=variant.split()[1])
+    compile_at = variant.split()[1]
+    if before:
+        compile_at = EARLIER_NAMES.get(compile_at, compile_at)
+    return passkit.backend(passes=passes_for(device), compile_at=compile_at)
 
 
 def measure(rank: int, world: int, variant: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -236,6 +236,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         overrides["dump_dir"] = args.dump
     if args.compile_ranges:
         overrides["compile_ranges"] = [int(v) for v in args.compile_ranges.split(",") if v.strip()]
+    overrides["compile_at"] = "upfront"  # one call: a report for every token range
     b = backend(mode=args.mode, **overrides)
     if not b.pipeline.enabled:
         print("no pass is enabled (set `passes` in passkit.toml, PASSKIT_PASSES or --passes)")

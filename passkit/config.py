@@ -107,15 +107,32 @@ class Config(pydantic.BaseModel):
     token_dim: TokenDim | None = None
     """Where the token count is, when the default (the first dynamic dimension of the graph's
     inputs) is wrong."""
-    compile_at: Literal["first_call", "first_use"] = "first_call"
-    """When a graph specialized by token range compiles its ranges: ``first_call`` compiles
-    every range at the graph's first call (serving: the warm-up pays it all, no request
-    waits for a compile); ``first_use`` compiles each range the first time a call's token
-    count falls in it (notebooks, scripts that run a few sizes)."""
+    compile_at: Literal["first_use", "upfront", "first_call"] = "first_use"
+    """When a graph specialized by token range compiles its ranges. ``first_use`` (the
+    default): the graph's first call compiles the range its token count falls in (inside
+    Dynamo's compile, as ``backend="inductor"`` compiles its one graph) and every other range
+    compiles the first time a call's token count lands in it, as Dynamo's own recompiles do;
+    ``upfront`` compiles every range at the graph's first call (``first_call``: the same,
+    its earlier name).
+
+    Why ``first_use`` serves: a server's first call (start-up, health check) waits for one
+    range, not all of them; its warm-up (the profiling run at the largest batch, the CUDA
+    graph capture at each capture size) visits the ranges it will serve, so each compiles
+    there, once, and a range no request reaches (sequence parallelism from 2048 tokens on a
+    server that batches 512) never compiles. With a warm Inductor cache a range compiled at
+    first use is a cache hit. Every rank of a tensor-parallel group sees the same token count
+    on the same call, so all ranks compile the same range at the same call and their
+    collectives stay in step. Choose ``upfront`` when no request may ever wait for a compile
+    and the warm-up does not visit every range."""
 
     _passes_from: str | None = pydantic.PrivateAttr(default=None)
     """Which source set ``passes`` (a file, an environment variable, ``Python config``), for
     errors found once the passes are known (unknown names, options)."""
+
+    @pydantic.field_validator("compile_at")
+    @classmethod
+    def _upfront(cls, value: str) -> str:
+        return "upfront" if value == "first_call" else value
 
     @pydantic.field_validator("compile_ranges")
     @classmethod

@@ -69,6 +69,11 @@ class Backend:
         if pipeline is not None and (config is not None or overrides):
             raise TypeError("give either a pipeline or a config, not both")
         logs.register_with_torch()
+        if mode == "inductor":
+            # Inductor imported now, as torch.compile(backend="inductor") imports it inside
+            # torch.compile: imported inside Dynamo's compile of the first call instead, the
+            # same import made a warm start about 0.4 s slower on the CPU (issue 28)
+            import torch._inductor.compile_fx  # noqa: F401
         self.mode: Mode = mode
         self.pipeline: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
         self.inductor_config = dict(inductor_config or {})
@@ -128,9 +133,11 @@ class Backend:
             only = self.pipeline.for_range(ANY_SIZE, left_out=dict(specs[0].left_out))
             only.range_label = None
             return self._compile(only, gm, example_inputs, patches)
-        # a range compiled at its first use compiles after Dynamo returned: it re-enters the
-        # tracing context of this graph (its fake mode and shape environment keep the token
-        # dimension symbolic, as for the ranges compiled now)
+        # the range of this call compiles now; with compile_at="first_use" each other range
+        # compiles at the first call it serves, after Dynamo returned: it re-enters the tracing
+        # context of this graph (its fake mode and shape environment keep the token dimension
+        # symbolic, as for the range compiled now) and the passkit compile scope, and the
+        # guards it makes are checked per call (specialize.LateGuards)
         tracing = torch._guards.TracingContext.try_get()
         if self.mode == "inductor":
             shared = self._compile_shared(planned, gm, example_inputs, patches, tracing, current)
@@ -144,13 +151,16 @@ class Backend:
                 return self._compile(pipeline, specialize.copy_graph_module(source), example_inputs, patches)
 
         spare = specialize.copy_graph_module(gm)
+        symbolic = specialize.graph_inputs(gm, example_inputs)
         self.last_dispatcher = specialize.Dispatcher(
             planned,
             compile_spec,
             fallback=lambda: self._compile_in(
                 tracing, current, self.pipeline.for_range(ANY_SIZE), spare, example_inputs, patches
             ),
-            at_first_call=self.pipeline.config.compile_at == "first_call",
+            upfront=self.pipeline.config.compile_at == "upfront",
+            first=specialize.first_index(planned, symbolic),
+            guards=specialize.LateGuards.of(symbolic),
         )
         return self.last_dispatcher
 
@@ -199,7 +209,7 @@ class Backend:
                 planned,
                 compile_range,
                 fallback,
-                at_first_call=self.pipeline.config.compile_at == "first_call",
+                upfront=self.pipeline.config.compile_at == "upfront",
             )
         except Exception as exc:
             if not _caused_by(exc, shared_trace.NotShareable):

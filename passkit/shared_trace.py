@@ -24,7 +24,16 @@ from typing import Any, cast
 import torch
 import torch.fx
 
-from .specialize import Dispatcher, Plan, TokenDimension, copy_graph_module, graph_inputs
+from .specialize import (
+    Dispatcher,
+    LateGuards,
+    Plan,
+    TokenDimension,
+    copy_graph_module,
+    first_index,
+    graph_inputs,
+    locate_symbol,
+)
 
 CompiledFn = Callable[..., Any]
 CompileWith = Callable[[dict[str, Any]], CompiledFn]
@@ -69,15 +78,10 @@ def token_symbol(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], where:
 
 def locate(inputs: Sequence[Any], symbol: Any, how: str) -> TokenDimension:
     """Where ``symbol`` is in the traced graph's inputs: a size argument, else a tensor dim."""
-    for i, value in enumerate(inputs):
-        if isinstance(value, torch.SymInt) and value.node.expr == symbol:
-            return TokenDimension(i, None, how)
-    for i, value in enumerate(inputs):
-        if isinstance(value, torch.Tensor):
-            for dim, size in enumerate(value.shape):
-                if isinstance(size, torch.SymInt) and size.node.expr == symbol:
-                    return TokenDimension(i, dim, how)
-    raise NotShareable(f"the traced graph's inputs do not carry the token count {symbol}")
+    found = locate_symbol(inputs, symbol, how)
+    if found is None:
+        raise NotShareable(f"the traced graph's inputs do not carry the token count {symbol}")
+    return found
 
 
 def compile_from_one_trace(
@@ -87,7 +91,7 @@ def compile_from_one_trace(
     plan: Plan,
     compile_range: Callable[[int, CompileWith], CompiledFn],
     fallback: Callable[[CompileWith], CompiledFn],
-    at_first_call: bool,
+    upfront: bool,
 ) -> tuple[CompiledFn, BoxedDispatcher]:
     """Compile ``gm`` once through AOTAutograd (config ``patches``: those common to every
     specialization) and each specialization of ``plan`` from its trace.
@@ -95,6 +99,8 @@ def compile_from_one_trace(
     ``compile_range(i, compile_with)`` compiles specialization ``i`` by calling
     ``compile_with(its patches)`` (the backend wraps it with the pipeline for the range,
     timing and reports); ``fallback(compile_with)`` likewise for token counts below 1.
+    ``upfront``: every specialization now; else the one the example inputs fall in now, the
+    others at their first use (see :class:`~passkit.specialize.Dispatcher`).
     Returns what ``compile_fx`` returns and the dispatcher inside it. Raises
     :class:`NotShareable` (before anything is compiled) where the trace cannot be shared.
     """
@@ -115,11 +121,14 @@ def compile_from_one_trace(
             with V.set_fake_mode(fake_mode), inductor_config.patch(range_patches), _own_output_strides():
                 return compile_fx_inner(copy_graph_module(traced), inputs, **kwargs)
 
+        traced_plan = Plan(plan.specializations, plan.rules, where)
         dispatcher = BoxedDispatcher(
-            Plan(plan.specializations, plan.rules, where),
+            traced_plan,
             lambda i: compile_range(i, compile_with),
             fallback=lambda: fallback(compile_with),
-            at_first_call=at_first_call,
+            upfront=upfront,
+            first=first_index(traced_plan, inputs),
+            guards=LateGuards.of(inputs),
         )
         made.append(dispatcher)
         return dispatcher

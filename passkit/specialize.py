@@ -7,11 +7,18 @@ axis at every bound (:func:`passkit.tokens.plan_specializations`) and returns a
 of a copy of the graph, with the pipeline restricted to the range) and wraps them in a
 :class:`Dispatcher`, which reads the token count of each call and calls the right one: a
 few integer comparisons, no re-tracing.
+
+With ``compile_at = "first_use"`` (the default) the backend compiles the range of the call
+being compiled only; the dispatcher compiles each other range at the first call that lands in
+it, after Dynamo returned. :class:`LateGuards` makes such a late compile sound: the call's
+sizes as the shape environment's hints, the guards the compile makes checked per call, the
+shape environment's knowledge of the sizes restored afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
+from . import logs
 from .context import CompileContext, Mode
-from .errors import ConfigError
+from .errors import ConfigError, PasskitError
 from .tokens import RangeRule, Specialization, TokenConstraint, plan_specializations
 
 if TYPE_CHECKING:
@@ -176,10 +184,16 @@ class Dispatcher:
 
     The ranges cover every count from 1 up, in order: a call costs reading the count, one
     comparison per range until the right one, and ``count % k`` for each divisibility rule
-    of that range. ``compile_one(i)`` compiles specialization ``i``: all of them now
-    (``at_first_call``, the default: this runs inside the backend, at the graph's first
-    call) or each at the first call its range serves. ``fallback`` (compiled at first use)
-    serves counts below 1; it runs only the passes that apply to every size.
+    of that range. ``compile_one(i)`` compiles specialization ``i``. ``upfront``: all of
+    them now (this runs inside the backend, at the graph's first call); else ``first`` (the
+    range of the backend's example inputs, None: none) now and each other one at the first
+    call its range serves. ``fallback`` (compiled at first use) serves counts below 1; it
+    runs only the passes that apply to every size.
+
+    A compile at first use runs after Dynamo built the graph's guards: a guard it would add
+    (Inductor deciding on a size) cannot join them. ``guards`` (see :class:`LateGuards`)
+    records such guards; a compile that made any serves only the calls where they hold, and a
+    call where they do not compiles again (as Dynamo would recompile).
     """
 
     def __init__(
@@ -188,16 +202,22 @@ class Dispatcher:
         compile_one: Callable[[int], CompiledFn] | Sequence[CompiledFn],
         fallback: Callable[[], CompiledFn],
         *,
-        at_first_call: bool = True,
+        upfront: bool = True,
+        first: int | None = None,
+        guards: LateGuards | None = None,
     ):
         self._arg, self._dim = plan.token_dim.arg, plan.token_dim.dim
         self.plan = plan
+        self._guards = guards
+        self._guarded: dict[int, list[tuple[Callable[[Sequence[Any]], bool], CompiledFn]]] = {}
+        self.late_compiles = 0
+        """How many compiles ran at a call (after the backend returned)."""
         if callable(compile_one):
             self._compile_one = compile_one
             count = len(plan.specializations)
-            self.compiled: list[CompiledFn | None] = (
-                [compile_one(i) for i in range(count)] if at_first_call else [None] * count
-            )
+            self.compiled: list[CompiledFn | None] = [None] * count
+            for i in range(count) if upfront else ([] if first is None else [first]):
+                self.compiled[i] = compile_one(i)
         else:
             self.compiled = list(compile_one)
         # per range: (last count, the index when no divisibility rule applies, else -1,
@@ -232,19 +252,46 @@ class Dispatcher:
                             else by_outcome[tuple(tokens % d == 0 for d in self._divisors[i])]
                         )
                     fn = self.compiled[index]
-                    return fn if fn is not None else self._compile(index)
-        if self._fallback is None:
-            self._fallback = self._make_fallback()
-        return self._fallback
+                    return fn if fn is not None else self._late(index, args)
+        if self._fallback is not None:
+            return self._fallback
+        return self._late(-1, args)
 
-    def _compile(self, index: int) -> CompiledFn:
-        fn = self.compiled[index] = self._compile_one(index)
+    def _late(self, index: int, args: Sequence[Any]) -> CompiledFn:
+        """Specialization ``index`` (-1: the fallback) for a call that finds it not compiled
+        (or compiled under guards this call may not meet): compiled now, unless a compile
+        whose guards hold for ``args`` is there."""
+        entries = self._guarded.setdefault(index, [])
+        for holds, fn in entries:
+            if holds(args):
+                return fn
+        compile_now = self._make_fallback if index < 0 else (lambda: self._compile_one(index))
+        self.late_compiles += 1
+        if self._guards is None:
+            fn, holds = compile_now(), None
+        else:
+            fn, holds = self._guards.compile(compile_now, args)
+        if holds is None:
+            if index < 0:
+                self._fallback = fn
+            else:
+                self.compiled[index] = fn
+            return fn
+        if not holds(args):
+            what = "token counts below 1" if index < 0 else self.plan.specializations[index].label
+            raise LateGuardError(
+                f"the compile of {what} at its first use (compile_at='first_use') assumed "
+                f"{holds} about the sizes, which the call that compiled it does not meet: set "
+                "compile_at = 'upfront' (PASSKIT_COMPILE_AT=upfront) to compile every range "
+                "inside Dynamo's compile, where such an assumption becomes a guard"
+            )
+        entries.append((holds, fn))
         return fn
 
     @property
     def compiled_count(self) -> int:
         """How many specializations are compiled so far."""
-        return sum(fn is not None for fn in self.compiled)
+        return sum(fn is not None or bool(self._guarded.get(i)) for i, fn in enumerate(self.compiled))
 
     def index_for(self, tokens: int) -> int | None:
         """Which specialization serves ``tokens`` (None: the fallback)."""
@@ -252,6 +299,238 @@ class Dispatcher:
             if rule.lo <= tokens and (rule.hi is None or tokens <= rule.hi):
                 return rule.choice[tuple(tokens % d == 0 for d in rule.divisors)]
         return None
+
+
+class LateGuardError(PasskitError):
+    """A range compiled at its first use assumed something about the sizes (a guard Dynamo
+    could no longer add) that the call it was compiled for does not meet."""
+
+
+def example_count(where: TokenDimension, inputs: Sequence[Any]) -> int | None:
+    """The token count of the call being compiled, from the graph's (fake, symbolic) inputs,
+    without adding a guard; None when it cannot be read."""
+    value = inputs[where.arg]
+    size = value if where.dim is None else value.shape[where.dim]
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        return None if hint is None else int(hint)
+    return int(size) if isinstance(size, int) else None
+
+
+def first_index(plan: Plan, inputs: Sequence[Any]) -> int | None:
+    """The specialization serving the token count of ``inputs`` (the backend's example
+    inputs), None for the fallback or when the count cannot be read."""
+    count = example_count(plan.token_dim, inputs)
+    if count is None or count < 1:
+        return None
+    for rule in plan.rules:
+        if rule.lo <= count and (rule.hi is None or count <= rule.hi):
+            return rule.choice[tuple(count % d == 0 for d in rule.divisors)]
+    return None
+
+
+class _Holds:
+    """Whether a call meets the guards a late compile made (memoized per size)."""
+
+    def __init__(self, guards: list[tuple[Any, Any]], where: dict[Any, TokenDimension]):
+        self.guards, self.where = guards, where
+        self.seen: dict[tuple[int, ...], bool] = {}
+
+    def __call__(self, args: Sequence[Any]) -> bool:
+        values = tuple(w.read(args) for w in self.where.values())
+        known = self.seen.get(values)
+        if known is None:
+            import sympy
+
+            bound = {s: sympy.Integer(v) for s, v in zip(self.where, values)}
+            known = self.seen[values] = all(
+                bool(sympy.simplify(expr.xreplace(bound) - value) == 0)
+                if not isinstance(value, sympy.logic.boolalg.BooleanAtom)
+                else bool(expr.xreplace(bound)) == bool(value)
+                for expr, value in self.guards
+            )
+        return known
+
+    def __str__(self) -> str:
+        return " and ".join(f"{expr} == {value}" for expr, value in self.guards)
+
+
+_SHAPE_ENV_STATE = (
+    "var_to_range",
+    "var_to_range_sloc",
+    "replacements",
+    "replacements_slocs",
+    "divisible",
+    "guards",
+    "axioms",
+    "deferred_runtime_asserts",
+    "num_deferred_runtime_asserts",
+    "_resimplify_floor_div_axioms",
+)
+"""The shape environment's knowledge of the sizes, kept across a late compile."""
+
+
+class LateGuards:
+    """The guards a compile after Dynamo's (a specialization compiled at its first use)
+    makes on the graph's shape environment.
+
+    Dynamo freezes the shape environment once it has turned its guards into code: a guard
+    made later (Inductor deciding ``s0 < 4096`` while it lowers) is dropped, and the code
+    compiled under it would serve every size. :meth:`compile` records them and returns the
+    compiled function with ``holds(args)``, whether a call meets them (None when there are
+    none, the usual case: Inductor's lowering decides on size hints without guarding). Each
+    symbol a guard names is read from the call's arguments where ``inputs`` (the compiled
+    graph's symbolic inputs) carry it; a guard on a symbol they do not carry makes the
+    compiled function unusable (:class:`LateGuardError`).
+    """
+
+    def __init__(self, shape_env: Any, inputs: Sequence[Any]):
+        self.shape_env = shape_env
+        self.inputs = list(inputs)
+        self.symbols: dict[Any, TokenDimension] = {}
+        """Each plain symbol of the inputs' sizes and where a call carries it."""
+        for value in self.inputs:
+            sizes = [value] if isinstance(value, torch.SymInt) else []
+            if isinstance(value, torch.Tensor):
+                sizes = [s for s in value.shape if isinstance(s, torch.SymInt)]
+            for size in sizes:
+                expr = size.node.expr
+                if expr.is_Symbol and expr not in self.symbols:
+                    found = locate_symbol(self.inputs, expr)
+                    if found is not None:
+                        self.symbols[expr] = found
+
+    @classmethod
+    def of(cls, inputs: Sequence[Any]) -> LateGuards | None:
+        """For the compile under way (its tracing context's shape environment)."""
+        import torch._guards
+
+        context = torch._guards.TracingContext.try_get()
+        fake_mode = getattr(context, "fake_mode", None)
+        shape_env = getattr(fake_mode, "shape_env", None)
+        return None if shape_env is None else cls(shape_env, inputs)
+
+    @contextlib.contextmanager
+    def _hints_of(self, args: Sequence[Any]) -> Iterator[None]:
+        """The shape environment's size hints, and those of the inputs' sizes, are the call's
+        sizes (Inductor decides on hints, the FX-graph cache checks its entries' guards on
+        them; the graph was traced with the first call's)."""
+        import sympy
+
+        hints = getattr(self.shape_env, "backed_var_to_val", None)
+        if hints is None:
+            hints = self.shape_env.var_to_val
+        saved = {s: hints[s] for s in self.symbols if s in hints}
+        for symbol in saved:
+            hints[symbol] = sympy.Integer(self.symbols[symbol].read(args))
+        nodes: list[tuple[Any, Any]] = []
+        for value in self.inputs:
+            sizes: list[Any] = [value] if isinstance(value, torch.SymInt) else []
+            if isinstance(value, torch.Tensor):
+                sizes = [*value.shape, *value.stride(), value.storage_offset()]
+            for size in sizes:
+                if isinstance(size, torch.SymInt):
+                    node = size.node
+                    new = node.expr.xreplace(hints)
+                    if new.is_number:
+                        nodes.append((node, node._hint))
+                        node._hint = int(new)
+        try:
+            yield
+        finally:
+            hints.update(saved)
+            for node, hint in reversed(nodes):
+                node._hint = hint
+
+    @contextlib.contextmanager
+    def _state_kept(self) -> Iterator[None]:
+        """What a late compile learns about the sizes (a guard narrows a symbol's range, adds
+        a replacement) does not stay in the graph's shape environment: it holds for the
+        calls that compile serves only (:class:`_Holds`), not for the next compile."""
+        env = self.shape_env
+        kept = {name: _copied(getattr(env, name)) for name in _SHAPE_ENV_STATE if hasattr(env, name)}
+        _forget_evaluations(env)
+        try:
+            yield
+        finally:
+            for name, value in kept.items():
+                setattr(env, name, value)
+            _forget_evaluations(env)
+
+    def compile(
+        self, compile_fn: Callable[[], CompiledFn], args: Sequence[Any]
+    ) -> tuple[CompiledFn, _Holds | None]:
+        """``compile_fn()`` for the call with ``args``, and whether a call meets the guards it
+        made (None: it made none)."""
+        env = self.shape_env
+        made: list[tuple[Any, Any]] = []
+        original = env._check_frozen
+
+        def check_frozen(expr: Any, concrete_val: Any) -> None:
+            made.append((expr, concrete_val))
+            original(expr, concrete_val)
+
+        before = len(env.guards)
+        env._check_frozen = check_frozen
+        try:
+            with self._state_kept(), self._hints_of(args):
+                fn = compile_fn()
+                late = list(env.guards[before:])
+        finally:
+            del env._check_frozen
+        import sympy
+
+        made += [(guard.expr, sympy.true) for guard in late]
+        made = list(dict.fromkeys((e, v) for e, v in made if getattr(e, "free_symbols", None)))
+        if not made:
+            return fn, None
+        where: dict[Any, TokenDimension] = {}
+        for symbol in sorted({s for expr, _ in made for s in expr.free_symbols}, key=str):
+            if symbol not in self.symbols:
+                raise LateGuardError(
+                    f"a token range compiled at its first use (compile_at='first_use') assumed "
+                    f"{' and '.join(f'{e} == {v}' for e, v in made)}, on {symbol}, which the "
+                    "graph's inputs do not carry: set compile_at = 'upfront'"
+                )
+            where[symbol] = self.symbols[symbol]
+        logs.log.info("passkit: a range compiled at first use holds under %s", made)
+        return fn, _Holds(made, where)
+
+
+def _forget_evaluations(env: Any) -> None:
+    """Drop what the shape environment cached about sizes: its evaluations of guards (kept
+    for good in one cache: they assume the guards made so far stay) and what depends on
+    the state kept across a late compile."""
+    if hasattr(env, "_version_counter"):
+        env._version_counter += 1
+    for cls in type(env).__mro__:
+        for member in vars(cls).values():
+            seen = 0
+            while member is not None and seen < 4:  # through decorators (functools.wraps)
+                clear = getattr(member, "cache_clear", None)
+                if callable(clear):
+                    clear()
+                member, seen = getattr(member, "__wrapped__", None), seen + 1
+
+
+def _copied(value: Any) -> Any:
+    """A copy of a shape environment's field (a dict of lists: the lists copied too)."""
+    if isinstance(value, dict):
+        return type(value)((k, list(v) if isinstance(v, list) else v) for k, v in value.items())
+    return copy.copy(value)
+
+
+def locate_symbol(inputs: Sequence[Any], symbol: Any, how: str = "") -> TokenDimension | None:
+    """Where ``symbol`` is in a graph's symbolic inputs: a size argument, else a tensor dim."""
+    for i, value in enumerate(inputs):
+        if isinstance(value, torch.SymInt) and value.node.expr == symbol:
+            return TokenDimension(i, None, how or f"size argument {i} ({symbol})")
+    for i, value in enumerate(inputs):
+        if isinstance(value, torch.Tensor):
+            for dim, size in enumerate(value.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr == symbol:
+                    return TokenDimension(i, dim, how or f"input {i}, dim {dim} ({symbol})")
+    return None
 
 
 @contextlib.contextmanager

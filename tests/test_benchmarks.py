@@ -121,7 +121,7 @@ def test_compile_bill_smoke_run_prints_the_table(tmp_path):
     assert {(r["cache"], r["variant"]) for r in rows} == {
         (cache, variant)
         for cache in ("cold", "warm")
-        for variant in ("inductor", "passkit no pass", "passkit first_call")
+        for variant in ("inductor", "passkit no pass", "passkit first_use")
     }
     assert all(r["start_s"] >= r["first_call_s"] for r in rows), rows
     # world size 1: no pass of the serving config can run, so no token range is cut
@@ -134,7 +134,15 @@ def test_hf_tp_smoke_run_shows_sites_and_every_variant(tmp_path):
     compile, each variant timed, the targets checked (CPU timings mean nothing)."""
     pytest.importorskip("transformers")
     out = subprocess.run(
-        [sys.executable, "benchmarks/hf_tp.py", "--smoke", "--variants", "arn", "--out", str(tmp_path / "hf")],
+        [
+            sys.executable,
+            "benchmarks/hf_tp.py",
+            "--smoke",
+            "--variants",
+            "arn",
+            "--out",
+            str(tmp_path / "hf"),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -142,7 +150,12 @@ def test_hf_tp_smoke_run_shows_sites_and_every_variant(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "allreduce_rmsnorm ran/2" in out.stdout
-    for variant in ("| inductor |", "| passkit |", "| passkit reduce-overhead |", "| passkit allreduce_rmsnorm |"):
+    for variant in (
+        "| inductor |",
+        "| passkit |",
+        "| passkit reduce-overhead |",
+        "| passkit allreduce_rmsnorm |",
+    ):
         assert variant in out.stdout
     assert "targets: " in out.stdout
     assert json.loads((tmp_path / "hf.json").read_text())["world"] == 2

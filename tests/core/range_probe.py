@@ -1,5 +1,6 @@
 """Run in a fresh interpreter by test_ranges: compile a module with a range-restricted pass
-at two token counts (two specializations) and print the FX-graph-cache counters and the
+at two token counts (two specializations: the first call's compiles inside Dynamo's compile,
+the second at its first use) and print the FX-graph-cache counters and the
 reports as JSON."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ print(
             "miss": inductor["fxgraph_cache_miss"],
             "out": outs,
             "restored": sum(r.restored for r in backend.reports),
+            "late": backend.last_dispatcher.late_compiles,
             "reports": sorted(
                 [r.token_range, [(rec.name, rec.status, rec.matches) for rec in r.records]]
                 for r in backend.reports

@@ -290,7 +290,7 @@ def test_depends_on_orders_the_passes():
 # ------------------------------------------------------------------------ when ranges compile
 
 
-@pytest.mark.parametrize("compile_at", ["first_call", "first_use"])
+@pytest.mark.parametrize("compile_at", ["upfront", "first_use"])
 def test_compile_at_first_call_or_first_use(compile_at, tmp_path):
     b = make_backend(SmallRelu(), EvenTanh(), Everywhere(), compile_at=compile_at, dump_dir=str(tmp_path))
     f = torch.compile(model, backend=b, dynamic=True)
@@ -298,7 +298,7 @@ def test_compile_at_first_call_or_first_use(compile_at, tmp_path):
     torch.testing.assert_close(f(x), expected(x))
     dispatcher = b.last_dispatcher
     assert dispatcher is not None and len(dispatcher.plan.specializations) == 4
-    assert dispatcher.compiled_count == (4 if compile_at == "first_call" else 1)
+    assert dispatcher.compiled_count == (4 if compile_at == "upfront" else 1)
     for n in (8, 9, 17, 18, 64, 65, 2):
         x = torch.randn(n, 4)
         torch.testing.assert_close(f(x), expected(x), msg=f"{n} tokens")

@@ -246,7 +246,7 @@ def test_each_pass_runs_only_in_its_range_and_numerics_match(mode):
 
 
 def test_equal_pass_sets_compile_once_and_mixed_sizes_never_recompile():
-    b = backend(SmallRelu(), Everywhere(), compile_ranges=[64, 1024])  # user ranges: 3 compiles
+    b = backend(SmallRelu(), Everywhere(), compile_ranges=[64, 1024], compile_at="upfront")
     f = compiled(b)
     f(torch.randn(5, 4))
     assert sorted(r.token_range for r in b.reports) == [
@@ -372,6 +372,8 @@ def test_fx_graph_cache_hits_per_range_in_a_fresh_process(tmp_path):
     # warm reports are as readable as cold ones: each names its range and what ran there
     assert warm["reports"] == cold["reports"]
     assert warm["restored"] == 2 and cold["restored"] == 0
+    # the second range compiled at its first use (compile_at="first_use"), cold and warm
+    assert cold["late"] == warm["late"] == 1
 
 
 def test_the_dispatcher_picks_by_count_and_divisibility_and_compiles_a_fallback_below_one():
@@ -439,7 +441,9 @@ def test_each_specialization_keeps_the_parameters_static(monkeypatch) -> None:
     `_dynamo_source`), or Inductor's CUDA graphs copy every weight at each replay (what made
     passkit's `reduce-overhead` slower than Inductor's at TP=2)."""
     inductor = _static_inputs_per_compile("inductor", monkeypatch)
-    ranged = _static_inputs_per_compile(passkit.backend(passes=["cleanup"], compile_ranges=[16, 256]), monkeypatch)
+    ranged = _static_inputs_per_compile(
+        passkit.backend(passes=["cleanup"], compile_ranges=[16, 256]), monkeypatch
+    )
     assert len(inductor) == 1 and inductor[0], inductor
     # one AOTAutograd trace for the three ranges (passkit.shared_trace), whose static inputs
     # every range's Inductor compile is given

@@ -13,7 +13,7 @@ from .test_ranges import EvenTanh, Everywhere, SmallRelu, backend, compiled, exp
 SIZES = (3, 8, 9, 16, 17, 18, 64)
 
 
-@pytest.mark.parametrize("compile_at", ["first_call", "first_use"])
+@pytest.mark.parametrize("compile_at", ["upfront", "first_use"])
 def test_inference_ranges_share_one_trace(compile_at: str):
     b = backend(SmallRelu(), EvenTanh(), Everywhere(), compile_at=compile_at)
     f = compiled(b)
@@ -34,7 +34,7 @@ def test_inference_ranges_share_one_trace(compile_at: str):
 
 
 def test_training_graphs_compile_each_range_apart():
-    b = backend(SmallRelu(), EvenTanh(), Everywhere())
+    b = backend(SmallRelu(), EvenTanh(), Everywhere(), compile_at="upfront")
     f = compiled(b)
     counters.clear()
     for n in (3, 18):

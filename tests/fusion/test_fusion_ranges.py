@@ -41,6 +41,9 @@ def _run(rank: int, world_size: int) -> dict[str, Any]:
     # Dynamo compiles the first call statically (one compile, every pass: the report says
     # so); the next size recompiles with a dynamic token dimension: the ranges
     out["static_notes"] = [r.notes for r in backend.reports if r.token_range is None]
+    # compile_at="first_use": the recompile (8 tokens) compiles 1..8 inside Dynamo's compile,
+    # the call with 9 compiles the other range on both ranks at the same call
+    out["late_compiles"] = backend.last_dispatcher.late_compiles
     out["reports"] = {
         r.token_range: (
             r["allreduce_rmsnorm"].status,
@@ -69,6 +72,7 @@ def test_the_pass_fuses_up_to_its_bound_and_larger_sizes_compile_without_it(worl
                 f"applies to tokens 1..{BOUND}; this compile serves tokens >= {BOUND + 1}",
             ),
         }
+        assert rank["late_compiles"] == 1
         (notes,) = rank["static_notes"]
         assert "no dynamic token dimension" in notes[0]
         for seq in (4, BOUND, BOUND + 1, 24):

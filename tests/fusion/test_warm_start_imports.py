@@ -3,8 +3,11 @@
 Loading passkit-fusion's plugin imports its pass classes only: no custom-op definitions,
 no matcher, no runtime, no torch private modules. A backend with no pass, the named backend
 with no config, and the serving config at world size 1 (where none of the fusion passes can
-run) build and compile without them, each in a fresh process; Inductor itself is imported
-by the compile, not by passkit's backend init.
+run) build and compile without them, each in a fresh process. Inductor itself is imported
+when a backend is built (as ``torch.compile(backend="inductor")`` imports it inside
+``torch.compile``), not inside Dynamo's compile of the first call, where the same import made
+a warm start about 0.4 s slower; the named backend, built at its first compile, imports it
+there.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def _probe(variant: str, tmp_path: Path) -> dict:
 @pytest.mark.parametrize("variant", ["none", "named", "serving"])
 def test_backend_without_a_runnable_fusion_pass_imports_none_of_its_modules(variant: str, tmp_path: Path):
     result = _probe(variant, tmp_path)
-    assert result["at_init"] == [], "imported when the backend was built"
+    at_init = result["at_init"]
+    assert [m for m in at_init if not m.startswith("torch.")] == [], "imported when the backend was built"
+    assert ("torch._inductor.compile_fx" in at_init) == (variant != "named")
     assert [m for m in result["after_compile"] if m in FUSION_MODULES] == []
     assert result["ran"] == (["cleanup"] if variant == "serving" else [])
