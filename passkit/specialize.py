@@ -262,11 +262,12 @@ class Dispatcher:
         (or compiled under guards this call may not meet): compiled now, unless a compile
         whose guards hold for ``args`` is there."""
         entries = self._guarded.setdefault(index, [])
-        for holds, fn in entries:
-            if holds(args):
+        for check, fn in entries:
+            if check(args):
                 return fn
         compile_now = self._make_fallback if index < 0 else (lambda: self._compile_one(index))
         self.late_compiles += 1
+        holds: _Holds | None
         if self._guards is None:
             fn, holds = compile_now(), None
         else:
@@ -390,7 +391,7 @@ class LateGuards:
         self.symbols: dict[Any, TokenDimension] = {}
         """Each plain symbol of the inputs' sizes and where a call carries it."""
         for value in self.inputs:
-            sizes = [value] if isinstance(value, torch.SymInt) else []
+            sizes: list[Any] = [value] if isinstance(value, torch.SymInt) else []
             if isinstance(value, torch.Tensor):
                 sizes = [s for s in value.shape if isinstance(s, torch.SymInt)]
             for size in sizes:

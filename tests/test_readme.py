@@ -83,7 +83,9 @@ def test_the_readme_example_runs(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PASSKIT_")}
     # caches of its own: a graph another passkit version put in a shared Inductor cache is
     # served without this version's report (the report cache keys the environment)
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PASSKIT_CACHE_DIR=str(tmp_path / "reports"))
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PASSKIT_CACHE_DIR=str(tmp_path / "reports")
+    )
     proc = subprocess.run(
         [sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
     )

@@ -129,7 +129,8 @@ def _around_compile(original: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     ours = [p for p in candidates if getattr(p, "adapter", None) is adapter]
     if not ours:  # this backend was configured before passkit was installed
         return original(*args, **kwargs)
-    shape, graph, inputs = (bound.arguments.get(k) for k in ("runtime_shape", "graph", "example_inputs"))
+    shape, graph = bound.arguments.get("runtime_shape"), bound.arguments.get("graph")
+    inputs = bound.arguments.get("example_inputs") or []
     static = adapter.static_tokens(graph, inputs) if shape is None else None
     with adapter.compiling_static(static):  # the pass, called inside, picks the same pipeline
         pipeline = adapter.for_shape(shape, ours[0].capture_sizes)
