@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -196,12 +195,6 @@ def gpu_worker(rank: int, world: int, port: int, args: argparse.Namespace, queue
     os._exit(0)  # flashinfer's IPC workspaces make an orderly teardown slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -227,6 +220,7 @@ def main() -> None:
         ]
     else:
         import torch.multiprocessing as mp
+        from hf_tp import free_port  # benchmarks/ is on sys.path when run as a script
 
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
