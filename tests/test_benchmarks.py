@@ -159,3 +159,27 @@ def test_hf_tp_smoke_run_shows_sites_and_every_variant(tmp_path):
         assert variant in out.stdout
     assert "targets: " in out.stdout
     assert json.loads((tmp_path / "hf.json").read_text())["world"] == 2
+
+
+def test_op_host_cost_cpu_mode_compares_the_two_op_registrations(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/op_host_cost.py",
+            "--rounds",
+            "2",
+            "--calls",
+            "20",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| custom_op | Library | ratio |" in out.stdout
+    result = json.loads((tmp_path / "o.json").read_text())
+    assert set(result["dispatch_us"]) == {"custom_op", "library"}
+    assert all(v > 0 for v in result["dispatch_us"].values())
