@@ -139,7 +139,10 @@ def test_composes_with_allreduce_rmsnorm(order: str):
     with fake_world(2) as world:
         torch._dynamo.reset()
         model = shard_functional(TinyLlama(LlamaConfig()).eval(), world.group, 0, 2)
-        backend = passkit.backend(passes=passes, mode="eager", verify=True, on_error="raise")
+        # every range compiled at the first dynamic call, so that each has a report
+        backend = passkit.backend(
+            passes=passes, mode="eager", verify=True, on_error="raise", compile_at="upfront"
+        )
         compiled = torch.compile(model, backend=backend)
         with torch.no_grad():
             for seq in (4, MIN):
