@@ -277,7 +277,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_q) ->
                 options = {"_micro_pipeline_tp": True}
                 fn = torch.compile(model.sequence_parallel(rank), fullgraph=True, options=options)
             else:
-                backend = "inductor" if passes is None else passkit.backend(passes=passes)
+                # every range compiled at the first call: its time is the compile column
+                backend = (
+                    "inductor" if passes is None else passkit.backend(passes=passes, compile_at="upfront")
+                )
                 fn = torch.compile(model, backend=backend, fullgraph=True)
                 if passes is not None:
                     backends[name] = backend

@@ -313,7 +313,7 @@ def _tiny(world) -> tuple[torch.nn.Module, object, object]:
 
 def _compile_reports(model, inputs, mark, passes, tokens=8):
     torch._dynamo.reset()
-    backend = passkit.backend(passes=passes, mode="eager")
+    backend = passkit.backend(passes=passes, mode="eager", compile_at="upfront")  # every range's report
     fn = torch.compile(model, backend=backend)
     args = inputs(tokens)
     mark(args)
