@@ -144,19 +144,26 @@ class Backend:
             if shared is not None:
                 return shared
         source = gm
+        symbolic = specialize.graph_inputs(gm, example_inputs)
+
+        def inputs() -> Sequence[Any]:
+            # inside Dynamo's compile: its example inputs (real tensors: AOTAutograd fakes them
+            # through Dynamo's memo); a late compile: the graph's symbolic inputs, whose size
+            # hints specialize.LateGuards set to the call's (a tensor faked again from the
+            # first call's would carry that call's sizes as hints)
+            return example_inputs if torch._guards.TracingContext.try_get() is tracing else symbolic
 
         def compile_spec(i: int) -> CompiledFn:
-            pipeline = self._range_pipeline(planned, i)
+            pipeline, now = self._range_pipeline(planned, i), inputs()
             with specialize.reentered(tracing), compiling.reentered(current):
-                return self._compile(pipeline, specialize.copy_graph_module(source), example_inputs, patches)
+                return self._compile(pipeline, specialize.copy_graph_module(source), now, patches)
 
         spare = specialize.copy_graph_module(gm)
-        symbolic = specialize.graph_inputs(gm, example_inputs)
         self.last_dispatcher = specialize.Dispatcher(
             planned,
             compile_spec,
             fallback=lambda: self._compile_in(
-                tracing, current, self.pipeline.for_range(ANY_SIZE), spare, example_inputs, patches
+                tracing, current, self.pipeline.for_range(ANY_SIZE), spare, inputs(), patches
             ),
             upfront=self.pipeline.config.compile_at == "upfront",
             first=specialize.first_index(planned, symbolic),

@@ -143,3 +143,40 @@ def test_compile_at_first_call_is_upfront():
 
     assert load_config({"compile_at": "first_call"}).compile_at == "upfront"
     assert load_config({}).compile_at == "first_use"
+
+
+class SeesHints(passkit.GraphPass):
+    """Records the token dimension's size hint each compile's graph carries (no rewrite)."""
+
+    name = "sees_hints"
+    seen: list[int] = []
+
+    def run(self, gm, ctx):
+        vals = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+        x = next(v for v in vals if isinstance(v, torch.Tensor) and v.dim() == 2)
+        SeesHints.seen.append(x.shape[0].node.hint)
+        return PassResult()
+
+
+def _folded(x: torch.Tensor) -> torch.Tensor:
+    # a view whose -1 is solved from the sizes: a late compile traced with the first call's
+    # sizes as hints fails here ("integer modulo by zero") or decides wrongly
+    return torch.relu(x).view(x.shape[0], 2, -1).sum(1)
+
+
+@pytest.mark.parametrize(
+    ("mode", "grad"),
+    [("eager", False), ("inductor", True)],
+    ids=["eager", "inductor, a trace per range"],
+)
+def test_a_late_compile_traces_with_the_call_sizes_as_hints(mode: str, grad: bool):
+    SeesHints.seen = []
+    b = backend(SmallRelu(), SeesHints(), mode=mode)
+    f = torch.compile(_folded, backend=b, dynamic=True)
+    with torch.set_grad_enabled(grad):
+        for n in (6, 20, 30):
+            x = torch.randn(n, 4)
+            want = (torch.sigmoid(x) if n <= 16 else torch.relu(x)).view(n, 2, -1).sum(1)
+            torch.testing.assert_close(f(x), want, msg=f"{n} tokens")
+    assert b.last_dispatcher is not None and b.last_dispatcher.late_compiles == 1
+    assert SeesHints.seen == [6, 20]  # each compile saw the sizes of the call it was made at
