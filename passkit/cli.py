@@ -27,6 +27,7 @@ from typing import Any
 from .cli_hooks import call_hook
 from .environment import environment_checks
 from .errors import PasskitError, PluginHookError
+from .options_docs import documented
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -53,7 +54,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "version": info.plugin.version or "",
                 "plugin": info.plugin.name,
                 "stage": cls.stage.value,
-                "options": {k: _describe_field(f) for k, f in cls.Options.model_fields.items()},
+                "options": {k: _describe_field(f) for k, f in documented(cls.Options).model_fields.items()},
                 "summary": _summary(cls),
             }
         )
@@ -136,7 +137,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print()
     print(inspect.getdoc(cls) or "(no documentation)")
     print("\noptions schema:")
-    print(json.dumps(cls.Options.model_json_schema(), indent=2))
+    print(json.dumps(documented(cls.Options).model_json_schema(), indent=2))
     return 0
 
 
@@ -147,7 +148,7 @@ def config_schema(plugins: Any) -> dict[str, Any]:
     schema = Config.model_json_schema()
     variants: list[dict[str, Any]] = []
     for name, info in sorted(plugins.passes.items()):
-        opts = info.cls.Options.model_json_schema()
+        opts = documented(info.cls.Options).model_json_schema()
         props = {"name": {"const": name}, **opts.get("properties", {})}
         variants.append(
             {

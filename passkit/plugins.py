@@ -97,16 +97,23 @@ class PluginSet:
         """``(hook name, id(plugin object))`` of the hookimpls disabled after raising."""
         self._info: dict[int, PluginInfo] = {}
         self._strict = False
+        self._found: dict[str, list[Found]] | None = None
         self._add_extra_hookspecs()
+
+    @property
+    def found(self) -> dict[str, list[Found]]:
+        """The installed entry points of passkit's groups (one scan per plugin set)."""
+        if self._found is None:
+            self._found = discover((HOOKSPECS_GROUP, ENTRY_POINT_GROUP))
+        return self._found
 
     def _add_extra_hookspecs(self) -> None:
         """Add the hook specifications of the ``passkit.hookspecs`` entry points; one that
         fails to import is recorded as a failure (stage ``hookspecs``), the others load."""
-        for ep in importlib.metadata.entry_points(group=HOOKSPECS_GROUP):
-            dist = getattr(ep, "dist", None)
-            info = PluginInfo(ep.name, dist.name if dist else None, dist.version if dist else None, ep.value)
+        for found in self.found[HOOKSPECS_GROUP]:
+            info = PluginInfo(found.ep.name, found.distribution, found.version, found.ep.value)
             try:
-                self.pm.add_hookspecs(ep.load())
+                self.pm.add_hookspecs(found.ep.load())
             except Exception as exc:
                 self.failures.append(self._failure(info, "hookspecs", exc))
 
@@ -187,9 +194,8 @@ class PluginSet:
         self._strict = strict
         allow_set = set(allow) if allow is not None else None
         block_set = set(block)
-        for ep in _entry_points():
-            dist = getattr(ep, "dist", None)
-            dist_name = dist.name if dist is not None else None
+        for found in self.found[ENTRY_POINT_GROUP]:
+            ep, dist_name = found.ep, found.distribution
             names = {ep.name, dist_name}
             if not autoload and dist_name != CORE_DISTRIBUTION:
                 continue
@@ -197,7 +203,7 @@ class PluginSet:
                 continue
             if allow_set is not None and not (names & allow_set) and dist_name != CORE_DISTRIBUTION:
                 continue
-            info = PluginInfo(ep.name, dist_name, dist.version if dist else None, ep.value)
+            info = PluginInfo(ep.name, dist_name, found.version, ep.value)
             try:
                 plugin = ep.load()
             except Exception as exc:
@@ -234,16 +240,36 @@ def _check_pass_list(result: Any) -> list[type[Pass]]:
     return out
 
 
-def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-    # one entry per (distribution, name): editable installs can list a distribution twice
-    seen: set[tuple[str | None, str]] = set()
-    out = []
-    for ep in sorted(eps, key=lambda e: (getattr(e.dist, "name", "") or "", e.name)):
-        key = (getattr(ep.dist, "name", None), ep.name)
-        if key not in seen:
-            seen.add(key)
-            out.append(ep)
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """An installed entry point and the distribution that declares it."""
+
+    ep: importlib.metadata.EntryPoint
+    distribution: str | None
+    version: str | None
+
+
+def discover(groups: Iterable[str]) -> dict[str, list[Found]]:
+    """The entry points of ``groups``, by group: one scan of the installed distributions,
+    each one's metadata read once (``EntryPoint.dist.name`` parses it at every access), one
+    entry per (distribution, name) (editable installs can list a distribution twice), sorted
+    by distribution and name."""
+    wanted = set(groups)
+    out: dict[str, list[Found]] = {group: [] for group in wanted}
+    seen: set[tuple[str, str | None, str]] = set()
+    for dist in importlib.metadata.distributions():
+        eps = [ep for ep in dist.entry_points if ep.group in wanted]
+        if not eps:
+            continue
+        metadata = dist.metadata
+        name, version = metadata["Name"], metadata["Version"]
+        for ep in eps:
+            key = (ep.group, name, ep.name)
+            if key not in seen:
+                seen.add(key)
+                out[ep.group].append(Found(ep, name, version))
+    for found in out.values():
+        found.sort(key=lambda f: (f.distribution or "", f.ep.name))
     return out
 
 

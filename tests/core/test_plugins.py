@@ -139,7 +139,7 @@ class _EntryPoint:
     """What PluginSet reads of an entry point of the ``passkit.hookspecs`` group."""
 
     def __init__(self, name, load):
-        self.name, self.value, self.dist, self.load = name, f"acme.{name}", None, load
+        self.name, self.value, self.load = name, f"acme.{name}", load
 
 
 def test_distributions_add_hookspecs_through_an_entry_point_group(monkeypatch):
@@ -157,12 +157,14 @@ def test_distributions_add_hookspecs_through_an_entry_point_group(monkeypatch):
         raise ImportError("no module named acme_broken")
 
     eps = [_EntryPoint("specs", lambda: specs), _EntryPoint("broken", broken)]
-    real = importlib.metadata.entry_points
-    monkeypatch.setattr(
-        importlib.metadata,
-        "entry_points",
-        lambda group=None, **kw: eps if group == passkit.plugins.HOOKSPECS_GROUP else real(group=group, **kw),
-    )
+    real = passkit.plugins.discover
+
+    def discover(groups):
+        found = real(groups)
+        found[passkit.plugins.HOOKSPECS_GROUP] = [passkit.plugins.Found(ep, "acme", "1.0") for ep in eps]
+        return found
+
+    monkeypatch.setattr(passkit.plugins, "discover", discover)
     ps = PluginSet()
     (failure,) = ps.failures
     assert failure.stage == "hookspecs" and "acme_broken" in failure.error

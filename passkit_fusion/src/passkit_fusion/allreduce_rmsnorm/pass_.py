@@ -36,7 +36,6 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from ..options_docs import attribute_docstrings
 from ..tuning import decisions
 
 if TYPE_CHECKING:
@@ -49,7 +48,6 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 _ADVICE = "set implementation='reference' to run the reference op"
 
 
-@attribute_docstrings
 class AllReduceRMSNormOptions(pydantic.BaseModel):
     """Options of the ``allreduce_rmsnorm`` pass."""
 

@@ -30,7 +30,6 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from ..options_docs import attribute_docstrings
 from ..tuning import decisions
 from . import torch_api
 
@@ -43,7 +42,6 @@ _SYMM_MEM = "symmetric memory (async_tp)"
 _C10D = "_c10d_functional"
 
 
-@attribute_docstrings
 class AsyncTPOptions(pydantic.BaseModel):
     """Options of the ``async_tp`` pass."""
 

@@ -28,7 +28,6 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from ..options_docs import attribute_docstrings
 from ..tuning import decisions
 
 if TYPE_CHECKING:
@@ -41,7 +40,6 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 NAME = "sequence_parallel"
 
 
-@attribute_docstrings
 class SequenceParallelOptions(pydantic.BaseModel):
     """Options of the ``sequence_parallel`` pass."""
 
