@@ -139,7 +139,7 @@ class Backend:
         # symbolic, as for the range compiled now) and the passkit compile scope, and the
         # guards it makes are checked per call (specialize.LateGuards)
         tracing = torch._guards.TracingContext.try_get()
-        if self.mode == "inductor":
+        if self.mode == "inductor" and self._share_trace(patches):
             shared = self._compile_shared(planned, gm, example_inputs, patches, tracing, current)
             if shared is not None:
                 return shared
@@ -180,6 +180,16 @@ class Backend:
             note=f"specialization {i + 1} of {count}; token count from {planned.token_dim.how}",
             left_out={name: f"{why}; this compile serves {spec.label}" for name, why in spec.left_out},
         )
+
+    def _share_trace(self, patches: dict[str, Any]) -> bool:
+        """Whether the specializations compile from one AOTAutograd trace
+        (:mod:`passkit.shared_trace`): with every range compiled at the first call, or
+        without AOTAutograd's cache; a range compiled at its first use with that cache on
+        gets its own ``compile_fx``, which the cache serves on a warm start."""
+        if self.pipeline.config.compile_at == "upfront":
+            return True
+        common = inductor_options.merge_patches(patches, self.inductor_config, {})
+        return not shared_trace.served_by_aot_cache(common)
 
     def _compile_shared(
         self,

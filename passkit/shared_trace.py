@@ -12,7 +12,11 @@ AOTAutograd's runtime wrappers.
 
 Training graphs (a backward that must match its forward's specialization) and CUDA-graph
 compiles are left to one ``compile_fx`` per specialization, as is a graph whose traced
-inputs do not carry the token count (:class:`NotShareable`).
+inputs do not carry the token count (:class:`NotShareable`). So are the ranges of
+``compile_at = "first_use"`` (the default) where AOTAutograd's cache is on
+(:func:`served_by_aot_cache`): the first call compiles one range only, so one trace for
+every range saves nothing there, and a warm start (a restart with the caches full) is
+served from AOTAutograd's cache per range without tracing at all.
 """
 
 from __future__ import annotations
@@ -65,6 +69,22 @@ def shareable(example_inputs: Sequence[Any], compile_patches: dict[str, Any]) ->
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
     )
     return not needs_grad
+
+
+def served_by_aot_cache(compile_patches: dict[str, Any]) -> bool:
+    """Whether AOTAutograd's cache can serve a ``compile_fx`` of one specialization (it is on,
+    with the FX graph cache it stores into, locally or remotely). A shared trace cannot be
+    cached by it (its compiled result is a dispatcher, not one graph's code), so a warm
+    start through one traces the graph again."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    aot = functorch_config.enable_autograd_cache or getattr(
+        functorch_config, "enable_remote_autograd_cache", False
+    )
+    names = ("fx_graph_cache", "fx_graph_remote_cache")
+    fx = any(compile_patches.get(n, getattr(inductor_config, n, False)) for n in names)
+    return bool(aot and fx)
 
 
 def token_symbol(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], where: TokenDimension) -> Any:

@@ -27,6 +27,7 @@ print(
         {
             "hit": inductor["fxgraph_cache_hit"],
             "miss": inductor["fxgraph_cache_miss"],
+            "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],
             "out": outs,
             "restored": sum(r.restored for r in backend.reports),
             "late": backend.last_dispatcher.late_compiles,

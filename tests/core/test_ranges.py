@@ -345,11 +345,12 @@ def test_the_range_is_part_of_the_cache_identity():
     assert Pipeline(load_config({}), get_plugins(), [Wider()]).uuid() != base.uuid()
 
 
-def test_fx_graph_cache_hits_per_range_in_a_fresh_process(tmp_path):
+@pytest.mark.parametrize("aot_cache", [False, True], ids=["FX graph cache", "and AOTAutograd's"])
+def test_fx_graph_cache_hits_per_range_in_a_fresh_process(tmp_path, aot_cache: bool):
     env = _env(
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
         TORCHINDUCTOR_FX_GRAPH_CACHE="1",
-        TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+        TORCHINDUCTOR_AUTOGRAD_CACHE="1" if aot_cache else "0",
         PASSKIT_CACHE_DIR=str(tmp_path / "reports"),
     )
 
@@ -374,6 +375,9 @@ def test_fx_graph_cache_hits_per_range_in_a_fresh_process(tmp_path):
     assert warm["restored"] == 2 and cold["restored"] == 0
     # the second range compiled at its first use (compile_at="first_use"), cold and warm
     assert cold["late"] == warm["late"] == 1
+    # with AOTAutograd's cache on, each range has its own compile_fx (not one shared trace,
+    # which that cache cannot hold): a warm start traces nothing
+    assert warm["aot_hit"] == (2 if aot_cache else 0)
 
 
 def test_the_dispatcher_picks_by_count_and_divisibility_and_compiles_a_fallback_below_one():
