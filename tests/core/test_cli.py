@@ -155,3 +155,26 @@ def test_core_demo_shows_report_excerpt_and_numerics(cli):
     assert "passes enabled by name: noop_elimination, cleanup" in out.stdout
     assert "noop_elimination" in out.stdout and "ran" in out.stdout
     assert "before/after excerpt" in out.stdout and "numerics vs eager" in out.stdout and "OK" in out.stdout
+
+
+def test_options_attribute_docstrings_are_read_when_shown_not_at_import(cli):
+    import pydantic
+
+    from passkit.options_docs import documented
+
+    class Options(pydantic.BaseModel):
+        size: int = 0
+        """the size, from the docstring"""
+        named: int = pydantic.Field(1, description="its own description")
+        """a docstring that loses"""
+
+    assert Options.model_fields["size"].description is None  # nothing read at class creation
+    assert documented(Options) is Options and documented(Options) is Options  # once
+    assert Options.model_fields["size"].description == "the size, from the docstring"
+    assert Options.model_fields["named"].description == "its own description"
+    assert Options.model_json_schema()["properties"]["size"]["description"] == "the size, from the docstring"
+    # passkit-fusion's options document their fields this way: list and schema show them
+    fusion = {p["name"]: p for p in json.loads(cli("list", "--json").stdout)["passes"]}
+    assert "the largest token count the pass fuses" in fusion["allreduce_rmsnorm"]["options"]["max_tokens"]
+    schema = json.dumps(json.loads(cli("schema").stdout))
+    assert "the largest token count the pass fuses" in schema
