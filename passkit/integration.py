@@ -145,18 +145,15 @@ class Backend:
                 return shared
         source = gm
         symbolic = specialize.graph_inputs(gm, example_inputs)
+        guards = specialize.LateGuards.of(symbolic)
 
-        def inputs() -> Sequence[Any]:
-            # inside Dynamo's compile: its example inputs (real tensors: AOTAutograd fakes them
-            # through Dynamo's memo); a late compile: the graph's symbolic inputs, whose size
-            # hints specialize.LateGuards set to the call's (a tensor faked again from the
-            # first call's would carry that call's sizes as hints)
-            return example_inputs if torch._guards.TracingContext.try_get() is tracing else symbolic
+        def inputs() -> Sequence[Any]:  # a late compile traces the call's tensors
+            return example_inputs if guards is None else guards.example_inputs(example_inputs)
 
         def compile_spec(i: int) -> CompiledFn:
-            pipeline, now = self._range_pipeline(planned, i), inputs()
+            pipeline = self._range_pipeline(planned, i)
             with specialize.reentered(tracing), compiling.reentered(current):
-                return self._compile(pipeline, specialize.copy_graph_module(source), now, patches)
+                return self._compile(pipeline, specialize.copy_graph_module(source), inputs(), patches)
 
         spare = specialize.copy_graph_module(gm)
         self.last_dispatcher = specialize.Dispatcher(
@@ -167,7 +164,7 @@ class Backend:
             ),
             upfront=self.pipeline.config.compile_at == "upfront",
             first=specialize.first_index(planned, symbolic),
-            guards=specialize.LateGuards.of(symbolic),
+            guards=guards,
         )
         return self.last_dispatcher
 

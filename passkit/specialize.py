@@ -385,9 +385,13 @@ class LateGuards:
     compiled function unusable (:class:`LateGuardError`).
     """
 
-    def __init__(self, shape_env: Any, inputs: Sequence[Any]):
+    def __init__(self, shape_env: Any, inputs: Sequence[Any], context: Any = None):
         self.shape_env = shape_env
         self.inputs = list(inputs)
+        self.context = context
+        """The tracing context of the graph's compile (its ``tensor_to_context``)."""
+        self.call_args: Sequence[Any] | None = None
+        """While a late compile runs: the arguments of the call it compiles for."""
         self.symbols: dict[Any, TokenDimension] = {}
         """Each plain symbol of the inputs' sizes and where a call carries it."""
         for value in self.inputs:
@@ -409,7 +413,27 @@ class LateGuards:
         context = torch._guards.TracingContext.try_get()
         fake_mode = getattr(context, "fake_mode", None)
         shape_env = getattr(fake_mode, "shape_env", None)
-        return None if shape_env is None else cls(shape_env, inputs)
+        return None if shape_env is None else cls(shape_env, inputs, context)
+
+    def example_inputs(self, first: Sequence[Any]) -> Sequence[Any]:
+        """The example inputs a compile should trace: ``first`` (the backend's, the first
+        call's tensors) inside Dynamo's compile; during a late compile, the tensors of the
+        call it compiles for, each under the symbolic sizes Dynamo gave the first call's
+        (AOTAutograd fakes a real tensor again at each compile, its size hints read from
+        the tensor: the first call's tensors would trace with the first call's sizes)."""
+        args = self.call_args
+        if args is None or len(args) != len(first):
+            return first
+        known = getattr(self.context, "tensor_to_context", None)
+        out = []
+        for example, arg in zip(first, args):
+            if not isinstance(example, torch.Tensor) or not isinstance(arg, torch.Tensor) or _is_fake(example):
+                out.append(example)
+                continue
+            if arg is not example and known is not None and example in known:
+                known[arg] = known[example]
+            out.append(arg)
+        return out
 
     @contextlib.contextmanager
     def _hints_of(self, args: Sequence[Any]) -> Iterator[None]:
@@ -473,12 +497,14 @@ class LateGuards:
 
         before = len(env.guards)
         env._check_frozen = check_frozen
+        self.call_args = args
         try:
             with self._state_kept(), self._hints_of(args):
                 fn = compile_fn()
                 late = list(env.guards[before:])
         finally:
             del env._check_frozen
+            self.call_args = None
         import sympy
 
         made += [(guard.expr, sympy.true) for guard in late]
@@ -496,6 +522,12 @@ class LateGuards:
             where[symbol] = self.symbols[symbol]
         logs.log.info("passkit: a range compiled at first use holds under %s", made)
         return fn, _Holds(made, where)
+
+
+def _is_fake(value: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
 
 
 def _forget_evaluations(env: Any) -> None:
