@@ -427,7 +427,11 @@ class LateGuards:
         known = getattr(self.context, "tensor_to_context", None)
         out = []
         for example, arg in zip(first, args):
-            if not isinstance(example, torch.Tensor) or not isinstance(arg, torch.Tensor) or _is_fake(example):
+            if (
+                not isinstance(example, torch.Tensor)
+                or not isinstance(arg, torch.Tensor)
+                or _is_fake(example)
+            ):
                 out.append(example)
                 continue
             if arg is not example and known is not None and example in known:
