@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -64,10 +65,10 @@ def on_teardown(free: Callable[[], object], what: str) -> None:
 def recorded_cuda_graphs() -> int | None:
     """How many CUDA graphs Inductor's CUDA-graph trees of this thread hold (``None`` when
     their internals cannot be read on this torch)."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return 0
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None or not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return 0  # nothing recorded one (and importing Inductor to learn that costs seconds)
     try:
-        from torch._inductor import cudagraph_trees as trees
 
         if not torch._C._is_key_in_tls("tree_manager_containers"):
             return 0

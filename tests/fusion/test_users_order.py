@@ -13,7 +13,7 @@ import pytest
 
 GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 sys.path.insert(0, str(GPU_TESTS))
-from users_order import check_case  # noqa: E402
+from users_order import COLD, check_case  # noqa: E402
 
 from passkit_testing import run_world_program  # noqa: E402
 
@@ -31,7 +31,8 @@ def run_case(passes: str, mode: str, first: int, tokens: tuple[int, ...] = (1, 1
         ],
         2,
         timeout=TIMEOUT_S,
-        env={"OMP_NUM_THREADS": "1"},
+        env={"OMP_NUM_THREADS": "1", **COLD},
+        exit_within=("DESTROY-START", 180),
     )
     return check_case(run, passes, mode, gpu=False)
 

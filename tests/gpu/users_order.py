@@ -8,6 +8,9 @@ from users_order_case import PASS_SETS
 
 from passkit_testing import ProgramRun
 
+COLD = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+"""Each case compiles cold, as a first run does (cases share the graphs, and a cache hit
+runs no pass)."""
 EXIT_WITHIN_S = 10.0
 """On GPUs, from ``DESTROY-START`` (just before ``dist.destroy_process_group()``) to the
 process's exit. Not checked on the CPU, where a loaded 2-core machine takes seconds to leave

@@ -105,9 +105,12 @@ def run_world_program(
     timeout: float,
     env: Mapping[str, str] | None = None,
     python: str = sys.executable,
+    exit_within: tuple[str, float] | None = None,
 ) -> ProgramRun:
     """Run ``python argv...`` as ``world_size`` ranks and wait for all of them, at most
-    ``timeout`` seconds from the start; ranks still running then are killed (``hung``)."""
+    ``timeout`` seconds from the start; ranks still running then are killed (``hung``).
+    ``exit_within=(prefix, seconds)``: a rank still running ``seconds`` after it printed a line
+    starting with ``prefix`` is killed then (a hung teardown fails fast)."""
     port = str(_free_port())
     start = time.monotonic()
     procs: list[subprocess.Popen[str]] = []
@@ -140,23 +143,37 @@ def run_world_program(
             assert proc.stdout is not None
             for line in proc.stdout:
                 lines[rank].append((time.monotonic() - start, line.rstrip("\n")))
-            proc.wait()
-            exited[rank] = time.monotonic() - start
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         readers.append(reader)
+    killed: set[int] = set()
+
+    def kill(rank: int) -> None:
+        if procs[rank].poll() is None:
+            procs[rank].kill()
+            killed.add(rank)
+
+    # the processes' own exits count (a child such as a compile worker may keep the pipe open)
+    while any(exited[r] is None and r not in killed for r in range(world_size)):
+        now = time.monotonic() - start
+        for rank, proc in enumerate(procs):
+            if exited[rank] is not None or rank in killed:
+                continue
+            if proc.poll() is not None:
+                exited[rank] = now
+                continue
+            since = None
+            if exit_within is not None:
+                since = next((t for t, text in lines[rank] if text.startswith(exit_within[0])), None)
+            if now > timeout or (
+                exit_within is not None and since is not None and now - since > exit_within[1]
+            ):
+                kill(rank)
+        time.sleep(0.05)
     for reader in readers:
-        remaining = max(0.0, timeout - (time.monotonic() - start))
-        reader.join(remaining)
-    codes: list[int | None] = []
-    for rank, (proc, reader) in enumerate(zip(procs, readers, strict=True)):
-        if reader.is_alive():
-            proc.kill()
-            proc.wait()
-            reader.join(5)
-            exited[rank] = None
-            codes.append(None)
-        else:
-            codes.append(proc.returncode)
+        reader.join(5)
+    codes: list[int | None] = [None if r in killed else procs[r].returncode for r in range(world_size)]
+    for rank in killed:
+        exited[rank] = None
     return ProgramRun([RankProgram(r, codes[r], lines[r], exited[r]) for r in range(world_size)])
