@@ -447,7 +447,7 @@ def main() -> None:
 
 EXIT_WITHIN_S = 10.0
 """The most seconds a rank may take from its last results to its exit (issue 34's target)."""
-EXIT_LIMIT_S = 30.0
+EXIT_LIMIT_S = 20.0
 """A rank still alive this long after its results is reported as hung (``None``) and killed."""
 
 

@@ -106,11 +106,30 @@ def run_world_program(
     env: Mapping[str, str] | None = None,
     python: str = sys.executable,
     exit_within: tuple[str, float] | None = None,
+    port_retries: int = 3,
 ) -> ProgramRun:
     """Run ``python argv...`` as ``world_size`` ranks and wait for all of them, at most
     ``timeout`` seconds from the start; ranks still running then are killed (``hung``).
     ``exit_within=(prefix, seconds)``: a rank still running ``seconds`` after it printed a line
-    starting with ``prefix`` is killed then (a hung teardown fails fast)."""
+    starting with ``prefix`` is killed then (a hung teardown fails fast). The loopback port is
+    chosen free, but another program may take it before rank 0 listens: a world whose store
+    failed with ``EADDRINUSE`` runs again on another port, up to ``port_retries`` times."""
+    for _ in range(port_retries):
+        run = _run_once(argv, world_size, timeout=timeout, env=env, python=python, exit_within=exit_within)
+        if not any("EADDRINUSE" in r.output(20) for r in run.ranks):
+            break
+    return run
+
+
+def _run_once(
+    argv: Sequence[str],
+    world_size: int,
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    python: str = sys.executable,
+    exit_within: tuple[str, float] | None,
+) -> ProgramRun:
     port = str(_free_port())
     start = time.monotonic()
     procs: list[subprocess.Popen[str]] = []
