@@ -130,40 +130,37 @@ def test_compile_bill_smoke_run_prints_the_table(tmp_path):
 
 @pytest.mark.slow
 def test_hf_tp_smoke_run_shows_sites_and_every_variant(tmp_path):
-    """The gate's Hugging Face TP=2 run on 2 gloo processes: every site fused in each
-    compile, each variant timed, the targets checked (CPU timings mean nothing)."""
+    """The gate's Hugging Face TP=2 run on 2 gloo processes, each variant in fresh processes
+    that end through destroy_process_group(): every site fused in each compile, each variant
+    timed, each rank's exit recorded, the targets checked (CPU timings mean nothing)."""
     pytest.importorskip("transformers")
     out = subprocess.run(
         [
             sys.executable,
             "benchmarks/hf_tp.py",
             "--smoke",
-            "--variants",
-            "arn",
+            "--only",
+            "inductor",
+            "passkit reduce-overhead",
             "--out",
             str(tmp_path / "hf"),
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,  # a hang bound: two fresh worlds compile a Llama on a loaded 2-core machine
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "allreduce_rmsnorm ran/2" in out.stdout
-    for variant in (
-        "| inductor |",
-        "| passkit |",
-        "| passkit reduce-overhead |",
-        "| passkit allreduce_rmsnorm |",
-    ):
+    for variant in ("| inductor |", "| passkit reduce-overhead |"):
         assert variant in out.stdout
+    assert "each variant in fresh processes" in out.stdout
     assert "targets: " in out.stdout
     result = json.loads((tmp_path / "hf.json").read_text())
     assert result["world"] == 2
     # each variant ran in fresh processes that ended through destroy_process_group()
-    assert set(result["exit_s"]) == set(result["ms"]) and all(
-        e is not None for exits in result["exit_s"].values() for e in exits
-    ), result["exit_s"]
+    assert set(result["exit_s"]) == set(result["ms"]) == {"inductor", "passkit reduce-overhead"}
+    assert all(e is not None for exits in result["exit_s"].values() for e in exits), result["exit_s"]
 
 
 def test_op_host_cost_cpu_mode_compares_the_two_op_registrations(tmp_path):
