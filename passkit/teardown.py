@@ -69,7 +69,6 @@ def recorded_cuda_graphs() -> int | None:
     if trees is None or not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return 0  # nothing recorded one (and importing Inductor to learn that costs seconds)
     try:
-
         if not torch._C._is_key_in_tls("tree_manager_containers"):
             return 0
         count = 0
