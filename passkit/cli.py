@@ -77,10 +77,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         }
         for f in plugins.hook_failures
     ]
+    mistakes = [dataclasses.asdict(m) for m in plugins.mistakes]
     checks = environment_checks(plugins)
     if args.json:
         environment = [dataclasses.asdict(c) for c in checks]
-        print(json.dumps({"passes": rows, "failures": failures, "environment": environment}, indent=2))
+        print(
+            json.dumps(
+                {"passes": rows, "failures": failures, "mistakes": mistakes, "environment": environment},
+                indent=2,
+            )
+        )
         return 0
     if not rows:
         print("no passes installed")
@@ -99,6 +105,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"FAILED TO LOAD: {f}", file=sys.stderr if not args.json else sys.stdout)
     for h in plugins.hook_failures:
         print(f"HOOK FAILED: {h}", file=sys.stderr)
+    for m in plugins.mistakes:
+        print(f"PLUGIN MISTAKE: {m}", file=sys.stderr)
     return 0
 
 
