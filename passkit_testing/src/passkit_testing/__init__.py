@@ -51,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "numerics": ("assert_close", "assert_no_worse_than", "relative_error", "tolerances"),
     "worlds": (
+        "DEFAULT_TIMEOUT_S",
         "SEED",
         "FakeWorld",
         "GlooWorldError",
