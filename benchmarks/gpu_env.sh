@@ -5,7 +5,8 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+# once per machine: a second sourcing while programs run must not rewrite their files
+[ -f /tmp/site/.passkit-installed ] || { python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && touch /tmp/site/.passkit-installed; } || exit 1
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PATH=/tmp/site/bin:$PATH
 source .gpu-carry/activate.sh

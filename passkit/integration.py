@@ -24,7 +24,16 @@ from typing import Any, cast
 import torch
 import torch.fx
 
-from . import compiling, inductor_failures, inductor_options, logs, report_cache, shared_trace, specialize
+from . import (
+    compiling,
+    inductor_failures,
+    inductor_options,
+    logs,
+    report_cache,
+    shared_trace,
+    specialize,
+    teardown,
+)
 from .config import Config
 from .context import Mode
 from .errors import ConfigError, PasskitError
@@ -283,6 +292,9 @@ class Backend:
             patches = inductor_options.merge_patches(
                 compile_patches or {}, self.inductor_config, pipeline.inductor_patches()
             )
+            if inductor_options.uses_cudagraphs(patches):
+                # graphs that capture a collective must go before the process group does
+                teardown.guard_process_groups()
 
             def inductor() -> CompiledFn:
                 if compile_with is not None:

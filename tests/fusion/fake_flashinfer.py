@@ -654,9 +654,16 @@ def clear_runtime_caches() -> None:
     flashinfer_api.unavailable.cache_clear()
 
 
+class _IdleStream:
+    """A pretend GPU's stream: nothing ever runs on it."""
+
+    def synchronize(self) -> None:
+        return None
+
+
 def pretend_gpu(name: str = "Fake GPU") -> None:
-    """In this process (a rank): torch.cuda reports one sm90 GPU called ``name`` that is
-    never capturing a graph and whose ``synchronize`` returns at once, and runtime's
+    """In this process (a rank): torch.cuda reports one sm90 GPU called ``name`` (device 0)
+    that is never capturing a graph and whose ``synchronize`` (and its stream's) returns at once, and runtime's
     per-call check sees CPU inputs as CUDA ones."""
     from passkit_fusion.allreduce_rmsnorm import runtime
 
@@ -666,6 +673,9 @@ def pretend_gpu(name: str = "Fake GPU") -> None:
     torch.cuda.get_device_name = lambda device=None: name
     torch.cuda.is_current_stream_capturing = lambda: False
     torch.cuda.synchronize = lambda device=None: None
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.set_device = lambda device: None
+    torch.cuda.current_stream = lambda device=None: _IdleStream()
     call_unavailable = runtime._call_unavailable
 
     def with_cpu_tensors(x: torch.Tensor, weight_bias: float) -> str | None:

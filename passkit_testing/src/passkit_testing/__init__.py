@@ -5,6 +5,8 @@
 * :func:`count_ops`, :func:`assert_op_count`, :func:`assert_replaced`: ops in graphs.
 * :func:`assert_close`, :func:`assert_no_worse_than`: dtype-aware numerical checks.
 * :func:`fake_world`, :func:`gloo_world`: distributed worlds for CPU tests.
+* :func:`run_world_program`: a whole program run as every rank of a world, as users run it
+  (first compile of a fresh process, its own exit), hangs killed and reported.
 * :func:`check_pass`, :func:`conformance_tests`: the properties every pass must have.
 
 Installing the distribution also installs a pytest plugin (fixtures ``passkit_harness``,
@@ -49,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "op_counts",
         "op_name",
     ),
+    "programs": ("ProgramRun", "RankProgram", "run_world_program"),
     "numerics": ("assert_close", "assert_no_worse_than", "relative_error", "tolerances"),
     "worlds": (
         "DEFAULT_TIMEOUT_S",

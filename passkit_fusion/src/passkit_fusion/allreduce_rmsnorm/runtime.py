@@ -53,7 +53,7 @@ from ..collective import (
     plan_fingerprint,
     resolve_group,
 )
-from ..collective.resources import at_exit
+from ..collective.resources import at_exit, outside_graph_pools
 from ..reference import fp8_quantize, rms_norm
 from ..tuning.tables import (
     Decision,
@@ -750,17 +750,22 @@ def _create_workspace(site: _Site) -> Workspace:
     # every rank is here, for the same workspace, before flashinfer's collective set-up
     _agree(site, "allreduce_rmsnorm:workspace", {"api": api.name, "max_tokens": max_tokens})
     site.routes.clear()  # the capacity changes
-    site.workspace = workspaces.create(
-        api,
-        group=site.group,
-        group_name=site.group_name,
-        rank=site.rank,
-        world_size=site.world_size,
-        hidden=site.hidden,
-        dtype=site.dtype,
-        max_tokens=max_tokens,
+    # outside any CUDA-graph pool: a first call inside Inductor's CUDA-graph warm-up would
+    # otherwise leave the workspace's tensors in the graph's private pool (issue 34)
+    site.workspace = outside_graph_pools(
+        lambda: workspaces.create(
+            api,
+            group=site.group,
+            group_name=site.group_name,
+            rank=site.rank,
+            world_size=site.world_size,
+            hidden=site.hidden,
+            dtype=site.dtype,
+            max_tokens=max_tokens,
+        ),
+        "flashinfer workspace",
     )
-    at_exit(destroy_workspaces, "workspaces")
+    at_exit(destroy_workspaces, "passkit-fusion's flashinfer workspaces")
     return site.workspace
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ..collective import agree, resolve_group
+from ..collective.resources import outside_graph_pools
 from . import torch_api
 
 FUSED = "fused"
@@ -132,7 +133,8 @@ def ensure_workspace(group_name: str, need: int, tokens: int, max_tokens: int, t
         describe=f"symmetric-memory workspace of {size} bytes on {dist.get_world_size(group)} ranks",
     )
     torch_api.enable_group(group_name)
-    torch_api.reserve_workspace(group_name, size)
+    # outside any CUDA-graph pool (a first call inside Inductor's CUDA-graph warm-up)
+    outside_graph_pools(lambda: torch_api.reserve_workspace(group_name, size), "symmetric-memory workspace")
     _reserved[group_name] = size
     return ""
 
