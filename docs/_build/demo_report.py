@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "docs/torch-compile.md"]
 MARKER = "<!-- demo-report -->"
 BLOCK = re.compile(re.escape(MARKER) + r"\n```\n(.*?)```\n", re.S)
+GRAPH = re.compile(r"^(passkit report \(graph )\d+", re.M)
 TIMES = re.compile(r"\d+\.\d+(?= *(?:ms|s\b))|(?<= )\d+\.\d\d(?= +\d+->)")
 
 
@@ -42,8 +43,9 @@ def page_reports(page: Path) -> list[str]:
 
 
 def masked(report: str) -> str:
-    """``report`` with its times (ms per pass, total, whole compile) as ``#``."""
-    return TIMES.sub("#", report)
+    """``report`` with its times (ms per pass, total, whole compile) and its graph number (a
+    count of the process's compiles) as ``#``."""
+    return GRAPH.sub(r"\1#", TIMES.sub("#", report))
 
 
 def main() -> int:
