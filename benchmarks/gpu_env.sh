@@ -5,6 +5,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+LOG=${LOG:-$OUT/gpu.log}
 # once per machine: a second sourcing while programs run must not rewrite their files
 [ -f /tmp/site/.passkit-installed ] || { python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && touch /tmp/site/.passkit-installed; } || exit 1
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

@@ -159,7 +159,12 @@ def test_hf_tp_smoke_run_shows_sites_and_every_variant(tmp_path):
     ):
         assert variant in out.stdout
     assert "targets: " in out.stdout
-    assert json.loads((tmp_path / "hf.json").read_text())["world"] == 2
+    result = json.loads((tmp_path / "hf.json").read_text())
+    assert result["world"] == 2
+    # each variant ran in fresh processes that ended through destroy_process_group()
+    assert set(result["exit_s"]) == set(result["ms"]) and all(
+        e is not None for exits in result["exit_s"].values() for e in exits
+    ), result["exit_s"]
 
 
 def test_op_host_cost_cpu_mode_compares_the_two_op_registrations(tmp_path):
