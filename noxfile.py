@@ -1,4 +1,5 @@
-"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``, ``docs``, ``hosts``.
+"""Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``, ``docs``, ``hosts``,
+``build`` (wheels of the three distributions into ``dist/``), ``slow`` (the slow tests).
 
 Each session makes a fresh virtual environment, installs torch, then the three
 distributions of this repository in editable mode (so their entry points exist).
@@ -20,7 +21,7 @@ import subprocess
 
 import nox
 
-nox.options.sessions = ["tests"]  # docs, hosts and torch_versions are never default sessions
+nox.options.sessions = ["tests"]  # the others run when named
 nox.options.reuse_existing_virtualenvs = False
 PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
 # the example third-party plugin: its entry points are what the suite's discovery tests use
@@ -49,6 +50,31 @@ def tests(session: nox.Session) -> None:
     install(session, *EXAMPLE, *TEST_DEPS)
     # pytest exits 5 when a selection collects no test: not a failure of the suite
     session.run("python", "-m", "pytest", *session.posargs, success_codes=[0, 5])
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The tests marked ``slow`` (deselected by ``nox -s tests``), in their own session:
+    8-rank worlds, whole-model Inductor compiles in gloo worlds, the demos. Not run by CI
+    (``.ci/run``) because they take longer on 2 cores than the rest together."""
+    install(session, *EXAMPLE, *TEST_DEPS)
+    session.run("python", "-m", "pytest", "-m", "slow", *session.posargs, success_codes=[0, 5])
+
+
+DISTRIBUTIONS = [".", "./passkit_fusion", "./passkit_testing"]
+"""The folders of the three distributions (``passkit``, ``passkit-fusion``, ``passkit-testing``)."""
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Wheels of the three distributions into ``dist/`` (``nox -s build -- OUTDIR`` for
+    another folder), for machines without a checkout: ``pip install --find-links dist
+    passkit passkit-fusion``. Only setuptools is needed (the distributions are pure Python)."""
+    out = session.posargs[0] if session.posargs else "dist"
+    session.run(
+        "python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", out, *DISTRIBUTIONS, external=False
+    )
+    session.log(f"wheels in {out}/: pip install --find-links {out} passkit passkit-fusion passkit-testing")
 
 
 @nox.session

@@ -27,6 +27,7 @@ from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
 from .pattern_pass import Pattern, PatternPass
 from .pipeline import Pipeline, PipelinePlan, build_pipeline, compile_range, last_report
+from .plugin_checks import PluginMistake, PluginMistakeWarning
 from .plugins import get_plugins, register, unregister
 from .report import PassRecord, Report
 from .tokens import TokenConstraint, TokenRange
@@ -55,6 +56,8 @@ __all__ = [
     "PipelinePlan",
     "PluginError",
     "PluginHookError",
+    "PluginMistake",
+    "PluginMistakeWarning",
     "Report",
     "Requirements",
     "Stage",

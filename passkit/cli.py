@@ -3,7 +3,7 @@
     passkit list [--json]        installed passes and plugin load failures
     passkit show NAME            a pass's documentation and options schema
     passkit schema               JSON schema of the config, with installed passes' options
-    passkit check FILE           validate a config file against the installed passes
+    passkit check [FILE|DIR]     validate a config (and the PASSKIT_* environment) against the installed passes
     passkit explain MOD:FN       compile MOD:FN's model with the configured passes, print the report
     passkit demo                 the demo (core, then plugins' demos)
 
@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .cli_hooks import call_hook
 from .environment import environment_checks
@@ -77,10 +77,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         }
         for f in plugins.hook_failures
     ]
+    mistakes = [dataclasses.asdict(m) for m in plugins.mistakes]
     checks = environment_checks(plugins)
     if args.json:
         environment = [dataclasses.asdict(c) for c in checks]
-        print(json.dumps({"passes": rows, "failures": failures, "environment": environment}, indent=2))
+        print(
+            json.dumps(
+                {"passes": rows, "failures": failures, "mistakes": mistakes, "environment": environment},
+                indent=2,
+            )
+        )
         return 0
     if not rows:
         print("no passes installed")
@@ -99,6 +105,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"FAILED TO LOAD: {f}", file=sys.stderr if not args.json else sys.stdout)
     for h in plugins.hook_failures:
         print(f"HOOK FAILED: {h}", file=sys.stderr)
+    for m in plugins.mistakes:
+        print(f"PLUGIN MISTAKE: {m}", file=sys.stderr)
     return 0
 
 
@@ -173,25 +181,58 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .config import file_source, merge
+    """Validate a config as a compile here would see it: FILE (or the file found in DIR, or,
+    with no argument, the files a compile in this folder reads), then the ``PASSKIT_*``
+    environment over it."""
+    from .config import ENV_ORIGIN, env_source, file_source, merge, sources
     from .pipeline_build import instantiate, order_passes, plugins_for
 
-    path = Path(args.file)
-    if not path.is_file():
-        raise PasskitError(f"{path}: no such file")
-    cfg = merge([(str(path), file_source(path))])
+    if args.file is None:
+        layers = sources()
+        label = "the config of this folder" if layers else "no config file here and no PASSKIT_* set"
+    else:
+        path = config_file_in(Path(args.file))
+        label = str(path)
+        layers = [(str(path), file_source(path))]
+        if env := env_source(os.environ):  # as at compile time: the environment wins
+            layers.append((ENV_ORIGIN, env))
+    cfg = merge(layers)
     passes = order_passes(instantiate(cfg, plugins_for(cfg)))
     names = ", ".join(f"{p.name} ({p.stage.value})" for p in passes) or "(no pass enabled)"
-    print(f"{path}: OK — {len(passes)} pass(es): {names}")
-    checks = environment_checks(plugins_for(cfg))
+    print(f"{label}: OK — {len(passes)} pass(es): {names}")
+    for origin, _data in layers:
+        print(f"  read: {origin}")
+    plugins = plugins_for(cfg)
+    for mistake in plugins.mistakes:
+        print(f"  PLUGIN MISTAKE: {mistake}")
+    checks = environment_checks(plugins)
     for check in checks:
         print(f"  {check}")
     if failed := [c for c in checks if not c.ok]:
         print(
-            f"{path}: {len(failed)} environment check(s) failed: the passes that depend on them will decline"
+            f"{label}: {len(failed)} environment check(s) failed: the passes that depend on them will decline"
         )
         return 1
     return 0
+
+
+CONFIG_FILES = ("passkit.toml", "pyproject.toml")
+
+
+def config_file_in(path: Path) -> Path:
+    """``path`` itself when it is a file; in a folder, its ``passkit.toml``, else its
+    ``pyproject.toml``; a clear error otherwise."""
+    try:
+        if path.is_file():
+            return path
+        if path.is_dir():
+            for name in CONFIG_FILES:
+                if (path / name).is_file():
+                    return path / name
+            raise PasskitError(f"{path}: a folder with no {' or '.join(CONFIG_FILES)} in it")
+    except OSError as exc:
+        raise PasskitError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    raise PasskitError(f"{path}: no such file or folder")
 
 
 def _working_directory_importable() -> None:
@@ -227,18 +268,20 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
 def cmd_explain(args: argparse.Namespace) -> int:
     import torch
 
+    from .config import merge, sources
     from .integration import backend
 
     fn, example = load_target(args.target)
-    overrides: dict[str, Any] = {}
-    if args.passes:
-        overrides["passes"] = [p.strip() for p in args.passes.split(",") if p.strip()]
-    if args.dump:
-        overrides["dump_dir"] = args.dump
-    if args.compile_ranges:
-        overrides["compile_ranges"] = [int(v) for v in args.compile_ranges.split(",") if v.strip()]
-    overrides["compile_at"] = "upfront"  # one call: a report for every token range
-    b = backend(mode=args.mode, **overrides)
+    layers = sources()  # the files and PASSKIT_* a compile here reads, then the flags over them
+    for flag, field, value in (
+        ("--passes", "passes", args.passes),
+        ("--dump", "dump_dir", args.dump),
+        ("--compile-ranges", "compile_ranges", args.compile_ranges),
+    ):
+        if value is not None:
+            layers.append((flag, {field: value}))  # a mistake is named by its flag
+    # upfront: one call, a report for every token range
+    b = backend(merge(layers), mode=args.mode, compile_at="upfront")
     if not b.pipeline.enabled:
         print("no pass is enabled (set `passes` in passkit.toml, PASSKIT_PASSES or --passes)")
         return 0
@@ -261,8 +304,53 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- parser ------------------------------------------------------------------------------
 
 
+class UsageError(PasskitError):
+    """A command line argparse refuses; its message is the whole line to print."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a mistake as one line (``passkit CMD: error: ... (see passkit CMD
+    --help)``) raised as :class:`UsageError` instead of the usage block and ``SystemExit``.
+    Plugins' subcommands get this class too (``add_parser`` makes the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
+
+
+def name_list(text: str) -> list[str]:
+    """``a,b,c`` -> ``["a", "b", "c"]`` (an argparse ``type``)."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names nothing (expected NAME,NAME,...)")
+    return names
+
+
+def int_list(text: str) -> list[int]:
+    """``16,256`` -> ``[16, 256]`` (an argparse ``type``)."""
+    values = []
+    for part in [p.strip() for p in text.split(",")]:
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part[:40]!r} is not an integer (expected N,N,..., e.g. 16,256)"
+            ) from None
+    return values
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (an argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
-    parser = argparse.ArgumentParser(prog="passkit", description="torch.compile graph passes as plugins")
+    parser = Parser(prog="passkit", description="torch.compile graph passes as plugins")
     from ._version import __version__
 
     parser.add_argument("--version", action="version", version=f"passkit {__version__}")
@@ -280,13 +368,21 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     sub.add_parser("schema", help="JSON schema of the config with installed passes' options")
     handlers["schema"] = cmd_schema
 
-    p = sub.add_parser("check", help="validate a config file (passkit.toml or pyproject.toml)")
-    p.add_argument("file")
+    p = sub.add_parser(
+        "check",
+        help="validate a config file (passkit.toml or pyproject.toml) with the PASSKIT_* environment over it",
+    )
+    p.add_argument(
+        "file",
+        nargs="?",
+        help="the file, or a folder holding passkit.toml / pyproject.toml "
+        "(default: what a compile in this folder reads)",
+    )
     handlers["check"] = cmd_check
 
     p = sub.add_parser("explain", help="compile MODULE:FUNCTION with the configured passes")
     p.add_argument("target", help="'pkg.module:factory'; factory() returns (model, example_args)")
-    p.add_argument("--passes", help="comma-separated pass names (overrides the config)")
+    p.add_argument("--passes", type=name_list, help="comma-separated pass names (overrides the config)")
     p.add_argument("--dump", metavar="DIR", help="write graphs, diffs and the report here")
     p.add_argument("--mode", choices=["inductor", "eager"], default="inductor")
     p.add_argument(
@@ -294,12 +390,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         action="store_true",
         help="compile with dynamic shapes: token ranges apply, one report per specialization",
     )
-    p.add_argument("--compile-ranges", metavar="N,N,...", help="range boundaries (overrides the config)")
+    p.add_argument(
+        "--compile-ranges", type=int_list, metavar="N,N,...", help="range boundaries (overrides the config)"
+    )
     handlers["explain"] = cmd_explain
 
     p = sub.add_parser("demo", help="run the demo")
     p.add_argument("--mode", choices=["inductor", "eager"], default="inductor")
-    p.add_argument("--only", action="append", help="run only these demos ('core' or a plugin demo name)")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help=f"run only this demo (repeatable): {', '.join(_demo_names())}",
+    )
     handlers["demo"] = cmd_demo
 
     try:
@@ -313,27 +416,56 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     return parser, handlers
 
 
+def _demo_names() -> list[str]:
+    from .cli_hooks import plugin_demos
+
+    try:
+        return ["core", *plugin_demos()]
+    except PasskitError:  # a broken config: `passkit check` names it
+        return ["core"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; a mistake prints one line on stderr and returns 2; output into a
+    pipe its reader closed (``passkit schema | head``) ends quietly."""
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        _discard_stdout()
+        return 0
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    command = "passkit"
     try:
         parser, handlers = build_parser()
-    except PluginHookError as exc:
-        print(f"passkit: error: {exc}", file=sys.stderr)
-        return 2
-    args = parser.parse_args(argv)
-    if not args.command:
-        parser.print_help()
-        return 2
-    if args.command not in handlers:  # its plugin's passkit_cli_commands raised midway
-        print(
-            f"passkit {args.command}: error: the plugin adding this command failed (see above)",
-            file=sys.stderr,
-        )
-        return 2
-    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version
+            return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+        if not args.command:
+            parser.print_help()
+            return 2
+        command = f"passkit {args.command}"
+        if args.command not in handlers:  # its plugin's passkit_cli_commands raised midway
+            raise PasskitError("the plugin adding this command failed (see above)")
         return int(handlers[args.command](args) or 0)
-    except PasskitError as exc:
-        print(f"passkit {args.command}: error: {exc}", file=sys.stderr)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
         return 2
+    except PasskitError as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _discard_stdout() -> None:
+    """After the reader of stdout went away: send what is left (and the interpreter's final
+    flush) to /dev/null, so that no second BrokenPipeError is printed at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,3 +25,11 @@ def call_hook(hook: str, **kwargs: Any) -> list[Any]:
     for failure in plugins.hook_failures[seen:]:
         print(f"passkit: warning: {failure}", file=sys.stderr)
     return results
+
+
+def plugin_demos() -> dict[str, Any]:
+    """The plugins' demos (``passkit_demos`` hook) by name, in plugin order."""
+    found: dict[str, Any] = {}
+    for demos in call_hook("passkit_demos"):
+        found.update(demos if isinstance(demos, dict) else {})
+    return found

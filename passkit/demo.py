@@ -96,20 +96,27 @@ def run_core_demo(mode: str = "inductor") -> int:
 def main(args: argparse.Namespace) -> int:
     import passkit
 
-    wanted = set(args.only or [])
-    status = run_core_demo(mode=args.mode) if not wanted or "core" in wanted else 0
-    from .cli_hooks import call_hook
+    from .cli_hooks import plugin_demos
 
-    for demos in call_hook("passkit_demos"):
-        for name, fn in (demos if isinstance(demos, dict) else {}).items():
-            if wanted and name not in wanted:
-                continue
-            print(f"\n== plugin demo: {name}")
-            try:
-                status = max(status, int(fn(args) or 0))
-            except passkit.PasskitError:
-                raise
-            except Exception as exc:  # one broken demo must not hide the others
-                print(f"plugin demo {name} failed: {type(exc).__name__}: {passkit.errors.cut(str(exc))}")
-                status = max(status, 1)
+    demos = plugin_demos()
+    wanted = list(dict.fromkeys(args.only or []))
+    known = ["core", *demos]
+    if unknown := [name for name in wanted if name not in known]:
+        from .errors import suggest
+
+        raise passkit.PasskitError(
+            f"no demo named {unknown[0]!r}{suggest(unknown[0], known)}; demos: {', '.join(known)}"
+        )
+    status = run_core_demo(mode=args.mode) if not wanted or "core" in wanted else 0
+    for name, fn in demos.items():
+        if wanted and name not in wanted:
+            continue
+        print(f"\n== plugin demo: {name}")
+        try:
+            status = max(status, int(fn(args) or 0))
+        except passkit.PasskitError:
+            raise
+        except Exception as exc:  # one broken demo must not hide the others
+            print(f"plugin demo {name} failed: {type(exc).__name__}: {passkit.errors.cut(str(exc))}")
+            status = max(status, 1)
     return status

@@ -13,7 +13,11 @@ import pluggy
 
 PROJECT = "passkit"
 hookspec = pluggy.HookspecMarker(PROJECT)
+"""Marks a hook specification a distribution adds for other plugins to implement (its module
+named in the ``passkit.hookspecs`` entry-point group)."""
 hookimpl = pluggy.HookimplMarker(PROJECT)
+"""Marks a plugin's implementation of a hook (``@passkit.hookimpl`` on a function named like
+the hook). A ``passkit_*`` function without it is no hook: ``passkit list`` reports it."""
 
 if TYPE_CHECKING:
     import argparse

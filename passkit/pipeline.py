@@ -33,6 +33,7 @@ from .pass_base import Pass, PassResult, Stage
 from .pipeline_build import instantiate, order_passes, pass_relations, pipeline_identity, plugins_for
 from .pipeline_build import unknown_pass_message as unknown_pass_message  # re-exported: its old home
 from .pipeline_plan import PipelinePlan
+from .plugin_checks import warn_mistakes
 from .plugins import PluginSet
 from .report import PassRecord, Report
 from .tokens import TokenRange
@@ -478,7 +479,10 @@ def _register_custom_pass_type(cls: type) -> None:
 
 
 def build_pipeline(config: Config | dict[str, Any] | None = None, **overrides: Any) -> Pipeline:
-    """Resolve the config from every source, load plugins, validate and order the passes."""
+    """Resolve the config from every source, load plugins, validate and order the passes.
+    Plugins that loaded with a mistake are warned of here, once per process
+    (:class:`passkit.PluginMistakeWarning`), before the passes are looked up."""
     cfg = load_config(config, **overrides)
     plugins = plugins_for(cfg)
+    warn_mistakes(plugins.mistakes, stacklevel=2)
     return Pipeline(cfg, plugins, instantiate(cfg, plugins))

@@ -63,6 +63,8 @@ def unknown_pass_message(name: str, plugins: PluginSet) -> str:
     if plugins.failures:
         msg += " Plugins that failed to load (see `passkit list`): "
         msg += ", ".join(sorted({f.name for f in plugins.failures})) + "."
+    if plugins.mistakes:
+        msg += " Plugins that loaded with a mistake: " + "; ".join(str(m) for m in plugins.mistakes) + "."
     return msg
 
 

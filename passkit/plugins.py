@@ -4,7 +4,10 @@ Plugins come from the ``passkit.passes`` entry-point group (loaded once per proc
 from :func:`register` (in-process). Each plugin loads in isolation: an import error, a
 hookimpl that fails validation, a registration hook that raises or a duplicate pass name is
 recorded as a :class:`PluginFailure` naming the plugin's distribution and version, and the
-other plugins load (``strict_plugins`` raises instead). Hooks called later (at compile and
+other plugins load (``strict_plugins`` raises instead). A plugin that loads but is
+likely a mistake (``passkit_*`` functions without ``@passkit.hookimpl``, or no hook at all)
+is recorded as a :class:`~passkit.plugin_checks.PluginMistake`
+(:mod:`passkit.plugin_checks`). Hooks called later (at compile and
 CLI time) are isolated too, by :mod:`passkit.hooks`, through :meth:`PluginSet.call`.
 """
 
@@ -22,6 +25,7 @@ import pluggy
 from . import hooks, hookspecs
 from .errors import PluginError, describe
 from .pass_base import Pass
+from .plugin_checks import PluginMistake, find_mistakes
 
 ENTRY_POINT_GROUP = "passkit.passes"
 HOOKSPECS_GROUP = "passkit.hookspecs"
@@ -91,6 +95,8 @@ class PluginSet:
         self.plugins: list[PluginInfo] = []
         self.failures: list[PluginFailure] = []
         self.passes: dict[str, PassInfo] = {}
+        self.mistakes: list[PluginMistake] = []
+        """Plugins that loaded with a mistake (see :mod:`passkit.plugin_checks`)."""
         self.hook_failures: list[hooks.HookFailure] = []
         """Hookimpls that raised when called (each then disabled), oldest first."""
         self.disabled_hooks: set[tuple[str, int]] = set()
@@ -148,6 +154,12 @@ class PluginSet:
                 self.pm.unregister(plugin)
             self._fail(self._failure(info, "validate", exc))
             return False
+        for message in find_mistakes(self.pm, plugin):
+            mistake = PluginMistake(info.name, info.distribution, info.version, message)
+            if self._strict:
+                self.pm.unregister(plugin)
+                raise PluginError(str(mistake))
+            self.mistakes.append(mistake)
         impls = [i for i in self.pm.hook.passkit_register_passes.get_hookimpls() if i.plugin is plugin]
         collected: list[type[Pass]] = []
         for impl in impls:

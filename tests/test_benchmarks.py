@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a 2-rank gloo run of the benchmark: about 70 s on 2 cores
 def test_fusion_e2e_cpu_smoke_run_shows_the_token_ranges():
     out = subprocess.run(
         [

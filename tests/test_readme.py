@@ -91,3 +91,24 @@ def test_the_readme_example_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "noop_elimination" in proc.stdout and "cleanup" in proc.stdout
+
+
+def _demo_report_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_report", ROOT / "docs/_build/demo_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sample_report_is_the_demos():
+    """The README's and docs/torch-compile.md's sample report is what ``passkit demo`` prints
+    (times masked); ``python docs/_build/demo_report.py`` regenerates them."""
+    demo = _demo_report_module()
+    real = demo.masked(demo.demo_report())
+    assert "noop_elimination" in real and "#" in real
+    for page in demo.PAGES:
+        (shown,) = demo.page_reports(page)
+        assert demo.masked(shown) == real, f"{page.name}: run python docs/_build/demo_report.py"

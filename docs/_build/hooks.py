@@ -7,7 +7,9 @@
   between pages): a README that is a page becomes a link to that page, a file that exists
   becomes its path in code, a file that does not exist is an error of the build.
 * ``<!-- config-schema -->`` becomes the JSON schema of ``passkit.Config``, generated now.
-* ``benchmarks/results/*.png`` are served beside the benchmarks page.
+* ``benchmarks/results/*.png`` are served beside the benchmarks page, and every
+  ``benchmarks/results/*.md`` is a page of the site (``results/NAME.md``, under "Benchmark
+  results" in the navigation), so the docs' links to results are links.
 * A fence ```` ```python file=PATH ```` (docs/writing-a-pass.md: the test suite checks that
   the block is that file) is shown with ``PATH`` as its title.
 """
@@ -37,6 +39,11 @@ ASSETS = {
     f"benchmarks/results/{p.name}": f"results/{p.name}" for p in (ROOT / "benchmarks/results").glob("*.png")
 }
 """Repository images served with the site, by their path in the site."""
+RESULT_PAGES = {
+    f"benchmarks/results/{p.name}": f"results/{p.name}"
+    for p in sorted((ROOT / "benchmarks/results").glob("*.md"))
+}
+"""Result tables that are pages of the site, by the page they are (each includes its file)."""
 
 INCLUDE = re.compile(r"^<!-- include: (\S+)(?: shift=(\d))? -->$", re.M)
 LINK = re.compile(r"(!?\[[^\]\n]*\])\(([^)\s]+)\)")
@@ -45,9 +52,28 @@ FILE_FENCE = re.compile(r"^```(\w+) file=(\S+)$", re.M)
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 
 
+def results_nav() -> list[dict[str, str]]:
+    """The navigation entries of :data:`RESULT_PAGES`, titled by each file's first line."""
+    out = []
+    for repo_path, site_path in RESULT_PAGES.items():
+        first = (ROOT / repo_path).read_text().lstrip().splitlines()[:1] or [site_path]
+        title = first[0].lstrip("#").strip() or site_path
+        out.append({title.split(" — ")[0][:80]: site_path})
+    return out
+
+
+def on_config(config: Any) -> Any:
+    nav = config["nav"]
+    at = next(i for i, item in enumerate(nav) if isinstance(item, dict) and "Benchmarks" in item)
+    nav.insert(at + 1, {"Benchmark results": results_nav()})
+    return config
+
+
 def on_files(files: Files, config: Any) -> Files:
     for repo_path, site_path in ASSETS.items():
         files.append(File.generated(config, site_path, abs_src_path=str(ROOT / repo_path)))
+    for repo_path, site_path in RESULT_PAGES.items():
+        files.append(File.generated(config, site_path, content=f"<!-- include: {repo_path} -->\n"))
     return files
 
 
@@ -91,6 +117,8 @@ def _links(text: str, repo_path: str, page_uri: str) -> str:
             site_path = PAGES[resolved]
         elif resolved in ASSETS:
             site_path = ASSETS[resolved]
+        elif resolved in RESULT_PAGES:
+            site_path = RESULT_PAGES[resolved]
         if site_path is not None:
             relative = posixpath.relpath(site_path, page_dir or ".")
             return f"{label}({relative}{'#' + anchor if anchor else ''})"

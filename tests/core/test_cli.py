@@ -39,7 +39,7 @@ def cli(monkeypatch, capsys):
 
 
 def test_console_script_is_installed():
-    out = subprocess.run(["passkit", "--version"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(["passkit", "--version"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.startswith("passkit ")
 
 

@@ -132,6 +132,7 @@ def run_python(code: str, cwd, **env: str) -> subprocess.CompletedProcess:
     return out
 
 
+@pytest.mark.slow  # a fresh process compiling with Inductor: about 60 s on 2 cores
 def test_named_backend_reads_env_config(tmp_path):
     code = (
         "import torch, passkit\n"

@@ -345,6 +345,7 @@ def test_the_range_is_part_of_the_cache_identity():
     assert Pipeline(load_config({}), get_plugins(), [Wider()]).uuid() != base.uuid()
 
 
+@pytest.mark.slow  # two fresh processes compiling with Inductor: 100-140 s each on 2 cores
 @pytest.mark.parametrize("aot_cache", [False, True], ids=["FX graph cache", "and AOTAutograd's"])
 def test_fx_graph_cache_hits_per_range_in_a_fresh_process(tmp_path, aot_cache: bool):
     env = _env(

@@ -75,9 +75,20 @@ def test_config_json_without_model_type(tmp_path: Path):
 
 def test_explain_hf_reports_a_bad_config(capsys: pytest.CaptureFixture[str]):
     assert cli.main(["explain-hf", "NoSuchConfig"]) == 2
-    assert "error: 'NoSuchConfig' is neither a config file" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert err.startswith("passkit explain-hf: error: 'NoSuchConfig' is neither a config file"), err
+    assert len(err.splitlines()) == 1
     assert cli.main(["explain-hf", "LlamaConfig", "--tp", "3", "--tokens", "8"]) == 2
-    assert "--tp must be >= 2 and divide --tokens" in capsys.readouterr().out
+    assert "passkit explain-hf: error: --tp must be >= 2 and divide --tokens" in capsys.readouterr().err
+
+
+def test_explain_hf_suggests_a_close_family_or_config_class(capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["explain-hf", "Lama"]) == 2
+    assert "did you mean 'Llama'" in capsys.readouterr().err
+    assert cli.main(["explain-hf", "Qwen3MoEConfig"]) == 2
+    assert "did you mean 'Qwen3MoeConfig'" in capsys.readouterr().err
+    assert cli.main(["explain-hf", "Llama", "--passes", "allreduce_rmsnom"]) == 2
+    assert "did you mean 'allreduce_rmsnorm'" in capsys.readouterr().err
 
 
 def test_a_family_without_a_tp_plan_says_so():

@@ -38,7 +38,10 @@ from passkit_testing.worlds import run_in_gloo_world
 
 TIMEOUT_S = 3.0  # collective_timeout_s of the scenarios
 GROUP_TIMEOUT_S = 4.0  # gloo timeout of the op_raises_later group
-SLACK_S = 4.0  # scheduling on a 2-core machine running several ranks
+SLACK_S = 30.0
+"""Scheduling on a loaded 2-core machine running several ranks: a hang limit. Each bound below
+tells a step that ended at its own timeout from one that waited for the next timeout up
+(the 60 s of ``reported``'s collective timeout, gloo's 30 minutes otherwise)."""
 HIDDEN, EPS = 64, 1e-6
 
 
@@ -136,7 +139,7 @@ def _scenarios(rank: int, world: int, backend_faults: bool = True) -> dict[str, 
 def faults(request) -> tuple[int, list[Any], float]:
     world = request.param
     start = time.monotonic()
-    results = run_in_gloo_world(_scenarios, world, timeout=150)
+    results = run_in_gloo_world(_scenarios, world, timeout=600)
     elapsed = time.monotonic() - start
     assert multiprocessing.active_children() == [], "a rank process outlived its world"
     return world, results, elapsed
@@ -151,10 +154,11 @@ def _survivors(faults) -> list[dict[str, Any]]:
 
 
 def test_the_killed_rank_is_reported_and_the_world_ends_early(faults):
-    _world, results, elapsed = faults
+    _world, results, _elapsed = faults
     assert results[-1].error == "exited with code 3 without reporting a result"
-    # every scenario ended within its own timeout: far below the world's 150 s
-    assert elapsed < 120
+    # every scenario ended at its own timeout: no survivor was stopped at the world's (a hang
+    # limit); how long that took is the machine's load, not the test's concern
+    assert not [r.describe() for r in results[:-1] if not r.ok], "a survivor hung or failed"
 
 
 def test_differing_plans_raise_on_every_rank(faults):

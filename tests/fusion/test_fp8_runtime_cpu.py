@@ -132,7 +132,7 @@ def _rank(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def world() -> list[dict[str, Any]]:
-    return gloo_world(_rank, 2, timeout=120)
+    return gloo_world(_rank, 2, timeout=300)
 
 
 EXPECTED_PATH = {

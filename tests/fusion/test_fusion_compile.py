@@ -95,7 +95,7 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any
     config.write_text(CONFIG)
     env = {"PASSKIT_CONFIG": str(config), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
     first = gloo_world(_compile_and_run, 2, args=(("functional", "dtensor"),), timeout=400, env=env)
-    again = gloo_world(_compile_and_run, 2, args=(("functional",),), timeout=200, env=env)
+    again = gloo_world(_compile_and_run, 2, args=(("functional",),), timeout=300, env=env)
     return first, again
 
 

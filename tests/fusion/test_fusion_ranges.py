@@ -62,6 +62,7 @@ def world() -> list[dict[str, Any]]:
     return gloo_world(_run, 2, timeout=300, env=no_caches)
 
 
+@pytest.mark.slow  # its world compiles every range with Inductor on 2 ranks: about 75 s on 2 cores
 def test_the_pass_fuses_up_to_its_bound_and_larger_sizes_compile_without_it(world):
     for rank in world:
         assert rank["reports"] == {

@@ -92,7 +92,7 @@ def _two_ranks(rank: int, world: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def two_ranks() -> list[dict[str, Any]]:
-    return gloo_world(_two_ranks, 2, timeout=120, env=ENV)
+    return gloo_world(_two_ranks, 2, timeout=300, env=ENV)
 
 
 def test_tp_group_on_two_hosts_keeps_nccl_with_the_same_reason_on_every_rank(two_ranks):
@@ -161,7 +161,7 @@ def _pp_tp(rank: int, world: int) -> dict[str, Any]:
 
 @pytest.mark.slow  # a 4-rank world: ~30 s on 2 CPU cores
 def test_pipeline_stages_agree_only_within_their_tp_group():
-    worlds = gloo_world(_pp_tp, 4, timeout=200, env=ENV)
+    worlds = gloo_world(_pp_tp, 4, timeout=300, env=ENV)
     for layout in ("tp_per_host", "tp_across_hosts"):
         results = [w[layout] for w in worlds]
         for stage in (0, 1):

@@ -688,7 +688,7 @@ def _cpu_rank(rank: int, world_size: int, odd_ranks: tuple[int, ...]) -> dict[st
 @pytest.fixture(scope="module", params=[4, pytest.param(8, marks=pytest.mark.slow)], ids=["world4", "world8"])
 def cpu_world(request) -> tuple[int, list[dict[str, Any]]]:
     world_size = request.param
-    return world_size, gloo_world(_cpu_rank, world_size, args=(ODD_RANKS[world_size],), timeout=180)
+    return world_size, gloo_world(_cpu_rank, world_size, args=(ODD_RANKS[world_size],), timeout=300)
 
 
 @pytest.mark.parametrize("case", list(UNFUSED_CASES))
@@ -979,7 +979,7 @@ def _fake_flashinfer_rank(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def fake_world() -> list[dict[str, Any]]:
-    return gloo_world(_fake_flashinfer_rank, 2, timeout=120)
+    return gloo_world(_fake_flashinfer_rank, 2, timeout=300)
 
 
 SCENARIOS = [

@@ -57,6 +57,7 @@ def _probe(variant: str, tmp_path: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a fresh process compiling with Inductor each: 50-60 s on 2 cores
 @pytest.mark.parametrize("variant", ["none", "named", "serving"])
 def test_backend_without_a_runnable_fusion_pass_imports_none_of_its_modules(variant: str, tmp_path: Path):
     result = _probe(variant, tmp_path)

@@ -54,6 +54,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "programs": ("ProgramRun", "RankProgram", "run_world_program"),
     "numerics": ("assert_close", "assert_no_worse_than", "relative_error", "tolerances"),
     "worlds": (
+        "DEFAULT_TIMEOUT_S",
         "SEED",
         "FakeWorld",
         "GlooWorldError",

@@ -14,7 +14,9 @@ to check what a pass does to graphs with collectives (``_c10d_functional.all_red
 
 :func:`run_in_gloo_world` and :func:`run_in_nccl_world` run a module-level function on every
 rank of a real world of processes and return each rank's :class:`RankResult`; they never hang
-(a rank still running after ``timeout`` is terminated and reported as timed out).
+(a rank still running after ``timeout`` is terminated and reported as timed out). The default
+``timeout``, :data:`DEFAULT_TIMEOUT_S` (300 s), is a hang limit, not a stopwatch: spawning
+8 interpreters that import torch takes over a minute on a loaded 2-core machine.
 :func:`gloo_world` and :func:`nccl_world` return the values and raise :class:`WorldError`
 (:class:`GlooWorldError`, :class:`NcclWorldError`) when any rank failed::
 
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "SEED",
     "FakeWorld",
     "GlooWorldError",
@@ -77,6 +80,10 @@ Backend = Literal["gloo", "nccl"]
 
 SEED = 1234
 """Every rank calls ``torch.manual_seed(SEED)`` before running the function."""
+
+DEFAULT_TIMEOUT_S = 300.0
+"""The worlds' default ``timeout``: a hang limit, generous enough for a loaded 2-core machine
+(where 8 ranks take over a minute to start), not a measure of speed."""
 
 _CHILD_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1"}
 """Environment of every rank unless the caller's ``env`` says otherwise."""
@@ -219,7 +226,7 @@ def run_in_gloo_world(
     world_size: int = 2,
     *,
     args: Sequence[Any] = (),
-    timeout: float = 60.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
 ) -> list[RankResult]:
     """Run ``fn(rank, world_size, *args)`` on each rank of a gloo world of CPU processes.
@@ -238,7 +245,7 @@ def run_in_nccl_world(
     world_size: int = 2,
     *,
     args: Sequence[Any] = (),
-    timeout: float = 60.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
 ) -> list[RankResult]:
     """Like :func:`run_in_gloo_world`, with NCCL and one GPU per rank (``cuda:<rank>``).
@@ -260,7 +267,7 @@ def gloo_world(
     world_size: int = 2,
     *,
     args: Sequence[Any] = (),
-    timeout: float = 60.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """:func:`run_in_gloo_world`, returning the ranks' values.
@@ -278,7 +285,7 @@ def nccl_world(
     world_size: int = 2,
     *,
     args: Sequence[Any] = (),
-    timeout: float = 60.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """:func:`run_in_nccl_world`, returning the ranks' values.

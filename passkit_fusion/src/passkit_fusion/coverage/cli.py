@@ -13,6 +13,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from passkit import PasskitError
+from passkit.cli import name_list, positive_int
+from passkit.errors import suggest
+
 from .run import PASSES
 
 EXPLAIN_HF_HELP = (
@@ -29,10 +33,15 @@ def add_explain_hf_arguments(parser: argparse.ArgumentParser) -> None:
         "config",
         help="a config.json path (or its folder), a transformers config class (Qwen3MoeConfig) or a family (Mixtral)",
     )
-    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size: gloo processes (default 2)")
-    parser.add_argument("--layers", type=int, default=2, help="decoder layers to build (default 2)")
     parser.add_argument(
-        "--tokens", type=int, default=8, help="tokens of the test input, a multiple of --tp (default 8)"
+        "--tp", type=positive_int, default=2, help="tensor-parallel size: gloo processes (default 2)"
+    )
+    parser.add_argument("--layers", type=positive_int, default=2, help="decoder layers to build (default 2)")
+    parser.add_argument(
+        "--tokens",
+        type=positive_int,
+        default=8,
+        help="tokens of the test input, a multiple of --tp (default 8)",
     )
     parser.add_argument(
         "--mode",
@@ -42,33 +51,39 @@ def add_explain_hf_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--passes",
-        default=",".join(PASSES),
+        type=name_list,
+        default=list(PASSES),
         help=f"comma-separated, among {', '.join(PASSES)} (default: all)",
     )
     parser.add_argument("--traceback", action="store_true", help="print a failing rank's whole traceback")
 
 
 def run_explain_hf(args: argparse.Namespace) -> int:
-    """Print the report; 2 when the config cannot be read, 1 when the model cannot run."""
+    """Print the report; 1 when the model cannot run. A config that cannot be read, or
+    arguments that do not fit, raise :class:`passkit.PasskitError` (the CLI prints one line and
+    exits 2)."""
     from .configs import ConfigError, load_config, small_config
     from .run import check_model, format_report
 
+    labels = list(args.passes)
+    if unknown := [p for p in labels if p not in PASSES]:
+        raise PasskitError(
+            f"unknown pass configuration(s) {', '.join(map(repr, unknown))}"
+            f"{suggest(unknown[0], PASSES)} (known: {', '.join(PASSES)})"
+        )
+    if args.tp < 2 or args.tokens % args.tp:
+        raise PasskitError(
+            f"--tp must be >= 2 and divide --tokens (got --tp {args.tp}, --tokens {args.tokens})"
+        )
     try:
         config = load_config(args.config)
         small = small_config(config, layers=args.layers)
     except ImportError as exc:
-        print(f"passkit explain-hf needs transformers and accelerate: {exc}")
-        return 2
+        raise PasskitError(
+            f"needs transformers and accelerate ({exc}): pip install 'passkit-fusion[hf]'"
+        ) from None
     except (ConfigError, TypeError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 2
-    labels = [p.strip() for p in args.passes.split(",") if p.strip()]
-    if unknown := [p for p in labels if p not in PASSES]:
-        print(f"error: unknown pass configuration(s) {unknown} (known: {', '.join(PASSES)})")
-        return 2
-    if args.tp < 2 or args.tokens % args.tp:
-        print(f"error: --tp must be >= 2 and divide --tokens (got --tp {args.tp}, --tokens {args.tokens})")
-        return 2
+        raise PasskitError(str(exc)) from None
     print(
         f"{type(config).__name__} ({getattr(config, 'model_type', '?')}), {args.layers} layers at small sizes "
         f"(hidden {getattr(small, 'hidden_size', '?')}), random weights, tp_plan='auto' on {args.tp} gloo "

@@ -121,9 +121,24 @@ def load_config(source: str | Path) -> Any:
         known = ", ".join(FAMILIES)
         raise ConfigError(
             f"{source!r} is neither a config file, a transformers config class (e.g. Qwen3MoeConfig) "
-            f"nor a family ({known})"
+            f"nor a family ({known}){_suggest(text, transformers)}"
         )
     return cls().get_text_config()
+
+
+def _suggest(text: str, transformers: Any) -> str:
+    """``"; did you mean 'Llama' or 'LlamaConfig'?"`` for a name close to a family or a config
+    class of the installed transformers, else ``""``."""
+    import difflib
+
+    if len(text) > 100:
+        return ""
+    classes = [n for n in dir(transformers) if n.endswith("Config") and n != "PretrainedConfig"]
+    close = difflib.get_close_matches(text, [*FAMILIES, *classes], n=2, cutoff=0.75)
+    close += [
+        c for c in difflib.get_close_matches(text + "Config", classes, n=1, cutoff=0.75) if c not in close
+    ]
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def small_config(config: Any, layers: int = 2) -> Any:
