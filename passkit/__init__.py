@@ -4,7 +4,7 @@ Enable installed passes by name in config; write your own as a ``Pass`` subclass
 register it with a ``passkit.hookimpl`` (see README, "Writing a pass").
 """
 
-from . import compiling
+from . import compiling, teardown
 from ._version import __version__
 from .config import Config, PassEntry, load_config
 from .context import CompileContext
@@ -77,5 +77,6 @@ __all__ = [
     "last_report",
     "load_config",
     "register",
+    "teardown",
     "unregister",
 ]
