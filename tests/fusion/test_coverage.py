@@ -75,9 +75,69 @@ def test_config_json_without_model_type(tmp_path: Path):
 
 def test_explain_hf_reports_a_bad_config(capsys: pytest.CaptureFixture[str]):
     assert cli.main(["explain-hf", "NoSuchConfig"]) == 2
-    assert "error: 'NoSuchConfig' is neither a config file" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "error: 'NoSuchConfig' is neither a config file" in captured.err and not captured.out
     assert cli.main(["explain-hf", "LlamaConfig", "--tp", "3", "--tokens", "8"]) == 2
-    assert "--tp must be >= 2 and divide --tokens" in capsys.readouterr().out
+    assert "--tp must be >= 2 and divide --tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "config_class"),
+    [
+        ("Glm4Moe", "Glm4MoeConfig"),
+        ("glm4_moe", "Glm4MoeConfig"),
+        ("Glm4MoeConfig", "Glm4MoeConfig"),
+        ("qwen3-moe", "Qwen3MoeConfig"),
+        ("HunYuanMoEV1", "HunYuanMoEV1Config"),
+    ],
+)
+def test_any_family_name_or_model_type(name: str, config_class: str):
+    assert type(load_config(name)).__name__ == config_class
+
+
+def test_tp_families_are_the_causal_lms_with_a_plan():
+    from passkit_fusion.coverage.configs import tp_families
+
+    families = tp_families()
+    assert {"llama", "qwen3_moe", "llama4_text", "kolibri1", "qwen3_next"} <= set(families)
+    assert all(getattr(transformers, name).base_model_tp_plan for name in families.values())
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Llama4TextConfig",
+        "Gemma3nTextConfig",
+        "GraniteMoeHybridConfig",
+        "BailingHybridConfig",
+        "KimiLinearConfig",
+    ],
+)
+def test_shrinking_keeps_per_layer_lists_and_routing_consistent(name: str):
+    """Per-layer lists cut to the layers kept, routing sizes within the shrunk experts: the
+    small model builds and runs a forward (no tensor parallelism here)."""
+    import torch
+
+    small = small_config(load_config(name), layers=2)
+    for key, value in small.to_dict().items():
+        if isinstance(value, list) and key.endswith(("layer_types", "no_rope_layers")):
+            assert len(value) == 2, (key, value)
+    model = transformers.AutoModelForCausalLM.from_config(small, dtype=torch.float32)
+    with torch.no_grad():
+        assert model(torch.arange(8)[None] % small.vocab_size, use_cache=False).logits.shape[1] == 8
+
+
+def test_a_failing_rank_shows_its_own_error():
+    from passkit_fusion.coverage.run import _rank_error
+    from passkit_testing.worlds import GlooWorldError, RankResult
+
+    ok = RankResult(rank=1, value=None)
+    bad = RankResult(
+        rank=0, error="ValueError: bad head", traceback="Traceback ...\n  File x\nValueError: bad head\n"
+    )
+    error = GlooWorldError([bad, ok])
+    assert _rank_error(error, full=False) == "rank 0: ValueError: bad head"
+    assert "File x" in _rank_error(error, full=True)
 
 
 def test_a_family_without_a_tp_plan_says_so():

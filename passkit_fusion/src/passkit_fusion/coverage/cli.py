@@ -11,6 +11,7 @@ difference from eager. Needs ``transformers`` and ``accelerate``; no GPU.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from .run import PASSES
@@ -49,25 +50,32 @@ def add_explain_hf_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_explain_hf(args: argparse.Namespace) -> int:
-    """Print the report; 2 when the config cannot be read, 1 when the model cannot run."""
+    """Print the report; errors go to stderr with exit status 2 (a config that cannot be
+    read or built, a model that cannot run: the failing rank's own error, its traceback
+    with ``--traceback``)."""
     from .configs import ConfigError, load_config, small_config
     from .run import check_model, format_report
 
     try:
         config = load_config(args.config)
         small = small_config(config, layers=args.layers)
-    except ImportError as exc:
-        print(f"passkit explain-hf needs transformers and accelerate: {exc}")
-        return 2
-    except (ConfigError, TypeError, ValueError) as exc:
-        print(f"error: {exc}")
+    except Exception as exc:  # a config this transformers rejects at small sizes: no traceback
+        if isinstance(exc, (ImportError, ConfigError, TypeError, ValueError)):
+            return _config_error(exc)
+        print(
+            f"error: {args.config}: cannot build it at small sizes: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
         return 2
     labels = [p.strip() for p in args.passes.split(",") if p.strip()]
     if unknown := [p for p in labels if p not in PASSES]:
-        print(f"error: unknown pass configuration(s) {unknown} (known: {', '.join(PASSES)})")
+        print(f"error: unknown pass configuration(s) {unknown} (known: {', '.join(PASSES)})", file=sys.stderr)
         return 2
     if args.tp < 2 or args.tokens % args.tp:
-        print(f"error: --tp must be >= 2 and divide --tokens (got --tp {args.tp}, --tokens {args.tokens})")
+        print(
+            f"error: --tp must be >= 2 and divide --tokens (got --tp {args.tp}, --tokens {args.tokens})",
+            file=sys.stderr,
+        )
         return 2
     print(
         f"{type(config).__name__} ({getattr(config, 'model_type', '?')}), {args.layers} layers at small sizes "
@@ -85,9 +93,18 @@ def run_explain_hf(args: argparse.Namespace) -> int:
     )
     print(format_report([report]))
     if report.error:
-        return 1
+        print(f"error: {report.name}: {report.error}", file=sys.stderr)
+        return 2
     print(_summary(report))
     return 0
+
+
+def _config_error(exc: Exception) -> int:
+    if isinstance(exc, ImportError):
+        print(f"passkit explain-hf needs transformers and accelerate: {exc}", file=sys.stderr)
+    else:
+        print(f"error: {exc}", file=sys.stderr)
+    return 2
 
 
 def _summary(report: Any) -> str:

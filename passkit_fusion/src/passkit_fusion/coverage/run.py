@@ -104,7 +104,7 @@ def check_model(
                 _rank, "gloo", tp, args=(str(folder), plans, tokens, mode, tracebacks), timeout=timeout
             )
         except Exception as exc:
-            return FamilyReport(label, type(config).__name__, tp, [], error=_short(exc))
+            return FamilyReport(label, type(config).__name__, tp, [], error=_rank_error(exc, tracebacks))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     errors = [r["error"] for r in ranks if r.get("error")]
@@ -115,6 +115,20 @@ def check_model(
         first.max_error = max(r["outcomes"][i].max_error for r in ranks)
         outcomes.append(first)
     return FamilyReport(label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"))
+
+
+def _rank_error(exc: BaseException, full: bool) -> str:
+    """A failed world's error as its first failing rank gave it (its exception's last line;
+    ``full``: its whole traceback), not only the world's ``2 of 2 ranks failed``."""
+    results = getattr(exc, "results", None)
+    failed = [r for r in results or () if not getattr(r, "ok", True)]
+    if not failed:
+        return _short(exc, full=full)
+    rank = failed[0]
+    if full:
+        return rank.describe()
+    lines = [t for t in (rank.traceback or "").splitlines() if t.strip() and not t.startswith(" ")]
+    return f"rank {rank.rank}: {lines[-1] if lines else rank.error}"
 
 
 def _save_random_model(config: Any, folder: Path) -> None:
@@ -183,7 +197,10 @@ def _run_plans(
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
     outcomes = []
     with torch.no_grad():
-        eager = model(ids, use_cache=False).logits
+        try:
+            eager = model(ids, use_cache=False).logits
+        except Exception as exc:
+            return {"error": f"the eager forward failed: {_short(exc, full=full)}"}
         for label, passes in plans.items():
             torch._dynamo.reset()
             backend = passkit.backend(passes=passes, mode=mode, on_error="raise")

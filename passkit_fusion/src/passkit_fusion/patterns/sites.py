@@ -541,7 +541,9 @@ _Gates = tuple[Sequence[fx.Node], Sequence[fx.Node], fx.Node]
 """What :func:`_gated` needs: the all-reduce inputs and sums of the group, the site's residual."""
 
 
-def _walk_back(term: fx.Node, stop: object = (), gates: _Gates | None = None) -> tuple[fx.Node, list[fx.Node]]:
+def _walk_back(
+    term: fx.Node, stop: object = (), gates: _Gates | None = None
+) -> tuple[fx.Node, list[fx.Node]]:
     """``(source, nodes)``: the node ``term`` is computed from through lead ops and gates, and
     those nodes in order (``source``'s user first)."""
     source, nodes = term, []

@@ -248,7 +248,10 @@ class Rewriter:
             for merged in site.merged:  # another all-reduce summed into the site: its shard
                 mx, mfirst = merged.x, merged.result
                 if any(not is_view(n) for n in merged.views):  # a sum, a gate, a scale: before
-                    mx, mfirst = replay_lead(self.graph, merged.views, merged.result, merged.x), merged.views[-1]
+                    mx, mfirst = (
+                        replay_lead(self.graph, merged.views, merged.result, merged.x),
+                        merged.views[-1],
+                    )
                     skipped.update(merged.views)
                 other = self._call(
                     c10d.reduce_scatter_tensor.default, (self._to_2d(mx), "sum", w, g), like=merged.x
