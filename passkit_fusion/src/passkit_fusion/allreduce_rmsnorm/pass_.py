@@ -145,6 +145,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             count_all_reduces,
             host_fusion_note,
             schema_declined,
+            warn_graph_ends,
         )
         from . import ops  # noqa: F401  (defines the ops the rewrite writes)
 
@@ -177,6 +178,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             from ..patterns.marks import taken_note
 
             notes = [taken_note(gm.graph) or notes[0]]
+        if ends := warn_graph_ends(self.name, rejected):
+            notes.append(ends)
         if host:
             notes.append(host)
         if decided := self.decision_note(ctx):

@@ -326,7 +326,82 @@ def match_site(
     try:
         return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms)
     except Mismatch as exc:
+        no_norm = isinstance(exc, NoNorm) or NO_NORM_FOLLOWS in str(exc) or "also used outside" in str(exc)
+        if no_norm and _ends_graph(ar):  # no norm here because it is in the next graph
+            raise Mismatch(f"{_walked_chain(ar)}: {ends_graph_reason()}") from None
         raise Mismatch(f"{_walked_chain(ar)}: {exc}") from None
+
+
+ENDS_GRAPH = "ends its graph"
+"""The reason given for an all-reduce whose sum is an output of its graph: its norm (if
+any) is in the next graph, after a Dynamo graph break."""
+
+
+def _ends_graph(ar: AllReduce) -> bool:
+    """Whether the graph's output reads the sum (directly, or through its lead, views and
+    residual adds)."""
+    seen: list[fx.Node] = []
+    frontier = [ar.result]
+    output = False
+    while frontier and len(seen) < 64:
+        node = frontier.pop()
+        seen.append(node)
+        for user in node.users:
+            output |= user.op == "output"
+            lead = user.args and user.args[0] is node and is_lead_op(user, node)
+            if is_view(user) or lead or user.target is aten.add.Tensor:
+                frontier.append(user)
+    # a norm in this graph reading one of them: not a graph boundary's doing
+    return output and not any(_norm_follows(n) for n in seen)
+
+
+def ends_graph_reason() -> str:
+    """``"ends its graph: ... (Dynamo's graph break: <reason>)"``, with the break reasons
+    Dynamo recorded in this process where it has any (``torch._dynamo.utils.counters``)."""
+    text = (
+        f"{ENDS_GRAPH}: the sum is an output of this graph, its norm (if any) is in the next one "
+        "after a Dynamo graph break; nothing fuses across graphs"
+    )
+    try:
+        from torch._dynamo.utils import counters
+
+        reasons = [r.strip().splitlines()[0][:160] for r in counters["graph_break"] if r.strip()]
+    except Exception:  # Dynamo's counters are internal: the reason without them
+        reasons = []
+    if reasons:
+        shown = "; ".join(list(dict.fromkeys(reasons))[:2])
+        text += f" (Dynamo's graph break: {shown})"
+    return text
+
+
+_WARNED_GRAPH_END = False
+
+
+def warn_graph_ends(pass_name: str, rejected: Sequence[Rejection]) -> str | None:
+    """Warn once per process when all-reduces end their graph (see :func:`ends_graph_reason`);
+    returns the report note for ``rejected`` (None when none does)."""
+    global _WARNED_GRAPH_END
+    ends = sum(1 for r in rejected if ENDS_GRAPH in r.reason)
+    if not ends:
+        return None
+    note = (
+        f"{ends} all-reduce(s) end their graph: the model's graph breaks between an all-reduce "
+        f"and its norm ({GRAPH_BREAK_ADVICE})"
+    )
+    if not _WARNED_GRAPH_END:
+        _WARNED_GRAPH_END = True
+        import warnings
+
+        warnings.warn(f"passkit {pass_name}: {note}", stacklevel=2)
+    return note
+
+
+GRAPH_BREAK_ADVICE = (
+    "with Hugging Face tp_plan='auto', transformers 5.17 registers module backward hooks that "
+    "Dynamo breaks the graph at ('Module-level backwards hooks require compiled autograd'): "
+    "use transformers 5.23.0 or later, which compiles the decoder as one graph"
+)
+"""What to do about graph breaks between the all-reduces and their norms (issue 39)."""
 
 
 def _walked_chain(ar: AllReduce) -> str:
@@ -605,7 +680,11 @@ def _gated(
             continue
         if not same_shape(out.shape, yv.shape):
             continue
-        if _replicated(gate, inputs, sums, residual):
+        # the all-reduces in question: the site's own and the one ``y`` is the sum of
+        # (later layers' all-reduces read everything before them, this gate included)
+        behind = _ancestors([y], frozenset(sums))
+        local = [x for i, (x, total) in enumerate(zip(inputs, sums)) if i == 0 or total in behind]
+        if _replicated(gate, local, sums, residual):
             return y
     return None
 
@@ -625,7 +704,7 @@ def _ancestors(nodes: Sequence[fx.Node], stop: frozenset[fx.Node] = frozenset())
 
 
 def _replicated(gate: fx.Node, inputs: Sequence[fx.Node], sums: Sequence[fx.Node], residual: fx.Node) -> bool:
-    """See :func:`_gated`."""
+    """See :func:`_gated` (``inputs``: the inputs of the all-reduces summed at the site)."""
     of_gate = _ancestors([gate], frozenset(sums))
     if any(x in of_gate for x in inputs):
         return False
@@ -733,9 +812,26 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> RMSNorm:
         return match_rmsnorm(total)
     except NoNorm:
         shared = after_all_reduce and len(total.users) > 1
-        if shared and any(u.target is aten.add.Tensor for u in total.users):
-            raise Mismatch("all-reduce result is also used outside the residual add") from None
+        adds = [u for u in total.users if u.target is aten.add.Tensor]
+        if shared and adds:
+            if any(_norm_follows(add) for add in adds):
+                raise Mismatch("all-reduce result is also used outside the residual add") from None
+            # a post-norm model's embedding: read by the first layer and its residual add, and
+            # no norm reads either (the norms are on the blocks' outputs)
+            raise Mismatch(f"{NO_NORM_FOLLOWS} (no RMSNorm reads the sum or its residual add)") from None
         raise
+
+
+NO_NORM_FOLLOWS = "no norm follows"
+"""The reason given for an all-reduce whose sum no norm reads, not even after a residual add."""
+
+
+def _norm_follows(add: fx.Node) -> bool:
+    try:
+        match_rmsnorm(add)
+    except Mismatch:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------

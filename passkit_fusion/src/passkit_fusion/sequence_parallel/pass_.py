@@ -131,6 +131,7 @@ class SequenceParallel(decisions.Tunable, GraphPass):
             find_sites,
             host_fusion_note,
             schema_declined,
+            warn_graph_ends,
         )
         from . import rewrite  # imports the token_shard op
 
@@ -164,6 +165,8 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         if not taken and not rejected:
             fused = len(gm.graph.find_nodes(op="call_function", target=_fused_op()))
             notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
+        if ends := warn_graph_ends(self.name, rejected):
+            notes.append(ends)
         if host:
             notes.append(host)
         if decided := self.decision_note(ctx):
