@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--mode", choices=("eager", "inductor"), default="eager")
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/coverage_cpu.{md,json}")
+    ap.add_argument("--write-to", type=Path, help="write coverage_cpu.{md,json} into this folder instead")
     ap.add_argument(
         "--decode",
         action="store_true",
@@ -150,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{family}: done", file=sys.stderr, flush=True)
     text = render(reports, args, time.perf_counter() - start)
     print(text)
-    if args.write:
-        out = HERE / "results"
+    if args.write or args.write_to:
+        out = args.write_to or HERE / "results"
         (out / "coverage_cpu.md").write_text("# Coverage on CPU (benchmarks/coverage.py)\n\n" + text + "\n")
         (out / "coverage_cpu.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
     return 0

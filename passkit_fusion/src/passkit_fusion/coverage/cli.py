@@ -22,7 +22,7 @@ EXPLAIN_HF_HELP = (
     "the rest were left."
 )
 
-__all__ = ["EXPLAIN_HF_HELP", "add_explain_hf_arguments", "run_explain_hf"]
+__all__ = ["EXPLAIN_HF_HELP", "add_explain_hf_arguments", "graph_break_note", "run_explain_hf"]
 
 
 def add_explain_hf_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +96,25 @@ def run_explain_hf(args: argparse.Namespace) -> int:
         print(f"error: {report.name}: {report.error}", file=sys.stderr)
         return 2
     print(_summary(report))
+    if note := graph_break_note(report):
+        print(note, file=sys.stderr)
     return 0
+
+
+def graph_break_note(report: Any) -> str | None:
+    """The advice when some all-reduce ended its graph (its norm in the next one, after a
+    Dynamo graph break): which transformers versions' TP plans break graphs, what to do."""
+    from ..patterns.sites import ENDS_GRAPH, GRAPH_BREAK_ADVICE
+
+    ends = sum(n for o in report.outcomes for r, n in o.reasons.items() if ENDS_GRAPH in r)
+    if not ends:
+        return None
+    import transformers
+
+    return (
+        f"note: {ends} all-reduce(s) ended their graph, so their norms could not be fused "
+        f"(transformers {transformers.__version__} here): {GRAPH_BREAK_ADVICE}"
+    )
 
 
 def _config_error(exc: Exception) -> int:
