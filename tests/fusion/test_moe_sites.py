@@ -186,3 +186,18 @@ def test_every_form_matches_eager_on_gloo():
             assert result["matches"] == SITES[label.split(" ")[0]], label
             for got, expected in zip(result["compiled"], result["eager"]):
                 assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_report_that_does_not_match_the_graph_fails_the_pass(monkeypatch: pytest.MonkeyPatch):
+    """The passes count the all-reduces left after their rewrite: a rewrite that leaves a site's
+    all-reduce in the graph (here: one that does nothing) is the pass's failure, its graph
+    restored, not a report of sites fused."""
+    from passkit_fusion.allreduce_rmsnorm.pass_ import AllReduceRMSNorm
+
+    monkeypatch.setattr(AllReduceRMSNorm, "_replace", lambda self, graph, site, position: False)
+    with fake_world(2):
+        result = run_passes(_model(0, "reshaped"), _input(0), passes=[REFERENCE], on_error="skip")
+    record = result.report["allreduce_rmsnorm"]
+    assert record.status == "failed", record
+    assert "reports 3 all-reduce(s) rewritten, but the graph went from 3 to 3" in record.reason
+    assert count_ops(result.graph_after, ALL_REDUCE) == 3
