@@ -91,6 +91,13 @@ def gemma(x, r, w):
     return gemma_norm(ar(x) + r, w)
 
 
+def pow_minus_half(x, r, w):
+    """Gemma-3n's and Gemma-4's norm: ``torch.pow(mean + eps, -0.5)`` rather than ``rsqrt``."""
+    h = (ar(x) + r).float()
+    out = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + 1e-6, -0.5)
+    return (out * w.float()).type_as(x)
+
+
 def bias_in_activation_dtype(x, r, w):
     h = (ar(x) + r).float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -288,6 +295,7 @@ FORMS = [
     Form(gemma, shape=(2, 3, 64), weight_bias=1.0),
     Form(gemma, dtype=fp16, weight_bias=1.0),
     Form(bias_in_activation_dtype, weight_bias=1.0),
+    Form(pow_minus_half, shape=(2, 3, 64)),
     Form(in_place_all_reduce, shape=(2, 3, 64)),
     Form(no_residual, residuals=0, eps=0.1234),
     Form(no_residual_result_used_later, dtype=fp16, shape=(2, 3, 64), residuals=0),
