@@ -157,7 +157,13 @@ def torch_versions(session: nox.Session, torch_version: str) -> None:
 
 HOSTS = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23"}
 """Host name -> the release ``nox -s hosts`` installs; its tests are ``tests/hosts/test_<host>.py``.
-Adding a host: one entry here, its adapter in ``passkit/hosts/`` and its test file."""
+Adding a host: one entry here, its transformers in :data:`HOST_TRANSFORMERS`, its adapter in
+``passkit/hosts/`` and its test file."""
+HOST_TRANSFORMERS = {"vllm": "transformers<5.21.0", "sglang": "transformers==5.19.0"}
+"""The transformers each host release supports (its own pin), used in its venv instead of
+:data:`TEST_DEPS`' ``transformers==5.23.0``: installing that over the host's pin only made pip
+warn, and the host then ran on a transformers it does not support."""
+HOST_TEST_DEPS = [d for d in TEST_DEPS if not d.startswith("transformers")]
 
 
 @nox.session
@@ -166,8 +172,10 @@ def hosts(session: nox.Session, host: str) -> None:
     """passkit inside a real serving stack (``nox -s hosts``; one host: ``nox -s
     "hosts(host='vllm')"``). The host brings its own torch (a CUDA build, which installs and
     runs on a CPU machine); the tests compile in 2-rank gloo worlds. Extra args go to pytest."""
-    session.install(HOSTS[host])
-    session.install(*PACKAGES, *EXAMPLE, *TEST_DEPS)
+    # one resolver run: the host, the transformers it pins, passkit and the test deps together,
+    # so a conflict fails the session (separate installs only warn and break the host's pins)
+    session.install(HOSTS[host], HOST_TRANSFORMERS[host], *PACKAGES, *EXAMPLE, *HOST_TEST_DEPS)
+    session.run("python", "-m", "pip", "check")  # broken requirements fail here too
     # the dialect's schemas and sites against the host's real ops (drift of the stand-ins
     # the default suite uses shows here)
     session.run("python", f"tests/fusion/real_hosts/check_{host}.py")

@@ -43,6 +43,13 @@ def gemma(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (out * (1.0 + w.float())).type_as(h)
 
 
+def gemma3n(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Gemma-3n's and Gemma-4's norm: ``pow(mean + eps, -0.5)`` for ``rsqrt``."""
+    out = h.float()
+    out = out * torch.pow(out.pow(2).mean(-1, keepdim=True) + 1e-6, -0.5)
+    return (out * w.float()).type_as(h)
+
+
 def f_rms_norm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(h, (h.shape[-1],), w, 1e-5)
 
@@ -124,6 +131,7 @@ CASES: dict[str, tuple[Callable[..., Any], torch.dtype, tuple[int, ...]]] = {
     "f_rms_norm-no-residual-fp16-3d": (without_residual(f_rms_norm), fp16, (2, 5, 64)),
     "gemma-residual-bf16-3d": (with_residual(gemma), bf16, (2, 5, 64)),
     "gemma-residual-fp16-2d": (with_residual(gemma), fp16, (7, 64)),
+    "gemma3n-pow-residual-bf16-3d": (with_residual(gemma3n), bf16, (2, 5, 64)),
     "in-place-all-reduce-bf16-2d": (in_place, bf16, (7, 64)),
     "two-chained-sites-bf16": (two_layers, bf16, (7, 64)),
 }

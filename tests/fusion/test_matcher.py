@@ -91,6 +91,13 @@ def gemma(x, r, w):
     return gemma_norm(ar(x) + r, w)
 
 
+def pow_minus_half(x, r, w):
+    """Gemma-3n's and Gemma-4's norm: ``torch.pow(mean + eps, -0.5)`` rather than ``rsqrt``."""
+    h = (ar(x) + r).float()
+    out = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + 1e-6, -0.5)
+    return (out * w.float()).type_as(x)
+
+
 def bias_in_activation_dtype(x, r, w):
     h = (ar(x) + r).float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -216,6 +223,11 @@ def result_also_used(x, r, w):
     return llama_norm(y + r, w), y * 2  # the kernel does not output y alone
 
 
+def post_norm_embedding(x, r, w):
+    h = ar(x)  # a post-norm model's embedding: read by the first layer and its residual add
+    return torch.relu(h + llama_norm(torch.tanh(h), w))  # the norm is on the block output, not on h
+
+
 def upcast_also_used(x, r, w):
     h = (ar(x) + r).float()
     out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -283,6 +295,7 @@ FORMS = [
     Form(gemma, shape=(2, 3, 64), weight_bias=1.0),
     Form(gemma, dtype=fp16, weight_bias=1.0),
     Form(bias_in_activation_dtype, weight_bias=1.0),
+    Form(pow_minus_half, shape=(2, 3, 64)),
     Form(in_place_all_reduce, shape=(2, 3, 64)),
     Form(no_residual, residuals=0, eps=0.1234),
     Form(no_residual_result_used_later, dtype=fp16, shape=(2, 3, 64), residuals=0),
@@ -320,6 +333,7 @@ NEGATIVES = [
     ),
     (Form(gemma, dtype=fp16, weight_dtype=fp32), "norm weight is float32 but activations are float16", 2),
     (Form(result_also_used), "all-reduce result is also used outside the residual add", 2),
+    (Form(post_norm_embedding), "no norm follows (no RMSNorm reads the sum or its residual add)", 2),
     (Form(upcast_also_used), "fp32 upcast", 2),
     (Form(variance_also_used), "inside the RMSNorm, is also used outside it", 2),
     (Form(residual_broadcasts), "residual add broadcasts ([4, 64] + [64])", 2),
@@ -560,3 +574,38 @@ def test_conformance():
             options_variants=variants,
             sample=(llama_residual, Form(llama_residual).inputs()),
         )
+
+
+def broken_before_the_norm(x, r, w):
+    h = ar(x) + r
+    torch._dynamo.graph_break()  # the all-reduce ends the first graph, its norm starts the next
+    return llama_norm(h, w)
+
+
+def test_an_all_reduce_that_ends_its_graph_is_reported_and_warned_once(clean_env):
+    import warnings
+
+    from passkit_fusion.patterns import sites
+
+    sites._WARNED_GRAPH_END = False
+    form = Form(broken_before_the_norm)
+    records = []
+    with fake_world(2), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            torch._dynamo.reset()
+            backend = passkit.backend(passes=[REFERENCE], mode="eager")
+            torch.compile(form.fn, backend=backend)(*form.inputs())
+            records += [report["allreduce_rmsnorm"] for report in backend.reports]
+    first = records[0]
+    assert first.matches == 0
+    rejected = next(n for n in first.notes if "rejected" in n)
+    assert (
+        "ends its graph" in rejected
+        and "Dynamo's graph break: Call to `torch._dynamo.graph_break()`" in rejected
+    )
+    assert any(
+        n.startswith("1 all-reduce(s) end their graph") and "transformers 5.23.0" in n for n in first.notes
+    )
+    warned = [w for w in caught if "end their graph" in str(w.message)]
+    assert len(warned) == 1, [str(w.message) for w in caught]

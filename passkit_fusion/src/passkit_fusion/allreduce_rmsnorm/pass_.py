@@ -137,10 +137,20 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         return "reference" if self.options.implementation == "reference" else "flashinfer"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
-        from ..patterns.sites import Rejection, Site, candidates, host_fusion_note, schema_declined
+        from ..patterns.sites import (
+            Rejection,
+            Site,
+            candidates,
+            check_rewritten,
+            count_all_reduces,
+            host_fusion_note,
+            schema_declined,
+            warn_graph_ends,
+        )
         from . import ops  # noqa: F401  (defines the ops the rewrite writes)
 
         host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
+        all_reduces = count_all_reduces(gm.graph)
         position = {node: float(i) for i, node in enumerate(gm.graph.nodes)}
         sites: list[Site] = []
         rejected: list[Rejection] = []
@@ -160,11 +170,16 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             from torch._inductor.pattern_matcher import stable_topological_sort
 
             stable_topological_sort(gm.graph)
+        if sites:  # the report counts the graph: every site and merged all-reduce must be gone
+            rewritten = len(sites) + sum(len(s.merged) for s in sites)
+            check_rewritten(self.name, all_reduces, count_all_reduces(gm.graph), rewritten)
         notes = summarize(sites, rejected, self.impl)
         if not sites and not rejected:  # another pass (sequence_parallel) may have taken them
             from ..patterns.marks import taken_note
 
             notes = [taken_note(gm.graph) or notes[0]]
+        if ends := warn_graph_ends(self.name, rejected):
+            notes.append(ends)
         if host:
             notes.append(host)
         if decided := self.decision_note(ctx):
@@ -317,7 +332,15 @@ def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Nod
     scale = site.quant.scale if site.quant is not None else None
     inputs = [
         n
-        for n in (site.x, site.residual, site.weight, scale, *site.shared, *(m.x for m in site.merged))
+        for n in (
+            site.x,
+            site.residual,
+            site.weight,
+            scale,
+            *site.shared,
+            *(m.x for m in site.merged),
+            *(a for m in site.merged for v in m.views for a in v.all_input_nodes),  # a gate
+        )
         if n is not None
     ]
     last_input = max(position[n] for n in inputs)

@@ -11,6 +11,7 @@ difference from eager. Needs ``transformers`` and ``accelerate``; no GPU.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from passkit import PasskitError
@@ -25,7 +26,7 @@ EXPLAIN_HF_HELP = (
     "the rest were left."
 )
 
-__all__ = ["EXPLAIN_HF_HELP", "add_explain_hf_arguments", "run_explain_hf"]
+__all__ = ["EXPLAIN_HF_HELP", "add_explain_hf_arguments", "graph_break_note", "run_explain_hf"]
 
 
 def add_explain_hf_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,9 +60,9 @@ def add_explain_hf_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_explain_hf(args: argparse.Namespace) -> int:
-    """Print the report; 1 when the model cannot run. A config that cannot be read, or
-    arguments that do not fit, raise :class:`passkit.PasskitError` (the CLI prints one line and
-    exits 2)."""
+    """Print the report. A config that cannot be read or built at small sizes, arguments that
+    do not fit, and a model that cannot run (the failing rank's own error; its traceback with
+    ``--traceback``) raise :class:`passkit.PasskitError`: the CLI prints it on stderr and exits 2."""
     from .configs import ConfigError, load_config, small_config
     from .run import check_model, format_report
 
@@ -84,6 +85,10 @@ def run_explain_hf(args: argparse.Namespace) -> int:
         ) from None
     except (ConfigError, TypeError, ValueError) as exc:
         raise PasskitError(str(exc)) from None
+    except Exception as exc:  # a config this transformers rejects at small sizes: no traceback
+        raise PasskitError(
+            f"{args.config}: cannot build it at small sizes: {type(exc).__name__}: {exc}"
+        ) from None
     print(
         f"{type(config).__name__} ({getattr(config, 'model_type', '?')}), {args.layers} layers at small sizes "
         f"(hidden {getattr(small, 'hidden_size', '?')}), random weights, tp_plan='auto' on {args.tp} gloo "
@@ -100,9 +105,27 @@ def run_explain_hf(args: argparse.Namespace) -> int:
     )
     print(format_report([report]))
     if report.error:
-        return 1
+        raise PasskitError(f"{report.name}: {report.error}")
     print(_summary(report))
+    if note := graph_break_note(report):
+        print(note, file=sys.stderr)
     return 0
+
+
+def graph_break_note(report: Any) -> str | None:
+    """The advice when some all-reduce ended its graph (its norm in the next one, after a
+    Dynamo graph break): which transformers versions' TP plans break graphs, what to do."""
+    from ..patterns.sites import ENDS_GRAPH, GRAPH_BREAK_ADVICE
+
+    ends = sum(n for o in report.outcomes for r, n in o.reasons.items() if ENDS_GRAPH in r)
+    if not ends:
+        return None
+    import transformers
+
+    return (
+        f"note: {ends} all-reduce(s) ended their graph, so their norms could not be fused "
+        f"(transformers {transformers.__version__} here): {GRAPH_BREAK_ADVICE}"
+    )
 
 
 def _summary(report: Any) -> str:

@@ -11,11 +11,13 @@ kept from the config. The families of ``benchmarks/coverage.py`` are listed in
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "ConfigError", "load_config", "small_config"]
+__all__ = ["FAMILIES", "ConfigError", "load_config", "small_config", "tp_families"]
 
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # family: (config class, what the family's checkpoints set that the defaults do not)
@@ -64,20 +66,23 @@ _SMALL: dict[str, Any] = {
     "query_pre_attn_scalar": 16,
     "max_window_layers": 2,
     "num_nextn_predict_layers": 0,
+    "num_expert_group": 1,
+    "vocab_size_per_layer_input": 256,
+    "hidden_size_per_layer_input": 16,
 }
 """Laptop sizes, applied to the keys a config has (TP=2 and 4 divide every head count)."""
 _POSITIVE_ONLY = ("shared_expert_intermediate_size", "shared_intermediate_size", "n_shared_experts")
 """Sizes that switch a feature on: shrunk only where the config has the feature."""
 _DERIVED = (
-    "layer_types",
-    "mlp_layer_types",
-    "sliding_window_pattern",
     "quantization_config",
     "torch_dtype",
     "dtype",
 )
-"""Per-layer lists rebuilt from the new layer count by the config class; quantization
-dropped (the weights are random)."""
+"""Quantization dropped (the weights are random)."""
+_TOP_K = ("num_experts_per_tok", "num_experts_per_token", "top_k_experts", "moe_topk", "moe_k")
+"""Experts per token: at most :data:`_SMALL_EXPERTS` / 2 once the experts are shrunk."""
+_SMALL_EXPERTS = 4
+_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 _SLIDING_WINDOW = 64
 
 
@@ -118,12 +123,62 @@ def load_config(source: str | Path) -> Any:
         return config.get_text_config()
     cls = getattr(transformers, text, None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PretrainedConfig)):
+        cls = _config_class(text)
+    if cls is None:
         known = ", ".join(FAMILIES)
         raise ConfigError(
-            f"{source!r} is neither a config file, a transformers config class (e.g. Qwen3MoeConfig) "
-            f"nor a family ({known}){_suggest(text, transformers)}"
+            f"{source!r} is neither a config file, a transformers config class (e.g. Qwen3MoeConfig), "
+            f"a model_type (glm4_moe) nor a family ({known}; any transformers family name works: Glm4Moe)"
+            f"{_suggest(text, transformers)}"
         )
-    return cls().get_text_config()
+    extra = next(
+        (e for f, (name, e) in FAMILIES.items() if name == cls.__name__ and _key(f) == _key(text)), {}
+    )
+    return cls(**extra).get_text_config()
+
+
+def _key(name: str) -> str:
+    """A name compared loosely: ``Glm4-MoE``, ``glm4_moe``, ``Glm4Moe``, ``Glm4MoeConfig``."""
+    return re.sub(r"[^a-z0-9]", "", name.lower()).removesuffix("config")
+
+
+def _config_class(name: str) -> Any:
+    """The config class of a family named loosely (:func:`_key`): a family of
+    :data:`FAMILIES`, a ``model_type`` or a config class name of the installed transformers."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    key = _key(name)
+    for family, (cls_name, _) in FAMILIES.items():
+        if _key(family) == key:
+            return getattr(transformers, cls_name)
+    for model_type, cls_name in CONFIG_MAPPING_NAMES.items():
+        if key in (_key(model_type), _key(cls_name)):
+            try:
+                from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+                return CONFIG_MAPPING[model_type]
+            except (KeyError, ImportError, AttributeError):
+                return None
+    return None
+
+
+def tp_families() -> dict[str, str]:
+    """``model_type -> config class name`` of every causal LM the installed transformers has a
+    tensor-parallel plan for (``base_model_tp_plan``): what ``benchmarks/coverage.py --all``
+    runs."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    out: dict[str, str] = {}
+    for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        try:
+            cls = CONFIG_MAPPING[model_type]
+            if getattr(cls, "base_model_tp_plan", None):
+                out[model_type] = cls.__name__
+        except Exception:  # a model this transformers cannot import
+            continue
+    return out
 
 
 def _suggest(text: str, transformers: Any) -> str:
@@ -142,11 +197,43 @@ def _suggest(text: str, transformers: Any) -> str:
 
 
 def small_config(config: Any, layers: int = 2) -> Any:
-    """``config`` at laptop sizes, same structure (see the module docstring)."""
+    """``config`` at laptop sizes, same structure (see the module docstring).
+
+    Per-layer settings follow the layers kept (:func:`_keep_layers`: the first layer of each
+    kind, then the first ones): lists with one entry per layer (``layer_types``,
+    ``mlp_layer_types``, Llama-4's ``no_rope_layers``, Gemma-3n's per-layer
+    ``intermediate_size``...) are cut to them, lists of layer indices (``moe_layers``) and
+    dicts keyed by layer index (Gemma-4's ``per_layer_config``) renumbered; routing sizes
+    (experts per token, expert groups) are kept within the shrunk expert count."""
     values = {k: v for k, v in config.to_dict().items() if k not in _DERIVED}
+    full = values.get("num_hidden_layers")
+    if isinstance(full, int) and full > 0:
+        _per_layer(values, full, _keep_layers(values, full, layers))
     for key, small in _SMALL.items():
-        if key in values and not (key in _POSITIVE_ONLY and not values[key]):
+        if key not in values or (key in _POSITIVE_ONLY and not values[key]):
+            continue
+        if values[key] is None and key in (*_EXPERTS, *_TOP_K, "moe_intermediate_size"):
+            continue  # no experts (Gemma-4's dense models): stays so
+        current = values[key]
+        if isinstance(current, list):  # one size per layer (Gemma-3n's intermediate_size)
+            values[key] = [small] * len(current)
+        elif not isinstance(current, bool):
             values[key] = small
+    for key in _TOP_K:
+        if isinstance(values.get(key), int) and values[key] > _SMALL_EXPERTS // 2:
+            values[key] = _SMALL_EXPERTS // 2
+    if any(isinstance(values.get(k), int) for k in _EXPERTS) and isinstance(values.get("topk_group"), int):
+        values["topk_group"] = 1  # with one expert group
+    for key, value in list(values.items()):  # per-layer head counts (Laguna)
+        if key.endswith("heads_per_layer") and isinstance(value, list):
+            values[key] = [_SMALL["num_attention_heads"]] * len(value)
+    _fit_head_dim_splits(values)
+    if isinstance(values.get("mamba_d_head"), int) and isinstance(values.get("mamba_n_heads"), int):
+        inner = int(values.get("mamba_expand") or 2) * values["hidden_size"]  # Mamba heads fill it
+        values["mamba_d_head"] = 16
+        values["mamba_n_heads"] = inner // 16
+    if isinstance(values.get("num_kv_shared_layers"), int) and values["num_kv_shared_layers"]:
+        values["num_kv_shared_layers"] = values["num_kv_shared_layers"] * layers // full  # type: ignore[operator]
     for key in _POSITIVE_ONLY:
         if values.get(key):
             values[key] = 1 if key == "n_shared_experts" else 64
@@ -165,3 +252,75 @@ def small_config(config: Any, layers: int = 2) -> Any:
     values.pop("architectures", None)
     values.pop("auto_map", None)
     return type(config)(**values)
+
+
+def _fit_head_dim_splits(values: dict[str, Any]) -> None:
+    """Multimodal RoPE's ``mrope_section`` (three sections summing to half the head dim),
+    rescaled to the small head dim."""
+    rope = values.get("rope_parameters") or values.get("rope_scaling")
+    section = rope.get("mrope_section") if isinstance(rope, dict) else None
+    head_dim = values.get("head_dim")
+    if not (isinstance(section, list) and section and isinstance(head_dim, int)):
+        return
+    half, total = head_dim // 2, sum(section)
+    scaled = [max(1, s * half // total) for s in section]
+    scaled[0] += half - sum(scaled)
+    rope["mrope_section"] = scaled  # type: ignore[index]
+
+
+def _layer_lists(values: dict[str, Any], full: int) -> dict[str, list[Any]]:
+    """The settings with one entry per layer (lists of ``full`` entries that are not lists of
+    layer indices)."""
+    return {
+        k: v
+        for k, v in values.items()
+        if isinstance(v, list) and len(v) == full and not _is_index_list(v, full)
+    }
+
+
+def _is_index_list(value: list[Any], full: int) -> bool:
+    """Layer indices: strictly increasing ints below ``full`` (``moe_layers``)."""
+    ints = all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    return ints and all(0 <= i < full for i in value) and all(a < b for a, b in itertools.pairwise(value))
+
+
+def _keep_layers(values: dict[str, Any], full: int, layers: int) -> list[int]:
+    """Which of the ``full`` layers the small model keeps: the first layer of each kind (the
+    tuple of its per-layer settings and index-list memberships), then the first others,
+    in order; ``layers`` of them (all of them when ``layers >= full``)."""
+    if layers >= full:
+        return list(range(full)) + [full - 1] * (layers - full)
+    per_layer = _layer_lists(values, full)
+    index_lists = [set(v) for k, v in values.items() if isinstance(v, list) and v and _is_index_list(v, full)]
+    kinds: dict[Any, int] = {}
+    for i in range(full):
+        kind = (tuple(repr(v[i]) for v in per_layer.values()), tuple(i in s for s in index_lists))
+        kinds.setdefault(kind, i)
+    keep = sorted(kinds.values())[:layers]
+    for i in range(full):
+        if len(keep) >= layers:
+            break
+        if i not in keep:
+            keep.append(i)
+    return sorted(keep)
+
+
+def _per_layer(values: dict[str, Any], full: int, keep: list[int]) -> None:
+    """Cut the per-layer settings of ``values`` to the layers ``keep`` (see :func:`small_config`)."""
+    for key, value in list(values.items()):
+        if isinstance(value, list) and value and _is_index_list(value, full) and len(value) < full:
+            present = set(value)
+            values[key] = [j for j, i in enumerate(keep) if i in present]
+        elif isinstance(value, list) and len(value) == full:
+            if _is_index_list(value, full) and value == list(range(full)):
+                values[key] = list(range(len(keep)))  # every layer (Llama-4's moe_layers)
+            else:
+                values[key] = [value[i] for i in keep]
+        elif isinstance(value, dict) and value and all(isinstance(k, str) and k.isdigit() for k in value):
+            width = len(next(iter(value)))
+            if all(int(k) < full for k in value):
+                values[key] = {
+                    str(j).zfill(width): value[k]
+                    for j, i in enumerate(keep)
+                    if (k := str(i).zfill(width)) in value
+                }

@@ -67,6 +67,8 @@ class FamilyReport:
     """Why the model could not be built or run (then ``outcomes`` is empty)."""
     note: str | None = None
     """How the run differed from the defaults (eager attention where SDPA did not compile)."""
+    norm: str = "?"
+    """The kind of norm of its decoder layers: ``RMSNorm``, ``LayerNorm``, both, or ``?``."""
 
 
 def check_model(
@@ -92,9 +94,10 @@ def check_model(
         raise ValueError(f"tokens ({tokens}) must be a multiple of tp ({tp}) for sequence_parallel")
     label = name or type(config).__name__
     folder = Path(tempfile.mkdtemp(prefix="passkit-coverage-"))
+    norm = "?"
     try:
         try:
-            _save_random_model(config, folder)
+            norm = _save_random_model(config, folder)
         except Exception as exc:  # an architecture this transformers cannot build or shard
             error = str(exc) if _without_a_tp_plan(config) else f"cannot build it: {_short(exc)}"
             return FamilyReport(label, type(config).__name__, tp, [], error=error)
@@ -104,20 +107,37 @@ def check_model(
                 _rank, "gloo", tp, args=(str(folder), plans, tokens, mode, tracebacks), timeout=timeout
             )
         except Exception as exc:
-            return FamilyReport(label, type(config).__name__, tp, [], error=_short(exc))
+            return FamilyReport(
+                label, type(config).__name__, tp, [], error=_rank_error(exc, tracebacks), norm=norm
+            )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     errors = [r["error"] for r in ranks if r.get("error")]
     if errors:
-        return FamilyReport(label, type(config).__name__, tp, [], error=errors[0])
+        return FamilyReport(label, type(config).__name__, tp, [], error=errors[0], norm=norm)
     outcomes = []
     for i, first in enumerate(ranks[0]["outcomes"]):
         first.max_error = max(r["outcomes"][i].max_error for r in ranks)
         outcomes.append(first)
-    return FamilyReport(label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"))
+    return FamilyReport(label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"), norm=norm)
 
 
-def _save_random_model(config: Any, folder: Path) -> None:
+def _rank_error(exc: BaseException, full: bool) -> str:
+    """A failed world's error as its first failing rank gave it (its exception's last line;
+    ``full``: its whole traceback), not only the world's ``2 of 2 ranks failed``."""
+    results = getattr(exc, "results", None)
+    failed = [r for r in results or () if not getattr(r, "ok", True)]
+    if not failed:
+        return _short(exc, full=full)
+    rank = failed[0]
+    if full:
+        return rank.describe()
+    lines = [t for t in (rank.traceback or "").splitlines() if t.strip() and not t.startswith(" ")]
+    return f"rank {rank.rank}: {lines[-1] if lines else rank.error}"
+
+
+def _save_random_model(config: Any, folder: Path) -> str:
+    """Build ``config`` with random weights into ``folder``; returns its norm kind."""
     import transformers
 
     torch.manual_seed(0)
@@ -125,6 +145,21 @@ def _save_random_model(config: Any, folder: Path) -> None:
         raise RuntimeError(why)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(folder)
+    return norm_kind(model)
+
+
+def norm_kind(model: torch.nn.Module) -> str:
+    """``RMSNorm``, ``LayerNorm`` or ``RMSNorm+LayerNorm``: the norms of ``model``'s modules,
+    by class (``nn.LayerNorm`` and classes named ``*LayerNorm`` without ``RMS``; ``nn.RMSNorm``
+    and ``*RMSNorm``/``*RmsNorm``); ``?`` when it has neither."""
+    kinds = set()
+    for module in model.modules():
+        name = type(module).__name__.lower()
+        if isinstance(module, torch.nn.RMSNorm) or "rmsnorm" in name:
+            kinds.add("RMSNorm")
+        elif isinstance(module, torch.nn.LayerNorm) or name.endswith("layernorm"):
+            kinds.add("LayerNorm")
+    return "+".join(sorted(kinds, reverse=True)) or "?"
 
 
 def _without_a_tp_plan(config: Any) -> str | None:
@@ -183,7 +218,10 @@ def _run_plans(
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
     outcomes = []
     with torch.no_grad():
-        eager = model(ids, use_cache=False).logits
+        try:
+            eager = model(ids, use_cache=False).logits
+        except Exception as exc:
+            return {"error": f"the eager forward failed: {_short(exc, full=full)}"}
         for label, passes in plans.items():
             torch._dynamo.reset()
             backend = passkit.backend(passes=passes, mode=mode, on_error="raise")

@@ -35,7 +35,17 @@ import torch.fx as fx
 
 from .graph import same_shape, sole_user
 
-__all__ = ["describe_chain", "is_lead_op", "is_view", "node_label", "replay_lead", "walk_lead"]
+__all__ = [
+    "describe_chain",
+    "is_lead_op",
+    "is_sum",
+    "is_view",
+    "mixes_rows",
+    "node_label",
+    "reads_own_input",
+    "replay_lead",
+    "walk_lead",
+]
 
 aten = torch.ops.aten
 
@@ -53,6 +63,7 @@ _VIEWS = frozenset(
         aten.alias.default,
     }
 )
+_SUMS = frozenset({aten.sum.dim_IntList})
 _SCALES = frozenset({aten.mul.Tensor, aten.mul.Scalar})
 _DIVISIONS = frozenset({aten.div.Tensor, aten.div.Scalar})
 _CONSTANT_FACTORIES = frozenset(
@@ -65,6 +76,24 @@ def is_view(node: fx.Node) -> bool:
     """Whether ``node`` is a view op of the lead (one that keeps the last dimension when
     :func:`walk_lead` took it)."""
     return node.op == "call_function" and node.target in _VIEWS
+
+
+def is_sum(node: fx.Node) -> bool:
+    """Whether ``node`` is a sum over leading dims (Llama-4's top-k sum of expert outputs,
+    ``y.view(k, T, H).sum(0)``): linear, so it commutes with the all-reduce, but it mixes rows
+    (a rewrite that shards tokens applies it before the collective)."""
+    return node.op == "call_function" and node.target in _SUMS
+
+
+def reads_own_input(node: fx.Node) -> bool:
+    """A view or a sum of the lead: it reads its own first argument (a scale reads the node
+    before it)."""
+    return is_view(node) or is_sum(node)
+
+
+def mixes_rows(nodes: Iterable[fx.Node]) -> bool:
+    """Whether a lead sums rows (then sharding tokens after the collective would be wrong)."""
+    return any(is_sum(n) for n in nodes)
 
 
 def walk_lead(result: fx.Node) -> tuple[fx.Node, ...]:
@@ -93,6 +122,14 @@ def is_lead_op(node: fx.Node, prev: fx.Node) -> bool:
         if node.target is aten.clone.default and node.kwargs.keys() - {"memory_format"}:
             return False
         return node.args[0] is prev and same_shape(after.shape[-1:], before.shape[-1:])
+    if node.target in _SUMS:
+        dims = node.args[1] if len(node.args) > 1 else None
+        if node.args[0] is not prev or not isinstance(dims, (list, tuple)) or not dims:
+            return False
+        last = before.dim() - 1
+        if any(not isinstance(d, int) or d % before.dim() == last for d in dims):
+            return False
+        return same_shape(after.shape[-1:], before.shape[-1:])
     if not same_shape(after.shape, before.shape):
         return False
     if node.target in _SCALES:
@@ -140,7 +177,7 @@ def replay_lead(graph: fx.Graph, lead: Sequence[fx.Node], start: fx.Node, x: fx.
     current = x
     previous = start
     for node in lead:
-        source = node.args[0] if is_view(node) else previous
+        source = node.args[0] if reads_own_input(node) else previous
         copy = graph.node_copy(node, lambda a, prev=source, cur=current: cur if a is prev else a)
         copy.meta = {k: v for k, v in node.meta.items() if k != "val"}
         source = current.meta["val"]

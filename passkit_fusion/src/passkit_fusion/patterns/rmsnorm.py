@@ -5,7 +5,7 @@ node ``s``::
 
     c   = convert_element_type(s, float32)          # absent when s is already fp32
     var = mean.dim(pow(c, 2) | mul(c, c), [-1], keepdim=True)
-    n   = mul(c, rsqrt(add(var, eps)))
+    n   = mul(c, rsqrt(add(var, eps)))        # or pow(add(var, eps), -0.5): Gemma-3n, Gemma-4
     out = mul(convert_element_type(n, dtype), W)     # weight after the downcast (Llama)
         | convert_element_type(mul(n, W), dtype)     # weight in fp32 (F.rms_norm, Gemma)
 
@@ -102,7 +102,7 @@ def _norm_from_fp32(total: fx.Node, h: fx.Node, also: fx.Node | None = None) -> 
     mean = next_user(square, lambda u: u.target is aten.mean.dim)
     _check_mean(mean, val(total).dim())
     plus_eps = next_user(mean, lambda u: u.target in _ADDS)
-    rsqrt = next_user(plus_eps, lambda u: u.target is aten.rsqrt.default)
+    rsqrt = next_user(plus_eps, _is_rsqrt)
     eps = number_operand(plus_eps, mean)
     if eps is None:
         raise Mismatch("the norm's epsilon is not a constant (a graph input?)")
@@ -200,6 +200,14 @@ def find_user(node: fx.Node, pred: Callable[[fx.Node], bool]) -> fx.Node:
         if pred(user):
             return user
     raise NoNorm()
+
+
+def _is_rsqrt(node: fx.Node) -> bool:
+    """``rsqrt(v)``, or ``pow(v, -0.5)`` (Gemma-3n's and Gemma-4's norms: ``torch.pow(mean
+    + eps, -0.5)``, the same value)."""
+    if node.target is aten.rsqrt.default:
+        return True
+    return node.target is aten.pow.Tensor_Scalar and len(node.args) > 1 and node.args[1] == -0.5
 
 
 def next_user(node: fx.Node, pred: Callable[[fx.Node], bool]) -> fx.Node:

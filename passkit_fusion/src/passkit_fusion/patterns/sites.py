@@ -85,7 +85,9 @@ class Merged:
     nodes: tuple[fx.Node, ...]
     """Its own nodes, from the collective to :attr:`result` (in the site's nodes)."""
     views: tuple[fx.Node, ...]
-    """Views keeping the hidden dim from :attr:`result` to :attr:`term` (in the site's nodes)."""
+    """The lead from :attr:`result` to :attr:`term` (in the site's nodes): views keeping the
+    hidden dim, a sum over leading dims (Llama-4's top-k sum), constant scales, a gate every
+    rank computes alike (Qwen3-Next's ``sigmoid(g) * AR(shared)``)."""
     after: tuple[fx.Node, ...]
     """The site's views after the add reading :attr:`term` (the site's own chain)."""
 
@@ -204,6 +206,7 @@ def candidates(
                 yield Rejection(node, reason, schema=True)
             continue
         merged: set[fx.Node] = set()
+        later: list[Rejection] = []  # yielded at the end: a later site may merge them
         for found in dialect.all_reduces(graph):
             if _anchor(found) in merged or getattr(_anchor(found), "_erased", False):
                 continue  # summed into an earlier site (see Site.merged)
@@ -215,7 +218,10 @@ def candidates(
                 merged.update(m.all_reduce for m in site.merged)
                 yield site
             except (Mismatch, Declined) as exc:
-                yield Rejection(found.anchor, str(exc))
+                later.append(Rejection(found.anchor, str(exc)))
+        # an all-reduce rejected on its own but summed into a later site (a gated shared
+        # expert's, before the routed experts' in graph order) is that site's, not left
+        yield from (r for r in later if r.all_reduce not in merged)
 
 
 def _anchor(found: AllReduce | tuple[fx.Node, str]) -> fx.Node:
@@ -251,6 +257,30 @@ def host_fusion_note(graph: fx.Graph, dialects: Sequence[Dialect] | None = None)
             *lines,
         ]
     return "; ".join(lines) if lines else None
+
+
+def count_all_reduces(graph: fx.Graph, dialects: Sequence[Dialect] | None = None) -> int:
+    """The all-reduces in ``graph``, in every dialect present: what a fusion pass checks its
+    report against after its rewrite (the graph, not the intent)."""
+    count = 0
+    for dialect in _present(graph, dialects):
+        count += sum(1 for _ in dialect.ops_in(graph, dialect.ALL_REDUCE_OPS))
+    return count
+
+
+class CountMismatch(RuntimeError):
+    """A pass reported more (or fewer) all-reduces rewritten than left its graph."""
+
+
+def check_rewritten(pass_name: str, before: int, after: int, rewritten: int) -> None:
+    """Raise :class:`CountMismatch` unless ``before - after == rewritten``: the pass's report
+    says ``rewritten`` all-reduces were taken; the graph must have that many fewer. A mismatch
+    is the pass's failure (its graph is restored, the reason recorded)."""
+    if before - after != rewritten:
+        raise CountMismatch(
+            f"{pass_name} reports {rewritten} all-reduce(s) rewritten, but the graph went from "
+            f"{before} to {after} all-reduce(s)"
+        )
 
 
 def _present(graph: fx.Graph, dialects: Sequence[Dialect] | None) -> list[Dialect]:
@@ -296,7 +326,82 @@ def match_site(
     try:
         return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms)
     except Mismatch as exc:
+        no_norm = isinstance(exc, NoNorm) or NO_NORM_FOLLOWS in str(exc) or "also used outside" in str(exc)
+        if no_norm and _ends_graph(ar):  # no norm here because it is in the next graph
+            raise Mismatch(f"{_walked_chain(ar)}: {ends_graph_reason()}") from None
         raise Mismatch(f"{_walked_chain(ar)}: {exc}") from None
+
+
+ENDS_GRAPH = "ends its graph"
+"""The reason given for an all-reduce whose sum is an output of its graph: its norm (if
+any) is in the next graph, after a Dynamo graph break."""
+
+
+def _ends_graph(ar: AllReduce) -> bool:
+    """Whether the graph's output reads the sum (directly, or through its lead, views and
+    residual adds)."""
+    seen: list[fx.Node] = []
+    frontier = [ar.result]
+    output = False
+    while frontier and len(seen) < 64:
+        node = frontier.pop()
+        seen.append(node)
+        for user in node.users:
+            output |= user.op == "output"
+            lead = user.args and user.args[0] is node and is_lead_op(user, node)
+            if is_view(user) or lead or user.target is aten.add.Tensor:
+                frontier.append(user)
+    # a norm in this graph reading one of them: not a graph boundary's doing
+    return output and not any(_norm_follows(n) for n in seen)
+
+
+def ends_graph_reason() -> str:
+    """``"ends its graph: ... (Dynamo's graph break: <reason>)"``, with the break reasons
+    Dynamo recorded in this process where it has any (``torch._dynamo.utils.counters``)."""
+    text = (
+        f"{ENDS_GRAPH}: the sum is an output of this graph, its norm (if any) is in the next one "
+        "after a Dynamo graph break; nothing fuses across graphs"
+    )
+    try:
+        from torch._dynamo.utils import counters
+
+        reasons = [r.strip().splitlines()[0][:160] for r in counters["graph_break"] if r.strip()]
+    except Exception:  # Dynamo's counters are internal: the reason without them
+        reasons = []
+    if reasons:
+        shown = "; ".join(list(dict.fromkeys(reasons))[:2])
+        text += f" (Dynamo's graph break: {shown})"
+    return text
+
+
+_WARNED_GRAPH_END = False
+
+
+def warn_graph_ends(pass_name: str, rejected: Sequence[Rejection]) -> str | None:
+    """Warn once per process when all-reduces end their graph (see :func:`ends_graph_reason`);
+    returns the report note for ``rejected`` (None when none does)."""
+    global _WARNED_GRAPH_END
+    ends = sum(1 for r in rejected if ENDS_GRAPH in r.reason)
+    if not ends:
+        return None
+    note = (
+        f"{ends} all-reduce(s) end their graph: the model's graph breaks between an all-reduce "
+        f"and its norm ({GRAPH_BREAK_ADVICE})"
+    )
+    if not _WARNED_GRAPH_END:
+        _WARNED_GRAPH_END = True
+        import warnings
+
+        warnings.warn(f"passkit {pass_name}: {note}", stacklevel=2)
+    return note
+
+
+GRAPH_BREAK_ADVICE = (
+    "with Hugging Face tp_plan='auto', transformers 5.17 registers module backward hooks that "
+    "Dynamo breaks the graph at ('Module-level backwards hooks require compiled autograd'): "
+    "use transformers 5.23.0 or later, which compiles the decoder as one graph"
+)
+"""What to do about graph breaks between the all-reduces and their norms (issue 39)."""
 
 
 def _walked_chain(ar: AllReduce) -> str:
@@ -340,8 +445,8 @@ def _match_site(
     else:
         total, residual, rest, shared, adds = _residual_add(start)
         shared_views = _views_after_each(shared, adds)
-        if shared:
-            shared, shared_views, merged = _merge_all_reduces(ar, dialect, shared, shared_views)
+        if residual is not None and not rest:
+            shared, shared_views, merged, residual = _merge_terms(ar, dialect, shared, shared_views, residual)
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
     dtype, shape = val(start).dtype, val(start).shape
     if host_norm is not None:
@@ -350,7 +455,11 @@ def _match_site(
         norm = match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
     else:
         norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
-    _check_residual(start, residual, shape if residual is None or not shared_views else val(total).shape)
+    if residual is not None and not rest and total.target is aten.add.Tensor and residual in total.args[:2]:
+        # what the residual is added to: the chain before the last add (its views included)
+        _check_residual(start, residual, val(_other_operand(total, residual)).shape)
+    else:
+        _check_residual(start, residual, shape if residual is None or not shared_views else val(total).shape)
     merged_terms = {m.term for m in merged}
     shared_adds = [a for a in adds if not is_view(a) and not (set(a.args[:2]) & merged_terms)]
     for term, add in zip(shared, shared_adds):
@@ -452,11 +561,165 @@ def _residual_add(
     return chain[-1], terms[-1], (), tuple(terms[:-1]), tuple(chain[:-1])
 
 
+def _other_operand(add: fx.Node, term: fx.Node) -> fx.Node:
+    a, b = add.args[:2]
+    return b if a is term else a  # type: ignore[return-value]
+
+
+def _merge_terms(
+    ar: AllReduce,
+    dialect: Dialect,
+    shared: tuple[fx.Node, ...],
+    shared_views: tuple[tuple[fx.Node, ...], ...],
+    residual: fx.Node,
+) -> tuple[tuple[fx.Node, ...], tuple[tuple[fx.Node, ...], ...], tuple[Merged, ...], fx.Node | None]:
+    """Merge the added terms that are other all-reduces' sums (:func:`_merge_all_reduces`).
+    The last term (what the matcher took for the residual) is merged too when it is another
+    all-reduce's sum and no other term stays: ``norm(AR(routed).view(...) + AR(shared))``
+    without a residual (AXK1's and Kolibri1's post-MoE norm) is then one site without a
+    residual, rather than a site whose residual is the second all-reduce. Returns
+    ``(shared, shared_views, merged, residual)``."""
+    if not shared and not _sum_of_another(ar, dialect, residual):
+        return shared, shared_views, (), residual
+    views = shared_views or ((),) * len(shared)
+    kept, kept_views, merged = _merge_all_reduces(
+        ar, dialect, (*shared, residual), (*views, ()), residual=residual
+    )
+    if kept and kept[-1] is residual:
+        return kept[:-1], kept_views[:-1] if shared_views else (), merged, residual
+    if not kept:
+        return (), (), merged, None
+    # a shared term would have to become the residual: leave the residual alone
+    if not shared:
+        return shared, shared_views, (), residual
+    kept, kept_views, merged = _merge_all_reduces(ar, dialect, shared, views, residual=residual)
+    return kept, kept_views if shared_views else (), merged, residual
+
+
+def _sum_of_another(ar: AllReduce, dialect: Dialect, term: fx.Node) -> bool:
+    """Cheap check before :func:`_merge_all_reduces`: ``term`` is (a lead of) a node produced
+    by another collective of ``dialect``."""
+    source = _lead_source(term)
+    return any(
+        isinstance(found, AllReduce) and found.anchor is not ar.anchor and found.result is source
+        for found in dialect.all_reduces(ar.anchor.graph)
+    )
+
+
+def _lead_source(term: fx.Node) -> fx.Node:
+    """Walk back from ``term`` through lead ops (views, sums over leading dims, constant
+    scales) to the node they start from."""
+    return _walk_back(term)[0]
+
+
+_Gates = tuple[Sequence[fx.Node], Sequence[fx.Node], fx.Node]
+"""What :func:`_gated` needs: the all-reduce inputs and sums of the group, the site's residual."""
+
+
+def _walk_back(
+    term: fx.Node, stop: object = (), gates: _Gates | None = None
+) -> tuple[fx.Node, list[fx.Node]]:
+    """``(source, nodes)``: the node ``term`` is computed from through lead ops and gates, and
+    those nodes in order (``source``'s user first)."""
+    source, nodes = term, []
+    while source not in stop and source.op == "call_function" and source.args:  # type: ignore[operator]
+        previous = _lead_input(source, gates)
+        if previous is None:
+            break
+        nodes.insert(0, source)
+        source = previous
+    return source, nodes
+
+
+def _lead_input(node: fx.Node, gates: _Gates | None) -> fx.Node | None:
+    """The node ``node`` reads as a lead op (a view, a sum over leading dims, a constant scale,
+    or a gate: ``sigmoid(g) * y``), or None."""
+    first = node.args[0]
+    if isinstance(first, fx.Node) and is_lead_op(node, first):
+        return first
+    if node.target in (aten.mul.Tensor, aten.mul.Scalar):
+        for operand in node.args[:2]:
+            if isinstance(operand, fx.Node) and is_lead_op(node, operand):
+                return operand
+        if gates is not None and (gated := _gated(node, *gates)) is not None:
+            return gated
+    return None
+
+
+_MATMULS = frozenset(
+    {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten.embedding.default}
+)
+
+
+def _gated(
+    node: fx.Node, inputs: Sequence[fx.Node], sums: Sequence[fx.Node], residual: fx.Node | None
+) -> fx.Node | None:
+    """For ``node = y * gate`` (either order) with a per-row gate the same on every rank, ``y``;
+    else None. Qwen3-Next's and Qwen3.5-MoE's shared expert: ``sigmoid(x @ w_gate) *
+    AR(shared)``. The all-reduce is linear in ``y`` for a gate every rank computes alike, so
+    ``AR(routed) + gate * AR(shared) = AR(routed + gate * shared)``.
+
+    A gate is taken as the same on every rank when the graph shows it computed from the
+    replicated stream: it reads no all-reduce input (a rank's partial sum) other than through
+    an all-reduce (whose sum is replicated), and every matmul
+    it shares with the all-reduce inputs' computation also feeds the site's residual (the
+    replicated residual stream; a tensor-parallel shard's matmul does not). Without a
+    residual, no gate is taken."""
+    if node.target is not aten.mul.Tensor or residual is None:
+        return None
+    a, b = node.args[:2]
+    if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)) or a is b:
+        return None
+    for y, gate in ((a, b), (b, a)):
+        yv, gv, out = y.meta.get("val"), gate.meta.get("val"), node.meta.get("val")
+        if not all(isinstance(v, torch.Tensor) for v in (yv, gv, out)):
+            continue
+        if gv.dtype != yv.dtype or out.dtype != yv.dtype or gv.dim() != yv.dim() or yv.dim() == 0:
+            continue
+        if not (same_shape(gv.shape[-1:], (1,)) and same_shape(gv.shape[:-1], yv.shape[:-1])):
+            continue
+        if not same_shape(out.shape, yv.shape):
+            continue
+        # the all-reduces in question: the site's own and the one ``y`` is the sum of
+        # (later layers' all-reduces read everything before them, this gate included)
+        behind = _ancestors([y], frozenset(sums))
+        local = [x for i, (x, total) in enumerate(zip(inputs, sums)) if i == 0 or total in behind]
+        if _replicated(gate, local, sums, residual):
+            return y
+    return None
+
+
+def _ancestors(nodes: Sequence[fx.Node], stop: frozenset[fx.Node] = frozenset()) -> set[fx.Node]:
+    """``nodes`` and what they are computed from (not looking behind the ``stop`` nodes)."""
+    seen: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node not in stop:
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
+def _replicated(gate: fx.Node, inputs: Sequence[fx.Node], sums: Sequence[fx.Node], residual: fx.Node) -> bool:
+    """See :func:`_gated` (``inputs``: the inputs of the all-reduces summed at the site)."""
+    of_gate = _ancestors([gate], frozenset(sums))
+    if any(x in of_gate for x in inputs):
+        return False
+    of_residual = _ancestors([residual])
+    shared = of_gate & _ancestors(inputs)
+    return all(n in of_residual for n in shared if n.op == "call_function" and n.target in _MATMULS)
+
+
 def _merge_all_reduces(
     ar: AllReduce,
     dialect: Dialect,
     shared: tuple[fx.Node, ...],
     shared_views: tuple[tuple[fx.Node, ...], ...],
+    *,
+    residual: fx.Node | None = None,
 ) -> tuple[tuple[fx.Node, ...], tuple[tuple[fx.Node, ...], ...], tuple[Merged, ...]]:
     """Split the shared terms into those that are another all-reduce's sum (same dialect,
     group and sum; read only here, through views keeping the hidden dim), merged into the
@@ -470,10 +733,12 @@ def _merge_all_reduces(
     kept_views: list[tuple[fx.Node, ...]] = []
     merged: list[Merged] = []
     for term, after in zip(shared, shared_views):
-        source, views = term, []
-        while source not in others and is_view(source) and isinstance(source.args[0], fx.Node):
-            views.insert(0, source)
-            source = source.args[0]
+        gates = (
+            ([ar.x, *(o.x for o in others.values())], [ar.result, *others], residual)
+            if residual is not None
+            else None
+        )
+        source, views = _walk_back(term, others, gates)
         other = others.get(source)
         single_use = all(len(n.users) == 1 for n in (source, *views))
         if other is None or not single_use:
@@ -547,9 +812,26 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> RMSNorm:
         return match_rmsnorm(total)
     except NoNorm:
         shared = after_all_reduce and len(total.users) > 1
-        if shared and any(u.target is aten.add.Tensor for u in total.users):
-            raise Mismatch("all-reduce result is also used outside the residual add") from None
+        adds = [u for u in total.users if u.target is aten.add.Tensor]
+        if shared and adds:
+            if any(_norm_follows(add) for add in adds):
+                raise Mismatch("all-reduce result is also used outside the residual add") from None
+            # a post-norm model's embedding: read by the first layer and its residual add, and
+            # no norm reads either (the norms are on the blocks' outputs)
+            raise Mismatch(f"{NO_NORM_FOLLOWS} (no RMSNorm reads the sum or its residual add)") from None
         raise
+
+
+NO_NORM_FOLLOWS = "no norm follows"
+"""The reason given for an all-reduce whose sum no norm reads, not even after a residual add."""
+
+
+def _norm_follows(add: fx.Node) -> bool:
+    try:
+        match_rmsnorm(add)
+    except Mismatch:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------

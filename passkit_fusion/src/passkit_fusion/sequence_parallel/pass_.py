@@ -124,15 +124,29 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         return None
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
-        from ..patterns.sites import Rejection, find_sites, host_fusion_note, schema_declined
+        from ..patterns.sites import (
+            Rejection,
+            check_rewritten,
+            count_all_reduces,
+            find_sites,
+            host_fusion_note,
+            schema_declined,
+            warn_graph_ends,
+        )
         from . import rewrite  # imports the token_shard op
 
         host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
+        all_reduces = count_all_reduces(gm.graph)
         sites, rejected = find_sites(gm.graph, kernel_limits=False)
         symbol = rewrite.token_symbol(gm.graph)
         taken: list[Site] = []
+        claimed: dict[fx.Node, Site] = {}  # node -> the site taking it: one norm is rewritten once
         for site in sites:
             problem = self._problem(site, ctx, symbol)
+            if not problem and (other := next((claimed[n] for n in site.nodes if n in claimed), None)):
+                problem = f"its nodes (the norm {other.out.name}) belong to another site already"
+            if not problem:
+                claimed.update(dict.fromkeys(site.nodes, site))
             if problem:
                 rejected.append(Rejection(site.all_reduce, problem))
             else:
@@ -144,10 +158,15 @@ class SequenceParallel(decisions.Tunable, GraphPass):
                 rewriter.site(site)
             rewriter.finish()
             outcome = rewriter.outcome
+            # the report counts the graph: every site's and merged all-reduce must be gone
+            rewritten = len(taken) + sum(len(s.merged) for s in taken)
+            check_rewritten(self.name, all_reduces, count_all_reduces(gm.graph), rewritten)
         notes = summarize(taken, rejected, outcome)
         if not taken and not rejected:
             fused = len(gm.graph.find_nodes(op="call_function", target=_fused_op()))
             notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
+        if ends := warn_graph_ends(self.name, rejected):
+            notes.append(ends)
         if host:
             notes.append(host)
         if decided := self.decision_note(ctx):

@@ -58,7 +58,7 @@ import torch.fx as fx
 from torch.fx.node import map_arg
 
 from ..patterns import marks
-from ..patterns.lead import is_view
+from ..patterns.lead import is_view, mixes_rows, replay_lead
 from ..patterns.sites import Site
 from . import ops as _ops  # noqa: F401  (registers torch.ops.passkit_fusion.token_shard)
 
@@ -233,18 +233,30 @@ class Rewriter:
         g, w = site.group_name, site.world_size
         assert site.result is not None
         with self.graph.inserting_before(site.out):
-            x2 = self._to_2d(site.x)
+            skipped = set(site.head)
+            # a lead that sums rows (Llama-4's top-k sum) is applied before the reduce-scatter
+            x, first = site.x, site.result
+            if mixes_rows(site.lead):
+                x, first = replay_lead(self.graph, site.lead, site.result, site.x), site.lead[-1]
+                skipped.update(site.lead)
+            x2 = self._to_2d(x)
             part = self._call(c10d.reduce_scatter_tensor.default, (x2, "sum", w, g), like=site.x)
             part = self._call(c10d.wait_tensor.default, (part,), like=site.x)
-            env: dict[fx.Node, fx.Node] = {site.result: part}
+            env: dict[fx.Node, fx.Node] = {first: part}
             # on [T / W, H] rows a view keeping H is the identity
             views = {n for n in site.nodes if is_view(n)}
-            skipped = set(site.head)
             for merged in site.merged:  # another all-reduce summed into the site: its shard
+                mx, mfirst = merged.x, merged.result
+                if any(not is_view(n) for n in merged.views):  # a sum, a gate, a scale: before
+                    mx, mfirst = (
+                        replay_lead(self.graph, merged.views, merged.result, merged.x),
+                        merged.views[-1],
+                    )
+                    skipped.update(merged.views)
                 other = self._call(
-                    c10d.reduce_scatter_tensor.default, (self._to_2d(merged.x), "sum", w, g), like=merged.x
+                    c10d.reduce_scatter_tensor.default, (self._to_2d(mx), "sum", w, g), like=merged.x
                 )
-                env[merged.result] = self._call(c10d.wait_tensor.default, (other,), like=merged.x)
+                env[mfirst] = self._call(c10d.wait_tensor.default, (other,), like=merged.x)
                 skipped.update(merged.nodes)
                 self.outcome.merged += 1
             if site.residual is None:
@@ -428,7 +440,7 @@ def _statically_equal(a: Any, b: Any) -> bool:
 def token_count(site: Site) -> Any:
     """The site's token count: the product of every dim but the last (an int or SymInt)."""
     count: Any = 1
-    for size in site.result.meta["val"].shape[:-1]:  # type: ignore[union-attr]
+    for size in site.start.meta["val"].shape[:-1]:  # after the lead (a top-k sum has fewer rows)
         count = count * size
     return count
 
