@@ -90,8 +90,11 @@ class Config(pydantic.BaseModel):
     """A failing pass: ``skip`` restores the graph and continues; ``raise`` stops the compile."""
     dump_dir: Path | None = None
     """Where to write graphs before/after each pass, diffs, reproducers and the report."""
-    verify: bool = False
-    """After each pass: lint the graph and re-propagate fake tensors to check metadata."""
+    verify: bool | Literal["numeric"] = False
+    """After each pass: lint the graph and re-propagate fake tensors to check metadata
+    (``true``); ``"numeric"`` also runs the graph before and after the pass on the same
+    random inputs and compares the outputs (tolerances per dtype). The cheap checks (op
+    schemas of the changed nodes, the graph's outputs) run whatever this says."""
     strict_plugins: bool = False
     """A plugin that fails to load raises instead of being reported and skipped."""
     plugins: list[str] | None = None
@@ -245,6 +248,12 @@ def _bool(name: str, value: str) -> bool:
     raise ConfigError(f"environment variable {name}={cut_repr(value)}: expected 1/0, true/false, yes/no")
 
 
+def _verify(name: str, value: str) -> bool | str:
+    if value.strip().lower() == "numeric":
+        return "numeric"
+    return _bool(name, value)
+
+
 def _text(name: str, value: str) -> str:
     return value.strip()
 
@@ -297,7 +306,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DISABLE": ("disable", _names),
     "ON_ERROR": ("on_error", _text),
     "DUMP_DIR": ("dump_dir", _text),
-    "VERIFY": ("verify", _bool),
+    "VERIFY": ("verify", _verify),
     "STRICT_PLUGINS": ("strict_plugins", _bool),
     "PLUGINS": ("plugins", _names),
     "BLOCK_PLUGINS": ("block_plugins", _names),

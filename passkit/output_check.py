@@ -1,0 +1,240 @@
+"""The graph's outputs, checked after every pass (``verify`` on or off).
+
+A pass that changes what the graph returns (another count of outputs, an output of another
+shape, dtype or device) makes Inductor compile a graph that computes something else: the
+compile succeeds and the caller gets a wrong result. :func:`check` compares the outputs after
+a pass with what they were before it, and raises :class:`~passkit.errors.VerificationError`
+naming the pass, so the pipeline restores the graph and records the pass as failed.
+
+What an output is after the pass is not read from its ``meta["val"]`` alone (a pass can copy
+the old node's metadata onto a node that computes something else): a node the pass added or
+rewired is re-run on fake tensors from its inputs' recorded values, and so is every such node
+whose result unchanged nodes or the output use (the boundary of the rewrite: it must keep the
+shape, dtype and device that its users were traced with). Nodes the pass did not touch keep
+their recorded values. The cost is one look at the output node per pass, plus one fake-tensor
+call per rewritten node that reaches the boundary; ``benchmarks/output_check.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.fx
+
+from .errors import VerificationError, cut
+
+Signature = tuple[Any, ...]
+"""Of one value: ``("tensor", sizes, dtype, device)``, ``("sym", kind)``, ``("node", None)``
+(no recorded value: not compared) or ``("const", type name)``."""
+
+_UNKNOWN: Signature = ("node", None)
+
+
+def output_node(graph: torch.fx.Graph) -> torch.fx.Node | None:
+    """The graph's ``output`` node (usually its last node)."""
+    for node in reversed(graph.nodes):
+        if node.op == "output":
+            return node
+    return None
+
+
+def entries(graph: torch.fx.Graph) -> list[Any]:
+    """The flattened arguments of the output node (what the graph returns, in order)."""
+    out = output_node(graph)
+    if out is None:
+        return []
+    flat: list[Any] = []
+    _flatten(out.args, flat)
+    return flat
+
+
+def _flatten(value: Any, into: list[Any]) -> None:
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            _flatten(v, into)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _flatten(v, into)
+    else:
+        into.append(value)
+
+
+def signature_of_value(value: Any) -> Signature:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(str(s) for s in value.shape), value.dtype, value.device.type)
+    if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
+        return ("sym", "int")
+    if isinstance(value, (torch.SymFloat, float)):
+        return ("sym", "float")
+    if isinstance(value, (torch.SymBool, bool)):
+        return ("sym", "bool")
+    if isinstance(value, (tuple, list)):
+        return ("seq", tuple(signature_of_value(v) for v in value))
+    return _UNKNOWN
+
+
+def signature(entry: Any) -> Signature:
+    """Of one output entry, from its recorded value (``None`` returned: ``("const", ...)``)."""
+    if isinstance(entry, torch.fx.Node):
+        val = entry.meta.get("val")
+        return _UNKNOWN if val is None else signature_of_value(val)
+    return ("const", type(entry).__name__)
+
+
+def outputs(graph: torch.fx.Graph) -> list[Signature]:
+    """The signatures of what ``graph`` returns (taken before a pass)."""
+    return [signature(e) for e in entries(graph)]
+
+
+def check(
+    graph: torch.fx.Graph,
+    before: list[Signature],
+    changed: Iterable[torch.fx.Node],
+    before_graph: torch.fx.Graph,
+    pass_name: str,
+) -> None:
+    """Raise :class:`VerificationError` naming ``pass_name`` when the outputs of ``graph``
+    differ from ``before`` (see the module docstring); ``changed``: the nodes the pass added
+    or rewired (:func:`passkit.graph_diff.diff`), ``before_graph``: the snapshot."""
+    changed_set = set(changed)
+    after = entries(graph)
+    if len(after) != len(before):
+        raise VerificationError(
+            f"after pass {pass_name!r}: the graph returns {len(after)} value(s), it returned "
+            f"{len(before)} before the pass (a pass must not change what the graph returns)"
+        )
+    inferred = _Inference(graph, changed_set)
+    for i, (entry, old) in enumerate(zip(after, before)):
+        new = inferred.signature(entry)
+        if not _agree(old, new):
+            name = entry.name if isinstance(entry, torch.fx.Node) else cut(repr(entry), 60)
+            raise VerificationError(
+                f"after pass {pass_name!r}: output {i} ({name}) is {_show(new)}, was {_show(old)}"
+            )
+    if not changed_set:
+        return
+    old_nodes: dict[str, torch.fx.Node] | None = None
+    for node in changed_set:
+        if all(user in changed_set or user.op == "output" for user in node.users):
+            continue  # inside the rewrite: its users were rewired by the pass too
+        if old_nodes is None:
+            old_nodes = {n.name: n for n in before_graph.nodes}
+        prior = old_nodes.get(node.name)
+        if prior is None:
+            continue
+        old = signature(prior)
+        new = inferred.signature(node)
+        if not _agree(old, new):
+            users = ", ".join(sorted(u.name for u in node.users if u not in changed_set)[:3])
+            raise VerificationError(
+                f"after pass {pass_name!r}: {node.name} is {_show(new)}, was {_show(old)}, and "
+                f"nodes the pass did not change use it ({users})"
+            )
+
+
+def _agree(old: Signature, new: Signature) -> bool:
+    if old == new or old == _UNKNOWN or new == _UNKNOWN:
+        return True
+    if old[0] == "seq" and new[0] == "seq":
+        return len(old[1]) == len(new[1]) and all(_agree(a, b) for a, b in zip(old[1], new[1]))
+    return False
+
+
+def _show(sig: Signature) -> str:
+    kind = sig[0]
+    if kind == "tensor":
+        _, sizes, dtype, device = sig
+        return f"{str(dtype).replace('torch.', '')}[{', '.join(sizes)}] on {device}"
+    if kind == "sym":
+        return f"a {sig[1]}"
+    if kind == "const":
+        return f"a constant {sig[1]}"
+    if kind == "seq":
+        return f"a sequence of {len(sig[1])}"
+    return "unknown"
+
+
+class _Inference:
+    """Values of rewritten nodes, re-run on fake tensors from their inputs' values (memoized);
+    unchanged nodes give their recorded value. ``None``: not known (no fake mode, a missing
+    recorded value, or an op whose fake run raised: Inductor will judge it)."""
+
+    def __init__(self, graph: torch.fx.Graph, changed: set[torch.fx.Node]):
+        self.changed = changed
+        self.memo: dict[torch.fx.Node, Any] = {}
+        self._ran = False
+        self._mode: Any = False  # not looked up yet
+        self.graph = graph
+
+    def fake_mode(self) -> Any:
+        if self._mode is False:
+            from torch._guards import detect_fake_mode
+
+            vals = [n.meta.get("val") for n in self.graph.find_nodes(op="placeholder")]
+            try:
+                self._mode = detect_fake_mode(vals)
+            except Exception:  # fake values of two modes: nothing to re-run with
+                self._mode = None
+        return self._mode
+
+    def signature(self, entry: Any) -> Signature:
+        if not isinstance(entry, torch.fx.Node):
+            return ("const", type(entry).__name__)
+        if entry not in self.changed:
+            return signature(entry)
+        val = self.value(entry)
+        return _UNKNOWN if val is None else signature_of_value(val)
+
+    def value(self, node: torch.fx.Node) -> Any:
+        if node not in self.changed:
+            return node.meta.get("val")
+        if not self._ran:
+            self._run()
+        return self.memo.get(node)
+
+    def _run(self) -> None:
+        """Every rewritten node in graph order (inputs first; no recursion on long chains)."""
+        self._ran = True
+        mode = self.fake_mode()
+        if mode is None:
+            return
+        missing = False
+
+        def load(n: torch.fx.Node) -> Any:
+            nonlocal missing
+            v = self.memo.get(n) if n in self.changed else n.meta.get("val")
+            if v is None:
+                missing = True
+            return v
+
+        with mode, _no_guards(mode):
+            for node in self.graph.nodes:
+                if node not in self.changed or not callable(node.target):
+                    continue
+                missing = False
+                args = torch.fx.node.map_arg(node.args, load)
+                kwargs = torch.fx.node.map_arg(node.kwargs, load)
+                if missing:
+                    continue
+                try:
+                    self.memo[node] = node.target(*args, **kwargs)
+                except Exception:  # Inductor will judge it
+                    continue
+
+
+@contextlib.contextmanager
+def _no_guards(mode: Any) -> Any:
+    """Fake runs for a check must not add guards to the compile's shape environment."""
+    shape_env = getattr(mode, "shape_env", None)
+    suppress = getattr(shape_env, "suppress_guards", None)
+    if suppress is None:
+        yield
+        return
+    with suppress():
+        yield
+
+
+__all__ = ["check", "entries", "output_node", "outputs", "signature"]
