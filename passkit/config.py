@@ -32,7 +32,7 @@ import pydantic
 import tomllib
 
 from . import logs
-from .errors import ConfigError, cut, cut_repr
+from .errors import ConfigError, cut, cut_repr, warn_config
 from .errors import suggest as suggest  # re-exported: passkit.config.suggest
 from .pass_base import format_validation_error
 from .tokens import check_boundaries
@@ -131,6 +131,13 @@ class Config(pydantic.BaseModel):
     _passes_from: str | None = pydantic.PrivateAttr(default=None)
     """Which source set ``passes`` (a file, an environment variable, ``Python config``), for
     errors found once the passes are known (unknown names, options)."""
+
+    @pydantic.field_validator("dump_dir", mode="before")
+    @classmethod
+    def _dump_dir(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty: name a folder, or leave dump_dir unset for no dumps")
+        return value
 
     @pydantic.field_validator("compile_at")
     @classmethod
@@ -269,6 +276,8 @@ def _pass_entries(name: str, value: str) -> list[Any]:
     entries: list[Any] = []
     for item in _split(value):
         pass_name, *pairs = item.split(":")
+        if pairs and "=" not in pairs[0]:  # a qualified name: acme-passes:my_pass
+            pass_name += ":" + pairs.pop(0)
         if not pairs:
             entries.append(pass_name)
             continue
@@ -322,8 +331,19 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
         name = ENV_PREFIX + suffix
         if name in environ:
             out[field] = parse(name, environ[name])
+    if out.get("dump_dir") == "":
+        del out["dump_dir"]
+        warn_config(
+            f"{ENV_PREFIX}DUMP_DIR is set but empty: no dumps are written (unset it, or name a "
+            "folder)"
+        )
     known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
     for name in environ:
+        if name not in known and name.upper() in known:
+            raise ConfigError(
+                f"environment variable {cut(name)}: passkit's variables are upper case "
+                f"(did you mean {name.upper()}?)"
+            )
         if name.startswith(ENV_PREFIX) and name not in known and name.isupper():
             close = difflib.get_close_matches(name[:100], sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
@@ -351,10 +371,18 @@ def sources(
         toml = _find_upwards("passkit.toml", cwd)
         if toml is not None:
             found.append((str(toml), file_source(toml)))
+    for other in _UNREAD:
+        path = _find_upwards(other, cwd)
+        if path is not None:
+            warn_config(f"{path} is not read: passkit reads passkit.toml (TOML) and [tool.passkit]")
     env = env_source(environ)
     if env:
         found.append((ENV_ORIGIN, env))
     return found
+
+
+_UNREAD = ("passkit.yaml", "passkit.yml", "passkit.json", ".passkit.toml")
+"""Config-looking files passkit does not read (a warning names them)."""
 
 
 def _explicit_file(value: str) -> Path:
@@ -392,15 +420,19 @@ def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
             passes_from = (level, origin)
         for name in layer.disable:
             disabled.setdefault(name, (level, origin))
-    passes = [p for p in merged.get("passes", []) if p.name not in disabled]
+    def disabled_by(name: str) -> tuple[int, str] | None:  # disable "x" rules out "dist:x" too
+        return disabled.get(name) or disabled.get(name.rpartition(":")[2])
+
+    passes = [p for p in merged.get("passes", []) if disabled_by(p.name) is None]
     for p in merged.get("passes", []):  # a lower source's disable overrides: say so
-        if p.name in disabled and disabled[p.name][0] < passes_from[0]:
+        by = disabled_by(p.name)
+        if by is not None and by[0] < passes_from[0]:
             logs.log.warning(
                 "passkit: pass %r, enabled by %s, does not run: %s disables it (disable wins "
                 "whatever its source)",
                 p.name,
                 passes_from[1],
-                disabled[p.name][1],
+                by[1],
             )
     merged["passes"] = passes
     merged["disable"] = list(disabled)

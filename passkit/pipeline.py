@@ -327,7 +327,7 @@ class Pipeline:
 
     def _origin(self, p: Pass) -> str:
         """``distribution version`` of the plugin that registered ``p`` (for messages)."""
-        info = self.plugins.passes.get(p.name)
+        info = self.plugins.info_for(p)
         return info.plugin.origin if info is not None else "in-process"
 
     def _failed(
@@ -348,7 +348,8 @@ class Pipeline:
             exc = _contained(exc)
         record.nodes_before = record.nodes_after = count_nodes(gm.graph)
         if dumper:
-            record.reproducer = str(dumper.reproducer(index, p, before_code, exc))
+            written = dumper.reproducer(index, p, before_code, exc)
+            record.reproducer = str(written) if written is not None else None
         self._hook("passkit_pass_failed", report, p, None, pass_=p, gm=gm, error=exc, record=record)
         logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
         if self.config.on_error == "raise":
