@@ -107,6 +107,9 @@ def check(
             f"{len(before)} before the pass (a pass must not change what the graph returns)"
         )
     inferred = _Inference(graph, changed_set)
+    if changed_set:
+        inferred.value(next(iter(changed_set)))  # runs every rewritten node once
+        _raise_errors(inferred, pass_name)
     for i, (entry, old) in enumerate(zip(after, before)):
         new = inferred.signature(entry)
         if not _agree(old, new):
@@ -116,12 +119,16 @@ def check(
             )
     if not changed_set:
         return
-    old_nodes: dict[str, torch.fx.Node] | None = None
+    old_nodes = {n.name: n for n in before_graph.nodes}
+    for node in changed_set:
+        prior = old_nodes.get(node.name)
+        if prior is not None and prior.target is node.target:
+            mixed = _inputs_changed(node, prior, inferred)
+            if mixed:
+                raise VerificationError(f"after pass {pass_name!r}: {mixed}")
     for node in changed_set:
         if all(user in changed_set or user.op == "output" for user in node.users):
             continue  # inside the rewrite: its users were rewired by the pass too
-        if old_nodes is None:
-            old_nodes = {n.name: n for n in before_graph.nodes}
         prior = old_nodes.get(node.name)
         if prior is None:
             continue
@@ -133,6 +140,51 @@ def check(
                 f"after pass {pass_name!r}: {node.name} is {_show(new)}, was {_show(old)}, and "
                 f"nodes the pass did not change use it ({users})"
             )
+
+
+def _inputs_changed(node: torch.fx.Node, prior: torch.fx.Node, inferred: _Inference) -> str | None:
+    """Why ``node`` (the same op as ``prior``, rewired by the pass) looks fed inputs its kernel
+    refuses although its fake implementation accepted them: tensors of mixed dtypes where all
+    of ``prior``'s had one (``addmm``, attention refuse them at run time), or, for an op that
+    is not pointwise, an input of another shape while the result keeps its shape (attention
+    given a key of another layout; its CPU kernel can kill the process)."""
+
+    def tensors(n: torch.fx.Node, value: Any) -> list[Any]:
+        return [v if isinstance(v := value(a), torch.Tensor) else None for a in n.all_input_nodes]
+
+    before = tensors(prior, lambda a: a.meta.get("val"))
+    after = tensors(node, inferred.value)
+    old_dtypes = {t.dtype for t in before if t is not None and t.dim() > 0}
+    new_dtypes = [t.dtype for t in after if t is not None and t.dim() > 0]
+    if len(old_dtypes) == 1 and len(set(new_dtypes)) > 1:
+        shown = ", ".join(str(d).replace("torch.", "") for d in new_dtypes)
+        return (
+            f"{node.name} = {node.target}(...) now gets tensors of dtypes {shown}, all "
+            f"{str(next(iter(old_dtypes))).replace('torch.', '')} before the pass"
+        )
+    tags = getattr(node.target, "tags", ())
+    if torch.Tag.pointwise in tags or len(before) != len(after):
+        return None
+    for i, (old, new) in enumerate(zip(before, after)):
+        if old is None or new is None:
+            continue
+        old_shape, new_shape = [str(s) for s in old.shape], [str(s) for s in new.shape]
+        if old_shape != new_shape and _agree(signature(prior), inferred.signature(node)):
+            return (
+                f"{node.name} = {node.target}(...): its input {i} is [{', '.join(new_shape)}], was "
+                f"[{', '.join(old_shape)}], and its result kept its shape (an op that is not "
+                "pointwise fed a tensor of another shape)"
+            )
+    return None
+
+
+def _raise_errors(inferred: _Inference, pass_name: str) -> None:
+    if inferred.errors:
+        node, exc = inferred.errors[0]
+        raise VerificationError(
+            f"after pass {pass_name!r}: {node.name} = {node.target}(...) raises on fake tensors of "
+            f"its inputs: {type(exc).__name__}: {cut(str(exc), 300)}"
+        )
 
 
 def _agree(old: Signature, new: Signature) -> bool:
@@ -153,7 +205,7 @@ def _show(sig: Signature) -> str:
     if kind == "const":
         return f"a constant {sig[1]}"
     if kind == "seq":
-        return f"a sequence of {len(sig[1])}"
+        return "(" + ", ".join(_show(x) for x in sig[1]) + ")"
     return "unknown"
 
 
@@ -166,6 +218,8 @@ class _Inference:
         self.changed = changed
         self.memo: dict[torch.fx.Node, Any] = {}
         self._ran = False
+        self.errors: list[tuple[torch.fx.Node, Exception]] = []
+        """Rewritten nodes whose op raised on fake tensors of their inputs."""
         self._mode: Any = False  # not looked up yet
         self.graph = graph
 
@@ -210,7 +264,7 @@ class _Inference:
                 missing = True
             return v
 
-        with mode, _no_guards(mode):
+        with mode, _no_guards(mode), _quiet_fake_errors():
             for node in self.graph.nodes:
                 if node not in self.changed or not callable(node.target):
                     continue
@@ -221,8 +275,39 @@ class _Inference:
                     continue
                 try:
                     self.memo[node] = node.target(*args, **kwargs)
-                except Exception:  # Inductor will judge it
-                    continue
+                except Exception as exc:
+                    if not _cannot_tell(exc):  # the op rejects its inputs: so would a real run
+                        self.errors.append((node, exc))
+
+
+def _cannot_tell(exc: Exception) -> bool:
+    """Whether a fake run's exception says nothing about the graph (an op without a fake
+    implementation, a data-dependent output), as opposed to an op rejecting its inputs."""
+    from torch._subclasses import fake_tensor
+
+    names = (
+        "DynamicOutputShapeException",
+        "DataDependentOutputException",
+        "UnsupportedOperatorException",
+        "UnsupportedFakeTensorException",
+    )
+    kinds = tuple(k for n in names if isinstance(k := getattr(fake_tensor, n, None), type))
+    return isinstance(exc, (*kinds, NotImplementedError)) or "data-dependent" in str(exc).lower()
+
+
+@contextlib.contextmanager
+def _quiet_fake_errors() -> Any:
+    """torch logs a meta kernel that raises at error level; here that is the check's finding,
+    reported by the VerificationError, not a log line of its own."""
+    import logging
+
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
