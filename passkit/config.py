@@ -334,8 +334,7 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
     if out.get("dump_dir") == "":
         del out["dump_dir"]
         warn_config(
-            f"{ENV_PREFIX}DUMP_DIR is set but empty: no dumps are written (unset it, or name a "
-            "folder)"
+            f"{ENV_PREFIX}DUMP_DIR is set but empty: no dumps are written (unset it, or name a folder)"
         )
     known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
     for name in environ:
@@ -372,9 +371,9 @@ def sources(
         if toml is not None:
             found.append((str(toml), file_source(toml)))
     for other in _UNREAD:
-        path = _find_upwards(other, cwd)
-        if path is not None:
-            warn_config(f"{path} is not read: passkit reads passkit.toml (TOML) and [tool.passkit]")
+        unread = _find_upwards(other, cwd)
+        if unread is not None:
+            warn_config(f"{unread} is not read: passkit reads passkit.toml (TOML) and [tool.passkit]")
     env = env_source(environ)
     if env:
         found.append((ENV_ORIGIN, env))
@@ -420,6 +419,7 @@ def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
             passes_from = (level, origin)
         for name in layer.disable:
             disabled.setdefault(name, (level, origin))
+
     def disabled_by(name: str) -> tuple[int, str] | None:  # disable "x" rules out "dist:x" too
         return disabled.get(name) or disabled.get(name.rpartition(":")[2])
 

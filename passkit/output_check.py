@@ -18,13 +18,13 @@ call per rewritten node that reaches the boundary; ``benchmarks/output_check.py`
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.fx
 
 from .errors import VerificationError, cut
+from .graph_diff import GraphDiff
 
 Signature = tuple[Any, ...]
 """Of one value: ``("tensor", sizes, dtype, device)``, ``("sym", kind)``, ``("node", None)``
@@ -89,17 +89,12 @@ def outputs(graph: torch.fx.Graph) -> list[Signature]:
     return [signature(e) for e in entries(graph)]
 
 
-def check(
-    graph: torch.fx.Graph,
-    before: list[Signature],
-    changed: Iterable[torch.fx.Node],
-    before_graph: torch.fx.Graph,
-    pass_name: str,
-) -> None:
+def check(graph: torch.fx.Graph, before: list[Signature], change: GraphDiff, pass_name: str) -> None:
     """Raise :class:`VerificationError` naming ``pass_name`` when the outputs of ``graph``
-    differ from ``before`` (see the module docstring); ``changed``: the nodes the pass added
-    or rewired (:func:`passkit.graph_diff.diff`), ``before_graph``: the snapshot."""
-    changed_set = set(changed)
+    differ from ``before`` or a rewritten node breaks what unchanged nodes were traced with
+    (see the module docstring); ``change``: what the pass changed
+    (:func:`passkit.graph_diff.measure`)."""
+    changed_set = set(change.changed)
     after = entries(graph)
     if len(after) != len(before):
         raise VerificationError(
@@ -117,19 +112,16 @@ def check(
             raise VerificationError(
                 f"after pass {pass_name!r}: output {i} ({name}) is {_show(new)}, was {_show(old)}"
             )
-    if not changed_set:
-        return
-    old_nodes = {n.name: n for n in before_graph.nodes}
-    for node in changed_set:
-        prior = old_nodes.get(node.name)
+    for node in change.changed:
+        prior = change.prior.get(node)
         if prior is not None and prior.target is node.target:
             mixed = _inputs_changed(node, prior, inferred)
             if mixed:
                 raise VerificationError(f"after pass {pass_name!r}: {mixed}")
-    for node in changed_set:
+    for node in change.changed:
         if all(user in changed_set or user.op == "output" for user in node.users):
             continue  # inside the rewrite: its users were rewired by the pass too
-        prior = old_nodes.get(node.name)
+        prior = change.prior.get(node)
         if prior is None:
             continue
         old = signature(prior)
@@ -188,7 +180,7 @@ def _raise_errors(inferred: _Inference, pass_name: str) -> None:
 
 
 def _agree(old: Signature, new: Signature) -> bool:
-    if old == new or old == _UNKNOWN or new == _UNKNOWN:
+    if old in (new, _UNKNOWN) or new == _UNKNOWN:
         return True
     if old[0] == "seq" and new[0] == "seq":
         return len(old[1]) == len(new[1]) and all(_agree(a, b) for a, b in zip(old[1], new[1]))
@@ -225,13 +217,14 @@ class _Inference:
 
     def fake_mode(self) -> Any:
         if self._mode is False:
-            from torch._guards import detect_fake_mode
+            from torch._subclasses.fake_tensor import FakeTensor
 
-            vals = [n.meta.get("val") for n in self.graph.find_nodes(op="placeholder")]
-            try:
-                self._mode = detect_fake_mode(vals)
-            except Exception:  # fake values of two modes: nothing to re-run with
-                self._mode = None
+            self._mode = None
+            for n in self.graph.find_nodes(op="placeholder"):
+                val = n.meta.get("val")
+                if isinstance(val, FakeTensor):
+                    self._mode = val.fake_mode
+                    break
         return self._mode
 
     def signature(self, entry: Any) -> Signature:
@@ -302,12 +295,12 @@ def _quiet_fake_errors() -> Any:
     import logging
 
     logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    disabled = logger.disabled
+    logger.disabled = True  # (setLevel would clear every logger's cache)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.disabled = disabled
 
 
 @contextlib.contextmanager

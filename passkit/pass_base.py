@@ -164,8 +164,7 @@ class Pass:
                 raise TypeError(
                     f"pass class {cls.__module__}.{cls.__qualname__} (pass "
                     f"{cls.__dict__.get('name', cls.name)!r}): stage = {cut_repr(cls.stage)} is not "
-                    f"a stage; valid: "
-                    + ", ".join(f"{s.value!r} (passkit.Stage.{s.name})" for s in Stage)
+                    f"a stage; valid: " + ", ".join(f"{s.value!r} (passkit.Stage.{s.name})" for s in Stage)
                 )
             cls.stage = Stage(cls.stage)
 

@@ -276,6 +276,7 @@ class Pipeline:
         graph = gm.graph
         record.nodes_before = count_nodes(graph)
         saved = snapshot(graph)
+        before = graph_diff.fingerprint(graph)
         outputs = output_check.outputs(graph)
         before_code = graph_code(gm) if dumper else ""
         index = len(report.records) + 1
@@ -283,7 +284,7 @@ class Pipeline:
         try:
             result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
-            change = graph_diff.diff(graph, saved)  # measured: never the pass's own flag
+            change = graph_diff.measure(graph, before, saved)  # measured: never the pass's own flag
             if change.dangling:
                 raise VerificationError(
                     f"after pass {p.name!r}: node(s) still in use were removed from the graph "
@@ -291,7 +292,7 @@ class Pipeline:
                 )
             if change.modified:  # cheap: the nodes it changed and the outputs only
                 schema_check.check(graph, saved, p.name, change.changed)
-                output_check.check(graph, outputs, change.changed, saved, p.name)
+                output_check.check(graph, outputs, change, p.name)
             if self.config.verify:
                 verified = time.perf_counter()
                 verify_graph(gm, p.name)

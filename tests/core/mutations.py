@@ -183,7 +183,10 @@ def mutate(gm: torch.fx.GraphModule, kind: str, rng: random.Random) -> bool:
     else:  # value: keeps every shape and dtype
         swaps = [n for n in nodes if n.target in VALUE_SWAPS]
         scalars = [
-            (n, i) for n in nodes for i, a in enumerate(n.args) if isinstance(a, float) and not isinstance(a, bool)
+            (n, i)
+            for n in nodes
+            for i, a in enumerate(n.args)
+            if isinstance(a, float) and not isinstance(a, bool)
         ]
         if swaps and (not scalars or rng.random() < 0.7):
             node = rng.choice(swaps)
@@ -242,7 +245,7 @@ def outcome(captured: torch.fx.GraphModule, cls: type[passkit.Pass], verify: Any
     expected = _run(captured, inputs)
     try:
         report = Pipeline(cfg, plugins, instantiate(cfg, plugins)).run(gm)
-    except BaseException as exc:  # noqa: BLE001 - an unnamed abort is what the fuzzer looks for
+    except BaseException as exc:
         return Outcome("unnamed", f"{type(exc).__name__}: {exc}"[:500])
     record = report[cls.name]
     if record.status == "failed":
@@ -265,7 +268,8 @@ def outcome(captured: torch.fx.GraphModule, cls: type[passkit.Pass], verify: Any
     if not shapes_ok:
         return Outcome("wrong_structure", bad[0])
     shapes_same = all(
-        isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype for a, b in zip(expected, got)
+        isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+        for a, b in zip(expected, got)
     )
     if not shapes_same:
         return Outcome("wrong_structure", bad[0])
@@ -282,9 +286,12 @@ def _run_checked(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[list[Any]
             nonlocal ok
             out = super().run_node(n)
             val = n.meta.get("val")
-            if isinstance(out, torch.Tensor) and isinstance(val, torch.Tensor):
-                if tuple(out.shape) != tuple(int(s) for s in val.shape) or out.dtype != val.dtype:
-                    ok = False
+            if (
+                isinstance(out, torch.Tensor)
+                and isinstance(val, torch.Tensor)
+                and (tuple(out.shape) != tuple(int(s) for s in val.shape) or out.dtype != val.dtype)
+            ):
+                ok = False
             return out
 
     args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -298,7 +305,7 @@ def compile_case(cls: type[passkit.Pass]) -> None:
     """``cls`` in a real Inductor compile of the RMS-norm MLP (verify off): the output equals
     eager, or differs in values only (a structural mutation that only changed values), never
     in shape or dtype, and a failure is named."""
-    name, model, inputs = _models()[1]
+    _, model, inputs = _models()[1]
     with torch.no_grad():
         expected = model(*inputs)
     register = passkit.hookimpl(specname="passkit_register_passes")(lambda: [cls])
