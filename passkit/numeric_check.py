@@ -9,9 +9,11 @@ booleans exactly). A difference is :class:`~passkit.errors.VerificationError` na
 pass and the output. It costs two runs of the graph per pass that changed it: on in
 passkit-testing's harness, opt-in for users (``verify = "numeric"``, ``PASSKIT_VERIFY=numeric``).
 
-A graph that cannot run here before the pass (a collective without its process group, an
-op that needs a device this process lacks) is not compared: the check says nothing rather
-than guess.
+A graph with collectives (all-reduce, all-gather, reduce-scatter, of torch, symmetric
+memory or a host) is not compared: in a fake or single-process world they compute nothing
+comparable, and in a real one each rank would run extra collectives out of step. Neither is
+a graph that cannot run here before the pass (an op that needs a device this process
+lacks): the check says nothing rather than guess.
 """
 
 from __future__ import annotations
@@ -43,7 +45,31 @@ def check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> N
         _check(gm, before, pass_name)
 
 
+_COLLECTIVE_WORDS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "c10d",
+    "symm_mem",
+)
+
+
+def has_collectives(graph: torch.fx.Graph) -> bool:
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(
+            node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+        ):
+            name = str(node.target).lower()
+            if any(word in name for word in _COLLECTIVE_WORDS):
+                return True
+    return False
+
+
 def _check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> None:
+    if has_collectives(before) or has_collectives(gm.graph):
+        return
     inputs = random_inputs(gm.graph)
     if inputs is None:
         return
@@ -168,4 +194,4 @@ def _real(val: Any, gen: torch.Generator) -> Any:
     raise _NoInput
 
 
-__all__ = ["TOLERANCES", "check", "compare", "random_inputs"]
+__all__ = ["TOLERANCES", "check", "compare", "has_collectives", "random_inputs"]
