@@ -138,8 +138,9 @@ def _inputs_changed(node: torch.fx.Node, prior: torch.fx.Node, inferred: _Infere
     """Why ``node`` (the same op as ``prior``, rewired by the pass) looks fed inputs its kernel
     refuses although its fake implementation accepted them: tensors of mixed dtypes where all
     of ``prior``'s had one (``addmm``, attention refuse them at run time), or, for an op that
-    is not pointwise, an input of another shape while the result keeps its shape (attention
-    given a key of another layout; its CPU kernel can kill the process)."""
+    is not pointwise and takes several tensors, an input of another shape while the result
+    keeps its shape (attention given a key of another layout; its CPU kernel can kill the
+    process)."""
 
     def tensors(n: torch.fx.Node, value: Any) -> list[Any]:
         return [v if isinstance(v := value(a), torch.Tensor) else None for a in n.all_input_nodes]
@@ -155,8 +156,9 @@ def _inputs_changed(node: torch.fx.Node, prior: torch.fx.Node, inferred: _Infere
             f"{str(next(iter(old_dtypes))).replace('torch.', '')} before the pass"
         )
     tags = getattr(node.target, "tags", ())
-    if torch.Tag.pointwise in tags or len(before) != len(after):
-        return None
+    tensors_in = sum(t is not None for t in after)
+    if torch.Tag.pointwise in tags or len(before) != len(after) or tensors_in < 2:
+        return None  # one tensor input (a reshape of a collapsed chain): its fake kernel decides
     for i, (old, new) in enumerate(zip(before, after)):
         if old is None or new is None:
             continue
