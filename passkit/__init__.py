@@ -11,6 +11,7 @@ from .context import CompileContext
 from .environment import EnvironmentCheck
 from .errors import (
     ConfigError,
+    ConfigWarning,
     OrderError,
     PassCodeError,
     PassDeclinedWarning,
@@ -27,7 +28,7 @@ from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
 from .pattern_pass import Pattern, PatternPass
 from .pipeline import Pipeline, PipelinePlan, build_pipeline, compile_range, last_report
-from .plugins import get_plugins, register, unregister
+from .plugins import PassNameClashWarning, get_plugins, register, unregister
 from .report import PassRecord, Report
 from .tokens import TokenConstraint, TokenRange
 
@@ -36,6 +37,7 @@ __all__ = [
     "CompileContext",
     "Config",
     "ConfigError",
+    "ConfigWarning",
     "EnvironmentCheck",
     "GraphPass",
     "HookFailure",
@@ -46,6 +48,7 @@ __all__ = [
     "PassDeclinedWarning",
     "PassEntry",
     "PassFailedError",
+    "PassNameClashWarning",
     "PassRecord",
     "PassResult",
     "PasskitError",

@@ -296,6 +296,8 @@ def test_reference_assertions_need_a_reference(result):
 def test_the_harness_runs_the_numeric_check_by_default():
     """A rewrite that changes values only (every shape and dtype kept) fails the pass, named,
     in the harness (``verify="numeric"`` by default); ``verify=True`` lets it through."""
-    with pytest.raises(passkit.PassFailedError, match=r"pass 'scale_muls' failed: VerificationError: .*output 0 differs"):
+    with pytest.raises(
+        passkit.PassFailedError, match=r"pass 'scale_muls' failed: VerificationError: .*output 0 differs"
+    ):
         run_passes(reshaped_scale, X, passes=[ScaleMuls(factor=1.5)])
     run_passes(reshaped_scale, X, passes=[ScaleMuls(factor=1.0)])  # exact: passes
