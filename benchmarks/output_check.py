@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import statistics
 import sys
@@ -160,6 +161,8 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],
         "ms_median": rows,
     }
     RESULTS.mkdir(exist_ok=True)
@@ -179,6 +182,11 @@ def main() -> None:
             f"| {name} | {r['fingerprint'] + r['outputs']:.3f} | {r['diff']:.3f} | {r['schema']:.3f} | "
             f"{r['output_check']:.3f} | **{r['checks_total']:.3f}** | {r['snapshot']:.3f} |"
         )
+    lines.append("")
+    lines.append(
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} when written (a loaded "
+        "machine inflates every column alike)."
+    )
     text = "\n".join(lines) + "\n"
     (RESULTS / f"{args.out}.md").write_text(text)
     print(text)
