@@ -11,6 +11,7 @@ from .context import CompileContext
 from .environment import EnvironmentCheck
 from .errors import (
     ConfigError,
+    ConfigWarning,
     OrderError,
     PassCodeError,
     PassDeclinedWarning,
@@ -28,7 +29,7 @@ from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Sta
 from .pattern_pass import Pattern, PatternPass
 from .pipeline import Pipeline, PipelinePlan, build_pipeline, compile_range, last_report
 from .plugin_checks import PluginMistake, PluginMistakeWarning
-from .plugins import get_plugins, register, unregister
+from .plugins import PassNameClashWarning, get_plugins, register, unregister
 from .report import PassRecord, Report
 from .tokens import TokenConstraint, TokenRange
 
@@ -37,6 +38,7 @@ __all__ = [
     "CompileContext",
     "Config",
     "ConfigError",
+    "ConfigWarning",
     "EnvironmentCheck",
     "GraphPass",
     "HookFailure",
@@ -47,6 +49,7 @@ __all__ = [
     "PassDeclinedWarning",
     "PassEntry",
     "PassFailedError",
+    "PassNameClashWarning",
     "PassRecord",
     "PassResult",
     "PasskitError",

@@ -43,13 +43,19 @@ def _plugins() -> Any:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from .plugins import owner
+
     plugins = _plugins()
     rows = []
-    for name, info in sorted(plugins.passes.items()):
+    clashing = [
+        (f"{owner(info.plugin)}:{name}", info) for name, infos in plugins.clashes.items() for info in infos
+    ]
+    for name, info in sorted([*plugins.passes.items(), *clashing]):
         cls = info.cls
         rows.append(
             {
                 "name": name,
+                "clash": ":" in name,
                 "distribution": info.plugin.distribution or "(in-process)",
                 "version": info.plugin.version or "",
                 "plugin": info.plugin.name,
@@ -81,9 +87,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     checks = environment_checks(plugins)
     if args.json:
         environment = [dataclasses.asdict(c) for c in checks]
+        clashes = {n: [owner(i.plugin) for i in infos] for n, infos in sorted(plugins.clashes.items())}
         print(
             json.dumps(
-                {"passes": rows, "failures": failures, "mistakes": mistakes, "environment": environment},
+                {
+                    "passes": rows,
+                    "failures": failures,
+                    "mistakes": mistakes,
+                    "clashes": clashes,
+                    "environment": environment,
+                },
                 indent=2,
             )
         )
@@ -101,6 +114,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("\nenvironment (what the installed passes can read here):")
         for check in checks:
             print(f"  {check}")
+    for name, infos in sorted(plugins.clashes.items()):
+        who = ", ".join(f"{owner(i.plugin)}:{name}" for i in infos)
+        print(f"NAME CLASH: pass {name!r} is registered by several distributions; enable one of {who}")
     for f in plugins.failures:
         print(f"FAILED TO LOAD: {f}", file=sys.stderr if not args.json else sys.stdout)
     for h in plugins.hook_failures:
@@ -131,7 +147,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from .config import suggest
 
     plugins = _plugins()
-    info = plugins.passes.get(args.name)
+    info = plugins.lookup(args.name)
     if info is None:
         raise PasskitError(
             f"no installed pass named {args.name!r}{suggest(args.name, plugins.passes)}; "

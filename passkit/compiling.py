@@ -69,7 +69,7 @@ def pass_identities(pipeline: Pipeline) -> tuple[dict[str, Any], ...]:
     """Per pass of ``pipeline``: name, plugin version, options and source hash."""
     out = []
     for p in pipeline.passes:
-        info = pipeline.plugins.passes.get(p.name)
+        info = pipeline.plugins.info_for(p)
         ident = p.identity()
         out.append(
             {

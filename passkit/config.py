@@ -32,7 +32,7 @@ import pydantic
 import tomllib
 
 from . import logs
-from .errors import ConfigError, cut, cut_repr
+from .errors import ConfigError, cut, cut_repr, warn_config
 from .errors import suggest as suggest  # re-exported: passkit.config.suggest
 from .pass_base import format_validation_error
 from .tokens import check_boundaries
@@ -90,8 +90,11 @@ class Config(pydantic.BaseModel):
     """A failing pass: ``skip`` restores the graph and continues; ``raise`` stops the compile."""
     dump_dir: Path | None = None
     """Where to write graphs before/after each pass, diffs, reproducers and the report."""
-    verify: bool = False
-    """After each pass: lint the graph and re-propagate fake tensors to check metadata."""
+    verify: bool | Literal["numeric"] = False
+    """After each pass: lint the graph and re-propagate fake tensors to check metadata
+    (``true``); ``"numeric"`` also runs the graph before and after the pass on the same
+    random inputs and compares the outputs (tolerances per dtype). The cheap checks (op
+    schemas of the changed nodes, the graph's outputs) run whatever this says."""
     strict_plugins: bool = False
     """A plugin that fails to load raises instead of being reported and skipped."""
     plugins: list[str] | None = None
@@ -128,6 +131,13 @@ class Config(pydantic.BaseModel):
     _passes_from: str | None = pydantic.PrivateAttr(default=None)
     """Which source set ``passes`` (a file, an environment variable, ``Python config``), for
     errors found once the passes are known (unknown names, options)."""
+
+    @pydantic.field_validator("dump_dir", mode="before")
+    @classmethod
+    def _dump_dir(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty: name a folder, or leave dump_dir unset for no dumps")
+        return value
 
     @pydantic.field_validator("compile_at")
     @classmethod
@@ -245,6 +255,12 @@ def _bool(name: str, value: str) -> bool:
     raise ConfigError(f"environment variable {name}={cut_repr(value)}: expected 1/0, true/false, yes/no")
 
 
+def _verify(name: str, value: str) -> bool | str:
+    if value.strip().lower() == "numeric":
+        return "numeric"
+    return _bool(name, value)
+
+
 def _text(name: str, value: str) -> str:
     return value.strip()
 
@@ -260,6 +276,8 @@ def _pass_entries(name: str, value: str) -> list[Any]:
     entries: list[Any] = []
     for item in _split(value):
         pass_name, *pairs = item.split(":")
+        if pairs and "=" not in pairs[0]:  # a qualified name: acme-passes:my_pass
+            pass_name += ":" + pairs.pop(0)
         if not pairs:
             entries.append(pass_name)
             continue
@@ -297,7 +315,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DISABLE": ("disable", _names),
     "ON_ERROR": ("on_error", _text),
     "DUMP_DIR": ("dump_dir", _text),
-    "VERIFY": ("verify", _bool),
+    "VERIFY": ("verify", _verify),
     "STRICT_PLUGINS": ("strict_plugins", _bool),
     "PLUGINS": ("plugins", _names),
     "BLOCK_PLUGINS": ("block_plugins", _names),
@@ -313,8 +331,18 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
         name = ENV_PREFIX + suffix
         if name in environ:
             out[field] = parse(name, environ[name])
+    if out.get("dump_dir") == "":
+        del out["dump_dir"]
+        warn_config(
+            f"{ENV_PREFIX}DUMP_DIR is set but empty: no dumps are written (unset it, or name a folder)"
+        )
     known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
     for name in environ:
+        if name not in known and name.upper() in known:
+            raise ConfigError(
+                f"environment variable {cut(name)}: passkit's variables are upper case "
+                f"(did you mean {name.upper()}?)"
+            )
         if name.startswith(ENV_PREFIX) and name not in known and name.isupper():
             close = difflib.get_close_matches(name[:100], sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
@@ -342,10 +370,18 @@ def sources(
         toml = _find_upwards("passkit.toml", cwd)
         if toml is not None:
             found.append((str(toml), file_source(toml)))
+    for other in _UNREAD:
+        unread = _find_upwards(other, cwd)
+        if unread is not None:
+            warn_config(f"{unread} is not read: passkit reads passkit.toml (TOML) and [tool.passkit]")
     env = env_source(environ)
     if env:
         found.append((ENV_ORIGIN, env))
     return found
+
+
+_UNREAD = ("passkit.yaml", "passkit.yml", "passkit.json", ".passkit.toml")
+"""Config-looking files passkit does not read (a warning names them)."""
 
 
 def _explicit_file(value: str) -> Path:
@@ -383,15 +419,20 @@ def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
             passes_from = (level, origin)
         for name in layer.disable:
             disabled.setdefault(name, (level, origin))
-    passes = [p for p in merged.get("passes", []) if p.name not in disabled]
+
+    def disabled_by(name: str) -> tuple[int, str] | None:  # disable "x" rules out "dist:x" too
+        return disabled.get(name) or disabled.get(name.rpartition(":")[2])
+
+    passes = [p for p in merged.get("passes", []) if disabled_by(p.name) is None]
     for p in merged.get("passes", []):  # a lower source's disable overrides: say so
-        if p.name in disabled and disabled[p.name][0] < passes_from[0]:
+        by = disabled_by(p.name)
+        if by is not None and by[0] < passes_from[0]:
             logs.log.warning(
                 "passkit: pass %r, enabled by %s, does not run: %s disables it (disable wins "
                 "whatever its source)",
                 p.name,
                 passes_from[1],
-                disabled[p.name][1],
+                by[1],
             )
     merged["passes"] = passes
     merged["disable"] = list(disabled)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .errors import warn_config
 from .graph_utils import unified_diff
 
 if TYPE_CHECKING:
@@ -23,24 +25,56 @@ if TYPE_CHECKING:
     from .report import Report
 
 
+_unwritable: set[str] = set()
+"""Dump folders found unwritable in this process (warned about once, then left alone)."""
+
+
 class Dumper:
+    """Writes one graph's dumps; every write fails soft: a dump folder that cannot be
+    written (a file in its place, read-only, no space) is warned about once per process
+    (:class:`~passkit.errors.ConfigWarning`) and the compile goes on without dumps."""
+
     def __init__(self, root: Path, graph_id: int):
+        self.root = str(root)
         self.folder = Path(root) / f"graph_{graph_id:03d}"
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self._write(lambda: self.folder.mkdir(parents=True, exist_ok=True))
+
+    @property
+    def working(self) -> bool:
+        return self.root not in _unwritable
+
+    def _write(self, write: Callable[[], object]) -> bool:
+        if not self.working:
+            return False
+        try:
+            write()
+            return True
+        except OSError as exc:
+            _unwritable.add(self.root)
+            warn_config(
+                f"dump_dir {self.root} cannot be written ({type(exc).__name__}: "
+                f"{exc.strerror or exc}): no dumps are written there in this process; the "
+                "compile goes on"
+            )
+            return False
 
     def _stem(self, index: int, name: str) -> str:
         return f"{index:02d}_{name}"
 
     def pass_graphs(self, index: int, name: str, before: str, after: str) -> None:
         stem = self._stem(index, name)
-        (self.folder / f"{stem}.before.py").write_text(before)
-        (self.folder / f"{stem}.after.py").write_text(after)
-        (self.folder / f"{stem}.diff").write_text(unified_diff(before, after, name) or "# no change\n")
 
-    def reproducer(self, index: int, pass_: Pass, before: str, error: BaseException) -> Path:
+        def write() -> None:
+            (self.folder / f"{stem}.before.py").write_text(before)
+            (self.folder / f"{stem}.after.py").write_text(after)
+            (self.folder / f"{stem}.diff").write_text(unified_diff(before, after, name) or "# no change\n")
+
+        self._write(write)
+
+    def reproducer(self, index: int, pass_: Pass, before: str, error: BaseException) -> Path | None:
         path = self.folder / f"FAILED_{self._stem(index, pass_.name)}.repro.py"
         tb = "".join(traceback.format_exception(error))
-        path.write_text(
+        text = (
             f'"""passkit reproducer: pass {pass_.name!r} failed on the graph below.\n\n'
             f"Re-run: build the graph with the code below (its inputs are the graph's\n"
             f"placeholders), then call PASS.run(gm, passkit.CompileContext()).\n\n"
@@ -50,7 +84,7 @@ class Dumper:
             f"OPTIONS = {json.loads(pass_.options_json())!r}\n\n"
             f"# ---- graph before the pass ----\n{before}"
         )
-        return path
+        return path if self._write(lambda: path.write_text(text)) else None
 
     def report(self, report: Report) -> None:
-        (self.folder / "report.json").write_text(report.to_json())
+        self._write(lambda: (self.folder / "report.json").write_text(report.to_json()))

@@ -117,3 +117,25 @@ class PassDeclinedWarning(UserWarning):
     an op of this torch or host version (a schema it does not know), so it changed nothing.
     The report's status says ``declined`` with the reason; this warning is emitted once per
     process for each pass and reason, so a pass that fuses nothing is never silent."""
+
+
+class ConfigWarning(UserWarning):
+    """A config that passkit accepts but that likely does not do what was meant: a name in
+    ``disable``, ``plugins`` or ``block_plugins`` that nothing installed has, an empty
+    ``PASSKIT_DUMP_DIR``, a ``passkit.yaml`` passkit does not read, a dump folder it cannot
+    write. Also logged."""
+
+
+def warn_config(message: str) -> None:
+    """Warn (:class:`ConfigWarning`) and log ``message`` once per process."""
+    if message in _warned:
+        return
+    _warned.add(message)
+    import logging
+    import warnings
+
+    logging.getLogger("passkit").warning("passkit: %s", message)
+    warnings.warn(message, ConfigWarning, stacklevel=3)
+
+
+_warned: set[str] = set()

@@ -22,7 +22,11 @@ def restore(graph: torch.fx.Graph, saved: torch.fx.Graph) -> None:
     Names are restored too: the namespace is reset before copying, so generated code is
     identical to the code before the pass ran.
     """
-    for node in reversed(list(graph.nodes)):
+    nodes = list(graph.nodes)
+    for node in nodes:  # a pass may have erased a node still in use: make users whole again
+        for used in node._input_nodes:
+            used.users.setdefault(node, None)
+    for node in reversed(nodes):
         node.users.clear()
         graph.erase_node(node)
     graph._graph_namespace = type(graph._graph_namespace)()

@@ -82,7 +82,9 @@ def call(
         undo = checkpoint() if checkpoint is not None else None
         try:
             value = impl.function(*[kwargs[name] for name in impl.argnames])
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: a hookimpl must not end the process
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             if undo is not None:
                 undo()
             failure = _failure(plugins, hook, impl.plugin, exc, during)

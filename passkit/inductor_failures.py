@@ -210,7 +210,8 @@ def _changed_by(watched: list[Report], pipeline: Pipeline) -> list[Culprit]:
                 found[rec.name] = found.get(rec.name, 0) + rec.matches
     culprits = []
     for name, matches in found.items():
-        info = pipeline.plugins.passes.get(name)
+        running = [p for p in pipeline.passes if p.name == name]
+        info = pipeline.plugins.info_for(running[0] if running else name)
         plugin = info.plugin if info is not None else None
         culprits.append(
             Culprit(

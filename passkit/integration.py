@@ -310,7 +310,10 @@ class Backend:
             for report in new:  # no Inductor cache: nothing to restore a report for
                 pipeline.record_compile_time(report, seconds)
             return compiled
-        cache_key = report_cache.key(pipeline.uuid(), gm, example_inputs, patches)
+        # the graph's inputs as Dynamo traced them (token dimension symbolic): the key of a
+        # range is the range (in the uuid), never the token count of the call that compiled it
+        key_inputs = specialize.graph_inputs(gm, example_inputs)
+        cache_key = report_cache.key(pipeline.uuid(), gm, key_inputs, patches)
         if new:
             report_cache.save(cache_key, new)
         elif _cache_hits() > hits_before:

@@ -158,7 +158,14 @@ class Pass:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if isinstance(cls.stage, str) and not isinstance(cls.stage, Stage):
+        if not isinstance(cls.stage, Stage):
+            valid = {s.value for s in Stage}
+            if not isinstance(cls.stage, str) or cls.stage not in valid:
+                raise TypeError(
+                    f"pass class {cls.__module__}.{cls.__qualname__} (pass "
+                    f"{cls.__dict__.get('name', cls.name)!r}): stage = {cut_repr(cls.stage)} is not "
+                    f"a stage; valid: " + ", ".join(f"{s.value!r} (passkit.Stage.{s.name})" for s in Stage)
+                )
             cls.stage = Stage(cls.stage)
 
     # -- to override -----------------------------------------------------------------

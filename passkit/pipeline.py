@@ -22,12 +22,12 @@ from typing import Any
 
 import torch.fx
 
-from . import hooks, inductor_state, logs, schema_check
+from . import graph_diff, hooks, inductor_state, logs, numeric_check, output_check, schema_check
 from .config import Config, load_config
 from .context import CompileContext, Mode
 from .declined import warn_declined
 from .dump import Dumper
-from .errors import ConfigError, PassFailedError, cut_repr, describe
+from .errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
 from .graph_utils import count_nodes, graph_code, restore, snapshot
 from .pass_base import Pass, PassResult, Stage
 from .pipeline_build import instantiate, order_passes, pass_relations, pipeline_identity, plugins_for
@@ -277,24 +277,44 @@ class Pipeline:
         graph = gm.graph
         record.nodes_before = count_nodes(graph)
         saved = snapshot(graph)
+        before = graph_diff.fingerprint(graph)
+        outputs = output_check.outputs(graph)
         before_code = graph_code(gm) if dumper else ""
         index = len(report.records) + 1
         start = time.perf_counter()
         try:
             result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
-            schema_check.check(graph, saved, p.name)  # cheap: the nodes it changed only
+            change = graph_diff.measure(graph, before, saved)  # measured: never the pass's own flag
+            if change.dangling:
+                raise VerificationError(
+                    f"after pass {p.name!r}: node(s) still in use were removed from the graph "
+                    f"(user -> removed: {', '.join(change.dangling[:5])})"
+                )
+            if change.modified:  # cheap: the nodes it changed and the outputs only
+                schema_check.check(graph, saved, p.name, change.changed)
+                output_check.check(graph, outputs, change, p.name)
             if self.config.verify:
                 verified = time.perf_counter()
                 verify_graph(gm, p.name)
+                if self.config.verify == "numeric" and change.modified:
+                    numeric_check.check(gm, saved, p.name)
                 record.verify_ms = (time.perf_counter() - verified) * 1e3
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: a pass must not end the process
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             record.ms = record.ms or (time.perf_counter() - start) * 1e3
             restore(graph, saved)
             gm.recompile()
             return self._failed(p, gm, exc, record, report, dumper, index, before_code)
-        if result.modified:
+        if change.modified:
             gm.recompile()
+        if change.modified != result.modified:
+            result.notes.append(
+                f"returned modified={result.modified}, but the graph "
+                + ("changed" if change.modified else "did not change")
+            )
+            result.modified = change.modified
         record.status = "ran"
         record.matches, record.modified, record.notes = result.matches, result.modified, result.notes
         if result.declined:
@@ -309,14 +329,14 @@ class Pipeline:
 
     def _origin(self, p: Pass) -> str:
         """``distribution version`` of the plugin that registered ``p`` (for messages)."""
-        info = self.plugins.passes.get(p.name)
+        info = self.plugins.info_for(p)
         return info.plugin.origin if info is not None else "in-process"
 
     def _failed(
         self,
         p: Pass,
         gm: torch.fx.GraphModule,
-        exc: Exception,
+        exc: BaseException,
         record: PassRecord,
         report: Report,
         dumper: Dumper | None,
@@ -325,9 +345,13 @@ class Pipeline:
     ) -> PassRecord:
         record.status = "failed"
         record.reason = describe(exc)
+        if not isinstance(exc, Exception):  # SystemExit and friends, raised by a pass
+            record.reason += " (isolated: a pass must not end the process)"
+            exc = _contained(exc)
         record.nodes_before = record.nodes_after = count_nodes(gm.graph)
         if dumper:
-            record.reproducer = str(dumper.reproducer(index, p, before_code, exc))
+            written = dumper.reproducer(index, p, before_code, exc)
+            record.reproducer = str(written) if written is not None else None
         self._hook("passkit_pass_failed", report, p, None, pass_=p, gm=gm, error=exc, record=record)
         logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
         if self.config.on_error == "raise":
@@ -428,6 +452,14 @@ def _outside_range(p: Pass, ctx: CompileContext) -> str | None:
     if constraint is None or constraint.holds_for(ctx.token_range):
         return None
     return f"applies to {constraint}; this compile serves {ctx.token_range}"
+
+
+def _contained(exc: BaseException) -> Exception:
+    """An ``Exception`` standing for a ``BaseException`` a pass raised (``SystemExit(3)``),
+    so that hooks, reports and ``on_error = "raise"`` handle it as any other failure."""
+    contained = RuntimeError(f"the pass raised {describe(exc)} (isolated: a pass must not end the process)")
+    contained.__cause__ = exc
+    return contained
 
 
 def _as_result(value: Any, p: Pass) -> PassResult:

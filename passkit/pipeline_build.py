@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from .config import Config, suggest
-from .errors import ConfigError, OrderError, cut_repr, describe
+from .errors import ConfigError, OrderError, cut_repr, describe, warn_config
 from .pass_base import Pass, Stage, validate_options
 from .plugins import PluginSet, get_plugins
 from .tokens import PassRelations, TokenRange
@@ -34,10 +34,13 @@ def plugins_for(config: Config) -> PluginSet:
 
 def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
     """One pass object per enabled name, options validated, in config order."""
+    warn_unknown_names(config, plugins)
     out: list[Pass] = []
     source = f"{config.passes_from}: " if config.passes_from else ""  # e.g. "PASSKIT_PASSES: "
     for entry in config.passes:
-        info = plugins.passes.get(entry.name)
+        info = plugins.lookup(entry.name)
+        if info is None and entry.name in plugins.clashes:
+            raise ConfigError(source + clash_message(entry.name, plugins))
         if info is None:
             raise ConfigError(source + unknown_pass_message(entry.name, plugins))
         try:
@@ -56,10 +59,60 @@ def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
     return out
 
 
+def warn_unknown_names(config: Config, plugins: PluginSet) -> None:
+    """A ``disable`` entry no installed pass has, or a ``plugins`` / ``block_plugins`` entry
+    no installed plugin or distribution has, does nothing: say so (a typo there lets the
+    pass or plugin meant run)."""
+    passes = {*plugins.passes, *plugins.clashes, *plugins.qualified}
+    for name in config.disable:
+        if name not in passes and plugins.lookup(name) is None:
+            warn_config(
+                f"disable: no installed pass is named {cut_repr(name)}{suggest(name, sorted(passes))}; "
+                "the entry does nothing"
+            )
+    from .plugins import ENTRY_POINT_GROUP, normalize
+
+    known = {p.name for p in plugins.plugins}
+    for found in plugins.found[ENTRY_POINT_GROUP]:
+        known.add(found.ep.name)
+        if found.distribution:
+            known.update((found.distribution, normalize(found.distribution)))
+    for field, names in (("plugins", config.plugins or []), ("block_plugins", config.block_plugins)):
+        for name in names:
+            if name not in known:
+                warn_config(
+                    f"{field}: no installed plugin or distribution is named {cut_repr(name)}"
+                    f"{suggest(name, sorted(known))}; the entry does nothing"
+                )
+
+
+def clash_message(name: str, plugins: PluginSet) -> str:
+    """Why an enabled bare name that several distributions register is an error."""
+    from .plugins import owner
+
+    infos = plugins.clashes[name]
+    who = "; ".join(f"{owner(i.plugin)} ({i.plugin.origin})" for i in infos)
+    choices = " or ".join(repr(f"{owner(i.plugin)}:{name}") for i in infos)
+    return (
+        f"pass {name!r} is registered by more than one distribution ({who}); passkit does not "
+        f"pick one (an installed package must not be able to replace another's pass): enable "
+        f"{choices}, or block the plugin you do not want (block_plugins)"
+    )
+
+
 def unknown_pass_message(name: str, plugins: PluginSet) -> str:
     installed = sorted(plugins.passes)
-    msg = f"unknown pass {cut_repr(name)} in passes{suggest(name, installed)}. "
-    msg += f"Installed passes: {', '.join(installed) or '(none)'}."
+    if ":" in name:  # a qualified name, or an option without a value (PASSKIT_PASSES)
+        qualified = sorted(plugins.qualified)
+        msg = (
+            f"unknown pass {cut_repr(name)} in passes: no installed distribution "
+            f"{cut_repr(name.rpartition(':')[0])} registers a pass {cut_repr(name.rpartition(':')[2])}"
+            f"{suggest(name, qualified)} (an option is written name:option=value). "
+            f"Installed passes: {', '.join(qualified) or '(none)'}."
+        )
+    else:
+        msg = f"unknown pass {cut_repr(name)} in passes{suggest(name, installed)}. "
+        msg += f"Installed passes: {', '.join(installed) or '(none)'}."
     if plugins.failures:
         msg += " Plugins that failed to load (see `passkit list`): "
         msg += ", ".join(sorted({f.name for f in plugins.failures})) + "."
@@ -155,7 +208,7 @@ def pipeline_identity(
     parts: list[Any] = []
     for p in passes:
         ident = p.identity()
-        info = plugins.passes.get(p.name)
+        info = plugins.info_for(p)
         ident["version"] = info.version if info else "in-process"
         parts.append(ident)
     # plugins that can change what runs (configure / veto) are part of the identity

@@ -16,13 +16,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.metadata
+import re
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pluggy
 
-from . import hooks, hookspecs
+from . import hooks, hookspecs, logs
 from .errors import PluginError, describe
 from .pass_base import Pass
 from .plugin_checks import PluginMistake, find_mistakes
@@ -86,8 +88,30 @@ class PassInfo:
         return self.plugin.version or "0"
 
 
+class PassNameClashWarning(UserWarning):
+    """Two distributions (or a distribution and passkit itself) register the same pass name:
+    neither is used under that bare name; the name must be chosen as ``distribution:pass``."""
+
+
+def owner(info: PluginInfo) -> str:
+    """Who owns a pass name: the distribution (normalized: ``aaa_Hijack`` is
+    ``aaa-hijack``), or ``in-process:<plugin name>``."""
+    if info.distribution:
+        return normalize(info.distribution)
+    return f"in-process:{info.name}"
+
+
+def normalize(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
 class PluginSet:
-    """A pluggy manager with its plugins loaded, and the passes they registered."""
+    """A pluggy manager with its plugins loaded, and the passes they registered.
+
+    Pass names are owned: :attr:`passes` maps each name registered by one owner (a
+    distribution, or one in-process plugin) to its pass; a name that two owners register is
+    in :attr:`clashes` instead (never resolved by load order or alphabetically) and every
+    pass is in :attr:`qualified` as ``owner:name``."""
 
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -97,6 +121,10 @@ class PluginSet:
         self.passes: dict[str, PassInfo] = {}
         self.mistakes: list[PluginMistake] = []
         """Plugins that loaded with a mistake (see :mod:`passkit.plugin_checks`)."""
+        self.qualified: dict[str, PassInfo] = {}
+        """Every pass as ``owner:name`` (``passkit:cleanup``, ``acme-passes:my_pass``)."""
+        self.clashes: dict[str, list[PassInfo]] = {}
+        """Pass names registered by more than one owner: not in :attr:`passes`."""
         self.hook_failures: list[hooks.HookFailure] = []
         """Hookimpls that raised when called (each then disabled), oldest first."""
         self.disabled_hooks: set[tuple[str, int]] = set()
@@ -120,7 +148,9 @@ class PluginSet:
             info = PluginInfo(found.ep.name, found.distribution, found.version, found.ep.value)
             try:
                 self.pm.add_hookspecs(found.ep.load())
-            except Exception as exc:
+            except BaseException as exc:  # sys.exit() at import too
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
                 self.failures.append(self._failure(info, "hookspecs", exc))
 
     @property
@@ -165,26 +195,77 @@ class PluginSet:
         for impl in impls:
             try:
                 collected.extend(_check_pass_list(impl.function()))
-            except Exception as exc:
+            except BaseException as exc:  # sys.exit() too
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
                 self.pm.unregister(plugin)
                 self._fail(self._failure(info, "register", exc))
                 return False
         for cls in collected:
-            if cls.name in self.passes:
-                other = self.passes[cls.name].plugin
-                self._fail(
-                    self._failure(
-                        info,
-                        "duplicate",
-                        f"pass name {cls.name!r} is already registered by {other.origin}; "
-                        f"this plugin's {cls.__module__}.{cls.__qualname__} is skipped",
-                    )
-                )
-                continue
-            self.passes[cls.name] = PassInfo(cls, info)
+            self._claim(PassInfo(cls, info))
         self.plugins.append(info)
         self._info[id(plugin)] = info
         return True
+
+    def _claim(self, new: PassInfo) -> None:
+        """Record ``new`` under its owner's qualified name, and its bare name unless another
+        owner has it (then the name clashes: loud, and neither is enabled by it)."""
+        name, key = new.name, f"{owner(new.plugin)}:{new.name}"
+        if key in self.qualified:  # the same owner twice: the first stays
+            other = self.qualified[key].plugin
+            self._fail(
+                self._failure(
+                    new.plugin,
+                    "duplicate",
+                    f"pass name {name!r} is already registered by {other.origin}; "
+                    f"this plugin's {new.cls.__module__}.{new.cls.__qualname__} is skipped",
+                )
+            )
+            return
+        self.qualified[key] = new
+        if name in self.clashes:
+            self.clashes[name].append(new)
+        elif name in self.passes:
+            first = self.passes.pop(name)
+            self.clashes[name] = [first, new]
+        else:
+            self.passes[name] = new
+            return
+        owners = [f"{owner(i.plugin)} ({i.plugin.origin})" for i in self.clashes[name]]
+        message = (
+            f"pass name {name!r} is registered by more than one distribution: "
+            f"{'; '.join(owners)}. Neither runs under the bare name (enabling {name!r} is an "
+            f"error); enable one by its qualified name: "
+            f"{' or '.join(repr(f'{owner(i.plugin)}:{name}') for i in self.clashes[name])}"
+        )
+        if self._strict:
+            raise PluginError(message)
+        logs.log.warning("passkit: %s", message)
+        warnings.warn(message, PassNameClashWarning, stacklevel=2)
+
+    def lookup(self, name: str) -> PassInfo | None:
+        """The pass enabled by ``name``: a bare name one owner registers, or ``owner:name``
+        (the owner's distribution name, any spelling: ``Acme_Passes:x`` is ``acme-passes:x``)."""
+        if ":" in name:
+            who, _, bare = name.rpartition(":")
+            if not who.startswith("in-process:"):
+                who = normalize(who)
+            return self.qualified.get(f"{who}:{bare}")
+        return self.passes.get(name)
+
+    def info_for(self, pass_: Pass | type[Pass] | str) -> PassInfo | None:
+        """Where a pass (object, class or bare name) came from, clashing names included."""
+        if isinstance(pass_, str):
+            found = self.passes.get(pass_)
+            return found
+        cls = pass_ if isinstance(pass_, type) else type(pass_)
+        found = self.passes.get(cls.name)
+        if found is not None and found.cls is cls:
+            return found
+        for info in self.clashes.get(cls.name, ()):
+            if info.cls is cls:
+                return info
+        return found
 
     @staticmethod
     def _failure(info: PluginInfo, stage: str, exc: BaseException | str) -> PluginFailure:
@@ -218,7 +299,9 @@ class PluginSet:
             info = PluginInfo(ep.name, dist_name, found.version, ep.value)
             try:
                 plugin = ep.load()
-            except Exception as exc:
+            except BaseException as exc:  # sys.exit() at import too: isolated, named
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
                 self._fail(self._failure(info, "import", exc))
                 continue
             self.add(plugin, info)
@@ -248,6 +331,11 @@ def _check_pass_list(result: Any) -> list[type[Pass]]:
             raise TypeError(f"passkit_register_passes returned {cls!r}, which is not a Pass subclass")
         if not cls.name or not isinstance(cls.name, str):
             raise TypeError(f"pass class {cls.__qualname__} has no name")
+        if ":" in cls.name:
+            raise TypeError(
+                f"pass class {cls.__qualname__}: name {cls.name!r} contains ':', which separates "
+                "a distribution from a pass name (`acme-passes:my_pass`)"
+            )
         out.append(cls)
     return out
 

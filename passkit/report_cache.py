@@ -20,13 +20,65 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pydantic
 import torch
 import torch.fx
 
 from . import logs
+from .errors import cut, warn_config
 from .report import Report
+
+
+class _Record(pydantic.BaseModel):
+    """One pass record as the cache stores it (validated before use: a file of another
+    shape, hand-edited or written by another passkit, is a miss, never a failed compile)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore", strict=True)
+
+    name: str
+    stage: str
+    status: Literal["ran", "skipped", "vetoed", "failed", "declined"] = "skipped"
+    matches: int = pydantic.Field(default=0, ge=0)
+    modified: bool = False
+    ms: float = 0.0
+    verify_ms: float = 0.0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    reason: str | None = None
+    notes: list[str] = pydantic.Field(default_factory=list)
+    reproducer: str | None = None
+
+
+class _HookFailure(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore", strict=True)
+
+    hook: str
+    plugin: str
+    distribution: str | None = None
+    version: str | None = None
+    error: str
+    during: str | None = None
+    detail: str = ""
+
+
+class _Entry(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore", strict=True)
+
+    graph_id: int = 0
+    pipeline_uuid: str = ""
+    mode: str = "inductor"
+    cache_hit: bool = False
+    token_range: str | None = None
+    restored: bool = False
+    notes: list[str] = pydantic.Field(default_factory=list)
+    hook_failures: list[_HookFailure] = pydantic.Field(default_factory=list)
+    compile_s: float | None = None
+    passes: list[_Record] = pydantic.Field(default_factory=list)
+
+
+_ENTRIES = pydantic.TypeAdapter(list[_Entry])
 
 
 def cache_dir() -> Path:
@@ -116,10 +168,25 @@ def save(cache_key: str, reports: Sequence[Report]) -> None:
 
 
 def load(cache_key: str) -> list[Report] | None:
+    """The reports stored under ``cache_key``, or None: no entry (a miss), or one that cannot
+    be read or is not of the shape passkit writes (a miss with a warning)."""
     path = cache_dir() / f"{cache_key}.json"
     try:
-        data = json.loads(path.read_text())
-        return [Report.from_dict(d) for d in data]
-    except (OSError, ValueError, TypeError) as exc:
-        logs.log.debug("passkit: no usable report cache entry %s: %s", path, exc)
+        text = path.read_text()
+    except OSError as exc:
+        logs.log.debug("passkit: no report cache entry %s: %s", path, exc)
+        return None
+    try:
+        entries = _ENTRIES.validate_json(text)
+        return [Report.from_dict(e.model_dump()) for e in entries]
+    except (pydantic.ValidationError, ValueError, TypeError, RecursionError) as exc:
+        why: Any = exc
+        if isinstance(exc, pydantic.ValidationError) and exc.errors():
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "the file"
+            why = f"{where}: {first['msg']}"
+        warn_config(
+            f"report cache entry {path} is not a passkit report ({cut(str(why), 200)}): ignored "
+            "(the compile goes on; its report is not restored)"
+        )
         return None

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from . import graph_diff
 from .errors import VerificationError, cut
 
 _MAX_LISTED = 5
@@ -39,51 +40,7 @@ _TENSOR_LIKE = (
 def changed_nodes(graph: torch.fx.Graph, before: torch.fx.Graph) -> list[torch.fx.Node]:
     """The ``call_function`` nodes of ``graph`` that are new since ``before`` (a snapshot of
     it, same node names) or whose target or arguments changed."""
-    old = {n.name: n for n in before.nodes}
-    changed = []
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        prior = old.get(node.name)
-        if (
-            prior is None
-            or prior.target is not node.target
-            or not _same(prior.args, node.args)
-            or (bool(prior.kwargs or node.kwargs) and not _same(prior.kwargs, node.kwargs))
-        ):
-            changed.append(node)
-    return changed
-
-
-def _same(old: Any, new: Any) -> bool:
-    """Whether two node arguments are equal, nodes compared by name (the snapshot's nodes
-    are copies); a flat loop over the tuples of nodes and numbers most nodes have."""
-    if isinstance(old, (tuple, list)):
-        if not isinstance(new, (tuple, list)) or len(old) != len(new):
-            return False
-        for a, b in zip(old, new):
-            if a is b:
-                continue
-            if isinstance(a, torch.fx.Node):
-                if not (isinstance(b, torch.fx.Node) and a.name == b.name):
-                    return False
-            elif not _same(a, b):
-                return False
-        return True
-    if isinstance(old, torch.fx.Node):
-        return isinstance(new, torch.fx.Node) and old.name == new.name
-    if isinstance(old, dict):
-        return (
-            isinstance(new, dict)
-            and old.keys() == new.keys()
-            and _same(list(old.values()), list(new.values()))
-        )
-    if old is new:
-        return True
-    try:
-        return type(old) is type(new) and bool(old == new)
-    except Exception:  # a value whose == gives no bool (a tensor constant)
-        return False
+    return graph_diff.diff(graph, before).changed
 
 
 def problem(node: torch.fx.Node) -> str | None:
@@ -102,10 +59,18 @@ def problem(node: torch.fx.Node) -> str | None:
     return f"{_call(node)}: {why} (schema {target._schema})" if why else None
 
 
-def check(graph: torch.fx.Graph, before: torch.fx.Graph, pass_name: str) -> None:
+def check(
+    graph: torch.fx.Graph,
+    before: torch.fx.Graph,
+    pass_name: str,
+    changed: list[torch.fx.Node] | None = None,
+) -> None:
     """Raise :class:`VerificationError` naming ``pass_name`` and the nodes when a node it
-    added or changed does not bind to its op's schema."""
-    problems = [why for node in changed_nodes(graph, before) if (why := problem(node))]
+    added or changed (``changed``, else found by comparing with ``before``) does not bind to
+    its op's schema."""
+    if changed is None:
+        changed = changed_nodes(graph, before)
+    problems = [why for node in changed if (why := problem(node))]
     if not problems:
         return
     more = (

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -236,6 +237,9 @@ class Dispatcher:
         self._divisors = {i: plan.rules[i].divisors for i in range(len(plan.rules))}
         self._make_fallback = fallback
         self._fallback: CompiledFn | None = None
+        self._compiling = threading.RLock()
+        """Held by a late compile: threads whose calls fall in a range not compiled yet wait
+        for the one compiling it, and use its compile (a range compiles once)."""
 
     def __call__(self, *args: Any) -> Any:
         return self._pick(args)(*args)
@@ -260,7 +264,14 @@ class Dispatcher:
     def _late(self, index: int, args: Sequence[Any]) -> CompiledFn:
         """Specialization ``index`` (-1: the fallback) for a call that finds it not compiled
         (or compiled under guards this call may not meet): compiled now, unless a compile
-        whose guards hold for ``args`` is there."""
+        whose guards hold for ``args`` is there. One thread compiles; the others wait for it."""
+        with self._compiling:
+            done = self._fallback if index < 0 else self.compiled[index]
+            if done is not None:  # another thread compiled it while this one waited
+                return done
+            return self._late_locked(index, args)
+
+    def _late_locked(self, index: int, args: Sequence[Any]) -> CompiledFn:
         entries = self._guarded.setdefault(index, [])
         for check, fn in entries:
             if check(args):

@@ -40,3 +40,13 @@ def clean_env(monkeypatch, tmp_path):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch):
+    """passkit warns of a config mistake once per process: once per test here."""
+    import passkit.dump
+    import passkit.errors
+
+    monkeypatch.setattr(passkit.errors, "_warned", set())
+    monkeypatch.setattr(passkit.dump, "_unwritable", set())

@@ -27,8 +27,9 @@ class ReluTwice(passkit.GraphPass):
 
 
 class ToHalfAfterRelu(passkit.GraphPass):
-    """Inserts ``_to_copy(relu, dtype=float16)`` after each relu (issue 27): the schema
-    binds, but Inductor rejects the op ("both a fallback and a decomp for same op")."""
+    """Inserts ``_to_copy(relu, dtype=float16)`` after each relu, and a copy back to float32
+    (issue 27): the schema binds and the outputs keep their dtype (the checks after the pass
+    pass), but Inductor rejects the op ("both a fallback and a decomp for same op")."""
 
     name = "to_half_after_relu"
 
@@ -37,7 +38,9 @@ class ToHalfAfterRelu(passkit.GraphPass):
         for node in list(gm.graph.find_nodes(op="call_function", target=aten.relu.default)):
             with gm.graph.inserting_after(node):
                 copy = gm.graph.call_function(aten._to_copy.default, (node,), {"dtype": torch.float16})
-            node.replace_all_uses_with(copy, delete_user_cb=lambda user, c=copy: user is not c)
+            with gm.graph.inserting_after(copy):  # and back: the graph's outputs keep their dtype
+                back = gm.graph.call_function(aten._to_copy.default, (copy,), {"dtype": torch.float32})
+            node.replace_all_uses_with(back, delete_user_cb=lambda user, c=copy: user is not c)
             n += 1
         return passkit.PassResult(modified=n > 0, matches=n, notes=[f"{n} relu(s) cast to float16"])
 
@@ -80,7 +83,9 @@ def invalid_rewrite(rng: random.Random, kind: str | None = None) -> tuple[str, t
             else:  # half_copy
                 with gm.graph.inserting_after(node):
                     copy = gm.graph.call_function(aten._to_copy.default, (node,), {"dtype": torch.float16})
-                node.replace_all_uses_with(copy, delete_user_cb=lambda user: user is not copy)
+                with gm.graph.inserting_after(copy):  # and back: every dtype the graph had stays
+                    back = gm.graph.call_function(aten._to_copy.default, (copy,), {"dtype": torch.float32})
+                node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not copy)
             return passkit.PassResult(modified=True, matches=1)
 
     InvalidRewrite.__qualname__ = f"InvalidRewrite[{kind}, {target}]"

@@ -76,9 +76,14 @@ def test_env_passes_with_inline_options(clean_env, monkeypatch):
     cfg = load_config()
     assert cfg.pass_names == ["noop_elimination", "mul_to_scale", "cleanup"]
     assert cfg.options_for("mul_to_scale") == {"factor": 4.5, "limit": 3}
-    monkeypatch.setenv("PASSKIT_PASSES", "mul_to_scale:factor")
-    with pytest.raises(passkit.ConfigError, match=r"expected name:option=value, got 'mul_to_scale:factor'"):
+    monkeypatch.setenv("PASSKIT_PASSES", "mul_to_scale:factor:x")
+    with pytest.raises(passkit.ConfigError, match=r"expected name:option=value, got 'mul_to_scale:factor:x'"):
         load_config()
+    # name:word (no '=') is a qualified pass name (distribution:pass); unknown, it names both
+    monkeypatch.setenv("PASSKIT_PASSES", "mul_to_scale:factor")
+    assert load_config().pass_names == ["mul_to_scale:factor"]
+    with pytest.raises(passkit.ConfigError, match=r"an option is written name:option=value"):
+        passkit.build_pipeline()
 
 
 def test_env_booleans_and_plugin_switches(clean_env, monkeypatch):

@@ -451,3 +451,73 @@ def test_generated_invalid_rewrites_compile():
             assert record.reason.startswith(f"VerificationError: after pass {cls.name!r}")
         else:
             assert record.reason.startswith("Inductor failed on the graph this pass changed")
+
+
+# -- mutations of real graphs: never a wrong output, never an unnamed abort -------------------
+#
+# A pass applies one random single-node mutation to a graph Inductor handed to its post-grad
+# passes (a transformer block, an MLP with a norm). Structural mutations (delete or retarget a
+# node, drop or add an argument, change a shape, a dtype, an output) must end either with the
+# pass recorded ``failed`` (named, the graph restored: it computes what eager does) or with a
+# graph that still computes what eager does (the mutation was harmless, e.g. on a dead node).
+# Value-only mutations (``add`` -> ``sub``) keep every shape: only ``verify = "numeric"``
+# sees them, and it must.
+
+from .mutations import MUTATION_KINDS, STRUCTURAL, capture_graphs, mutation_pass, outcome  # noqa: E402
+
+MUTATION_SEED = SEED + 7
+
+
+@pytest.fixture(scope="module")
+def real_graphs():
+    return capture_graphs()
+
+
+def _mutation_cases(count: int, seed: int):
+    rng = random.Random(seed)
+    for case in range(count):
+        yield case, rng.choice(MUTATION_KINDS), rng.choice([False, True, "numeric"]), rng.random()
+
+
+def _check_mutations(real_graphs, count: int, seed: int) -> dict[str, int]:
+    seen: dict[str, int] = {}
+    for case, kind, verify, pick in _mutation_cases(count, seed):
+        name, captured = real_graphs[int(pick * len(real_graphs))]
+        cls = mutation_pass(kind, random.Random(seed * 1000 + case))
+        result = outcome(captured, cls, verify)
+        key = f"{kind}:{result.what}"
+        seen[key] = seen.get(key, 0) + 1
+        where = (case, name, kind, verify, result.detail)
+        assert result.what in ("caught", "harmless", "no_site", "value_only"), where
+        if result.what == "value_only":  # only a value changed: the numeric level must see it
+            assert kind not in STRUCTURAL or result.values_only, where
+            assert verify != "numeric", where
+    return seen
+
+
+def test_generated_mutations_of_real_graphs(real_graphs):
+    """A fast sample (every kind, verify off, on and numeric)."""
+    seen = _check_mutations(real_graphs, 240, MUTATION_SEED)
+    kinds = {k.split(":")[0] for k in seen}
+    assert kinds == set(MUTATION_KINDS), seen
+    assert sum(v for k, v in seen.items() if k.endswith(":caught")) > 60, seen
+
+
+@pytest.mark.slow
+def test_thousands_of_generated_mutations_of_real_graphs(real_graphs):
+    seen = _check_mutations(real_graphs, 3000, MUTATION_SEED + 1)
+    assert sum(seen.values()) == 3000 and sum(v for k, v in seen.items() if k.endswith(":caught")) > 800, seen
+
+
+@pytest.mark.slow
+def test_generated_mutations_in_real_compiles():
+    """Mutations applied in a real Inductor compile (verify off): the output equals eager,
+    whatever the mutation, or the compile fails naming the pass (never: a wrong output)."""
+    from .mutations import compile_case
+
+    rng = random.Random(MUTATION_SEED + 2)
+    for case in range(24):
+        kind = MUTATION_KINDS[case % len(MUTATION_KINDS)]
+        if kind not in STRUCTURAL:
+            continue
+        compile_case(mutation_pass(kind, random.Random(rng.random())))

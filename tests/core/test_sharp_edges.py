@@ -59,7 +59,7 @@ HUGE = "x" * 20_000
         ({"PASSKIT_ON_ERROR": HUGE}, "on_error"),
         ({"PASSKIT_VERIFY": HUGE}, "PASSKIT_VERIFY"),
         ({"PASSKIT_COMPILE_RANGES": HUGE}, "PASSKIT_COMPILE_RANGES"),
-        ({"PASSKIT_PASSES": "a:" + HUGE}, "PASSKIT_PASSES"),
+        ({"PASSKIT_PASSES": "a:b:" + HUGE}, "PASSKIT_PASSES"),  # a:b is a qualified name
         ({"PASSKIT_" + "Z" * 5000: "1"}, "unknown environment variable PASSKIT_ZZZ"),
         ({"PASSKIT_DUMP_DIR": "\0" * 3}, None),  # accepted by the config (a path); not echoed
     ],

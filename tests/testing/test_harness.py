@@ -131,7 +131,7 @@ def test_passes_by_name_dict_instance_and_class():
 
 def test_options_given_with_a_name(passkit_isolated_plugins):
     passkit.register(_plugin_with(ScaleMuls))
-    r = run_passes(reshaped_scale, X, passes=[{"name": "scale_muls", "factor": 2.0}])
+    r = run_passes(reshaped_scale, X, passes=[{"name": "scale_muls", "factor": 2.0}], verify=True)
     assert r.pipeline.passes[0].options.factor == 2.0
 
 
@@ -262,7 +262,7 @@ def test_assert_matches_on_a_skipped_pass():
 
 
 def test_assert_close_against_eager():
-    r = run_passes(reshaped_scale, X, passes=[ScaleMuls(factor=1.5)])
+    r = run_passes(reshaped_scale, X, passes=[ScaleMuls(factor=1.5)], verify=True)
     with pytest.raises(AssertionError, match="compiled outputs vs eager:\ntensors are not close"):
         r.assert_close()
     r.assert_close(atol=20.0)
@@ -270,7 +270,7 @@ def test_assert_close_against_eager():
 
 def test_assert_close_against_reference_uses_the_output_dtype():
     x = torch.linspace(1, 2, 8, dtype=torch.bfloat16).reshape(2, 4)
-    r = run_passes(reshaped_scale, x, passes=[ScaleMuls(factor=1.1)], reference="fp32")
+    r = run_passes(reshaped_scale, x, passes=[ScaleMuls(factor=1.1)], reference="fp32", verify=True)
     with pytest.raises(
         AssertionError, match=r"(?s)compiled outputs vs reference:.*torch.float32, rtol=0.016"
     ):
@@ -281,7 +281,7 @@ def test_assert_close_against_reference_uses_the_output_dtype():
 
 def test_assert_no_worse_than_eager():
     x = torch.linspace(1, 2, 8, dtype=torch.bfloat16).reshape(2, 4)
-    r = run_passes(reshaped_scale, x, passes=[ScaleMuls(factor=1.1)], reference="fp32")
+    r = run_passes(reshaped_scale, x, passes=[ScaleMuls(factor=1.1)], reference="fp32", verify=True)
     with pytest.raises(AssertionError, match="candidate is less accurate than allowed"):
         r.assert_no_worse_than_eager()
 
@@ -291,3 +291,13 @@ def test_reference_assertions_need_a_reference(result):
         result.assert_close("reference")
     with pytest.raises(ValueError, match="needs a reference"):
         result.assert_no_worse_than_eager()
+
+
+def test_the_harness_runs_the_numeric_check_by_default():
+    """A rewrite that changes values only (every shape and dtype kept) fails the pass, named,
+    in the harness (``verify="numeric"`` by default); ``verify=True`` lets it through."""
+    with pytest.raises(
+        passkit.PassFailedError, match=r"pass 'scale_muls' failed: VerificationError: .*output 0 differs"
+    ):
+        run_passes(reshaped_scale, X, passes=[ScaleMuls(factor=1.5)])
+    run_passes(reshaped_scale, X, passes=[ScaleMuls(factor=1.0)])  # exact: passes

@@ -157,7 +157,7 @@ def run_passes(
     mode: Mode = "eager",
     caches: bool = False,
     on_error: Literal["raise", "skip"] = "raise",
-    verify: bool = True,
+    verify: bool | Literal["numeric"] = "numeric",
     reference: Reference = None,
     dynamic: bool | None = None,
 ) -> HarnessResult:
@@ -172,7 +172,11 @@ def run_passes(
             so every call runs the passes).
         on_error: ``"raise"`` re-raises a failing pass's :class:`passkit.PassFailedError`;
             ``"skip"`` records it in the report and goes on, as in production.
-        verify: lint the graph and re-propagate fake tensors after each pass.
+        verify: ``"numeric"`` (the default): after each pass, lint the graph, re-propagate
+            fake tensors and run the graph before and after the pass on the same random
+            inputs, comparing the outputs (catches a rewrite that changes values only,
+            ``add`` -> ``sub``); ``True``: the first two; ``False``: neither (the cheap
+            checks passkit always runs remain).
         reference: ``"fp32"`` to also compute the outputs in float32 (a copy of the module
             and the floating inputs upcast), or a function computing reference outputs from
             the inputs; see :meth:`HarnessResult.assert_close`.
