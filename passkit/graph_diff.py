@@ -10,7 +10,9 @@ recorded ``meta["val"]``, held by reference. torch.fx gives a node new argument 
 whenever its arguments change (``update_arg``, ``replace_all_uses_with``, ``node.args =``),
 so after the pass the same objects in the same order mean "unchanged", compared by identity
 in C (``map(operator.is_not, ...)``): no Python loop over the nodes unless the pass added,
-removed or moved some. :func:`diff` compares with a snapshot by node names instead (slower:
+removed or moved some. The pipeline keeps a fingerprint (and the snapshot taken with it) from
+one pass to the next while the graph does not change (:mod:`passkit.baseline`), so a pass
+costs one measurement, not two. :func:`diff` compares with a snapshot by node names instead (slower:
 for tools that have no fingerprint).
 """
 
@@ -83,26 +85,28 @@ def measure(graph: torch.fx.Graph, before: Fingerprint, saved: torch.fx.Graph) -
         and all(map(operator.is_, map(dict.get, map(_META, nodes), repeat("val")), before.fields[3]))
     ):
         return GraphDiff(False, [], [])
+    old_index: list[int] | None = None  # per kept node, its index in ``before`` (None: the same)
     if same_nodes:
-        kept, old_index, added = nodes, None, []
-        old_fields = before.fields
+        kept, added = nodes, []
     else:
         position = dict(zip(before.nodes, range(len(before.nodes))))
         found = list(map(position.get, nodes))
         is_new = list(map(operator.is_, found, repeat(None)))
-        keep = list(map(operator.not_, is_new))
-        kept, added = list(compress(nodes, keep)), list(compress(nodes, is_new))
-        old_index = [j for j in compress(found, keep) if j is not None]  # every kept node has one
-        old_fields = tuple(list(map(f.__getitem__, old_index or ())) for f in before.fields)
-    new_fields = _fields(kept)
+        kept, added = list(compress(nodes, map(operator.not_, is_new))), list(compress(nodes, is_new))
+        if kept != before.nodes:  # nodes removed or moved (not only added)
+            old_index = [j for j in found if j is not None]
+    wiring = (_TARGET, _ARGS, _KWARGS)  # not the value: a new value is no rewiring
     rewired_set: set[int] = set()
-    for new, old in zip(new_fields[:3], old_fields[:3]):  # not the value: a new value is no rewiring
-        rewired_set.update(compress(range(len(new)), map(operator.is_not, new, old)))
+    for get, old in zip(wiring, before.fields):
+        if old_index is not None:
+            old = list(map(old.__getitem__, old_index))
+        rewired_set.update(compress(range(len(kept)), map(operator.is_not, map(get, kept), old)))
     rewired = sorted(rewired_set)
     old_nodes = list(saved.nodes)
     prior = {kept[k]: old_nodes[k if old_index is None else old_index[k]] for k in rewired}
     changed_set = {*prior, *added}
-    changed = [n for n in nodes if n in changed_set and n.op == "call_function"] if changed_set else []
+    in_order = compress(nodes, map(changed_set.__contains__, nodes)) if changed_set else ()
+    changed = [n for n in in_order if n.op == "call_function"]
     removed: list[str] = []
     dangling: list[str] = []
     if not same_nodes:

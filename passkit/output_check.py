@@ -101,7 +101,7 @@ def check(graph: torch.fx.Graph, before: list[Signature], change: GraphDiff, pas
             f"after pass {pass_name!r}: the graph returns {len(after)} value(s), it returned "
             f"{len(before)} before the pass (a pass must not change what the graph returns)"
         )
-    inferred = _Inference(graph, changed_set)
+    inferred = _Inference(graph, change.changed)
     if changed_set:
         inferred.value(next(iter(changed_set)))  # runs every rewritten node once
         _raise_errors(inferred, pass_name)
@@ -208,8 +208,10 @@ class _Inference:
     unchanged nodes give their recorded value. ``None``: not known (no fake mode, a missing
     recorded value, or an op whose fake run raised: Inductor will judge it)."""
 
-    def __init__(self, graph: torch.fx.Graph, changed: set[torch.fx.Node]):
-        self.changed = changed
+    def __init__(self, graph: torch.fx.Graph, changed: list[torch.fx.Node]):
+        self.order = changed
+        """The rewritten nodes, in graph order (inputs first)."""
+        self.changed = set(changed)
         self.memo: dict[torch.fx.Node, Any] = {}
         self._ran = False
         self.errors: list[tuple[torch.fx.Node, Exception]] = []
@@ -260,8 +262,8 @@ class _Inference:
             return v
 
         with mode, _no_guards(mode), _quiet_fake_errors():
-            for node in self.graph.nodes:
-                if node not in self.changed or not callable(node.target):
+            for node in self.order:  # not the whole graph: a pass rewrites a few nodes of many
+                if not callable(node.target):
                     continue
                 missing = False
                 args = torch.fx.node.map_arg(node.args, load)

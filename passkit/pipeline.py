@@ -23,12 +23,13 @@ from typing import Any
 import torch.fx
 
 from . import graph_diff, hooks, inductor_state, logs, numeric_check, output_check, schema_check
+from .baseline import Baselines
 from .config import Config, load_config
 from .context import CompileContext, Mode
 from .declined import warn_declined
 from .dump import Dumper
 from .errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
-from .graph_utils import count_nodes, graph_code, restore, snapshot
+from .graph_utils import count_nodes, graph_code
 from .pass_base import Pass, PassResult, Stage
 from .pipeline_build import instantiate, order_passes, pass_relations, pipeline_identity, plugins_for
 from .pipeline_build import unknown_pass_message as unknown_pass_message  # re-exported: its old home
@@ -198,8 +199,9 @@ class Pipeline:
         self._hook("passkit_configure_pipeline", report, None, plan.checkpoint, plan=plan, context=ctx)
         dumper = Dumper(self.config.dump_dir, report.graph_id) if self.config.dump_dir else None
         skipped = self._range_skips(ctx)
+        baselines = Baselines(gm.graph, recheck=self._hooks_between_passes())
         for p in plan.passes:
-            record = self._run_one(p, gm, ctx, plan, report, dumper, skipped)
+            record = self._run_one(p, gm, ctx, plan, report, dumper, skipped, baselines)
             report.records.append(record)
         if stage == self.stages[-1]:
             self._finish(report, dumper)
@@ -249,6 +251,7 @@ class Pipeline:
         report: Report,
         dumper: Dumper | None,
         range_skips: dict[str, str],
+        baselines: Baselines,
     ) -> PassRecord:
         record = PassRecord(name=p.name, stage=p.stage.value)
         dropped = inductor_state.left_out().get(p.name)
@@ -276,16 +279,15 @@ class Pipeline:
             return record
         graph = gm.graph
         record.nodes_before = count_nodes(graph)
-        saved = snapshot(graph)
-        before = graph_diff.fingerprint(graph)
-        outputs = output_check.outputs(graph)
+        baseline = baselines.before_pass()  # kept from the last pass if it changed nothing
+        saved = baseline.saved
         before_code = graph_code(gm) if dumper else ""
         index = len(report.records) + 1
         start = time.perf_counter()
         try:
             result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
-            change = graph_diff.measure(graph, before, saved)  # measured: never the pass's own flag
+            change = graph_diff.measure(graph, baseline.fingerprint, saved)  # never the pass's own flag
             if change.dangling:
                 raise VerificationError(
                     f"after pass {p.name!r}: node(s) still in use were removed from the graph "
@@ -293,7 +295,7 @@ class Pipeline:
                 )
             if change.modified:  # cheap: the nodes it changed and the outputs only
                 schema_check.check(graph, saved, p.name, change.changed)
-                output_check.check(graph, outputs, change, p.name)
+                output_check.check(graph, baseline.outputs, change, p.name)
             if self.config.verify:
                 verified = time.perf_counter()
                 verify_graph(gm, p.name)
@@ -304,9 +306,10 @@ class Pipeline:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             record.ms = record.ms or (time.perf_counter() - start) * 1e3
-            restore(graph, saved)
+            baselines.restore()
             gm.recompile()
             return self._failed(p, gm, exc, record, report, dumper, index, before_code)
+        baselines.after_pass(change)
         if change.modified:
             gm.recompile()
         if change.modified != result.modified:
@@ -326,6 +329,14 @@ class Pipeline:
         self._hook("passkit_after_pass", report, p, None, pass_=p, gm=gm, result=result, record=record)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record
+
+    def _hooks_between_passes(self) -> bool:
+        """Whether a plugin implements a hook that runs between passes (and may change the
+        graph there): then a kept baseline is checked before it is reused."""
+        hook = self.plugins.hook
+        return any(
+            getattr(hook, name).get_hookimpls() for name in ("passkit_before_pass", "passkit_after_pass")
+        )
 
     def _origin(self, p: Pass) -> str:
         """``distribution version`` of the plugin that registered ``p`` (for messages)."""

@@ -56,6 +56,9 @@ def _raise_on_rank_1(rank: int, world_size: int) -> torch.Tensor:
 
 
 def _hang_on_rank_1(rank: int, world_size: int) -> int:
+    import torch.distributed as dist
+
+    dist.barrier()  # both ranks connected: rank 0 leaving first must not fail rank 1's setup
     if rank == 1:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL stops this one
         time.sleep(3600)
