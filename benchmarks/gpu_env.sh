@@ -1,5 +1,5 @@
 # Sourced by gpu_session.sh and gpu_gate.sh on the GPU machine (LOG names the log file):
-# installs the carried wheels (.whl/), activates the staged flashinfer (.gpu-carry/), refuses
+# installs the carried wheels (.whl/, and .whl-hf/ when carried), activates the staged flashinfer (.gpu-carry/), refuses
 # to go on with NVLink multicast on, and defines `step LIMIT CMD...` (time-boxed, logged).
 set -u
 export PYTHONUNBUFFERED=1
@@ -8,6 +8,9 @@ mkdir -p "$OUT"
 LOG=${LOG:-$OUT/gpu.log}
 # once per machine: a second sourcing while programs run must not rewrite their files
 [ -f /tmp/site/.passkit-installed ] || { python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && touch /tmp/site/.passkit-installed; } || exit 1
+# .whl-hf/ (optional): the transformers the project tests with and what it checks at import,
+# over the image's older one (whose TP plans break graphs at every module: see docs)
+[ ! -d .whl-hf ] || [ -f /tmp/site/.hf-installed ] || { python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl-hf/*.whl && touch /tmp/site/.hf-installed; } || exit 1
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PATH=/tmp/site/bin:$PATH
 source .gpu-carry/activate.sh

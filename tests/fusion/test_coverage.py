@@ -186,6 +186,7 @@ def test_decode_benchmark_smoke_on_cpu(capsys: pytest.CaptureFixture[str]):
     out = capsys.readouterr().out
     assert "| tokens | inductor (us) | allreduce_rmsnorm (us) |" in out, out
     assert "allreduce_rmsnorm sites fused per compiled graph: [3" in out, out
+    assert "### mode default" in out and "### mode reduce-overhead" in out, out  # both modes, side by side
 
 
 @pytest.mark.slow
