@@ -45,6 +45,7 @@ import torch.fx as fx
 
 from ..dialects.base import AllReduce, Declined, Dialect, HostNorm
 from .fp8 import Fp8Quant, NoQuant, match_fp8_quant
+from .layernorm import LayerNorm, match_layernorm
 from .graph import (
     Mismatch,
     dtype_str,
@@ -67,6 +68,19 @@ HIDDEN_MULTIPLE = 8
 """The kernel moves 16-byte vectors: 8 elements of a 16-bit dtype."""
 MAX_HIDDEN = 16384
 """Largest hidden size the kernel is known to launch with (one token per thread block cluster)."""
+
+
+RMS = "rms"
+LAYER = "layer"
+NORM_KINDS = (RMS, LAYER)
+"""The norms a site can end in: RMSNorm (``allreduce_rmsnorm``, ``sequence_parallel``) and
+LayerNorm (``allreduce_layernorm``)."""
+LAYERNORM_NOT_HERE = (
+    "a LayerNorm follows (allreduce_layernorm's site: enable that pass to fuse it)"
+)
+"""The reason RMSNorm passes give for an all-reduce whose sum a LayerNorm reads."""
+RMSNORM_NOT_HERE = "an RMSNorm follows (allreduce_rmsnorm's site, not allreduce_layernorm's)"
+"""The reason ``allreduce_layernorm`` gives for an all-reduce whose sum an RMSNorm reads."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +166,10 @@ class Site:
     """For each :attr:`shared` term, the views keeping the hidden dim that follow its add
     (``(AR + shared).view(B, S, H) + residual``: Qwen2-MoE); in :attr:`nodes`. The fused op
     applies them to the term, and all of them (after :attr:`lead`) to :attr:`x`."""
+    norm_kind: str = RMS
+    """``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm: :attr:`bias` may be set, no weight bias)."""
+    bias: fx.Node | None = None
+    """The LayerNorm's bias as stored (None: without bias, and always for an RMSNorm)."""
 
     @property
     def chain_views(self) -> tuple[fx.Node, ...]:
@@ -191,12 +209,13 @@ def candidates(
     kernel_limits: bool = True,
     fp8: bool = False,
     dialects: Sequence[Dialect] | None = None,
+    norm: str = RMS,
 ) -> Iterator[Site | Rejection]:
     """Match each all-reduce of ``graph``, dialect by dialect and in graph order within
     one, lazily: the caller may replace a site before taking the next item (sites are
     disjoint, and a later site sees the earlier one's outputs where it used its nodes,
     e.g. as its residual). ``dialects``: default every registered one.
-    ``kernel_limits``, ``fp8``: see :func:`match_site`."""
+    ``kernel_limits``, ``fp8``, ``norm``: see :func:`match_site`."""
     present = _present(graph, dialects)
     for dialect in present:
         problems = dialect.schema_problems(graph)
@@ -214,7 +233,9 @@ def candidates(
                 yield Rejection(*found)
                 continue
             try:
-                site = match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present)
+                site = match_site(
+                    found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present, norm=norm
+                )
                 merged.update(m.all_reduce for m in site.merged)
                 yield site
             except (Mismatch, Declined) as exc:
@@ -234,9 +255,10 @@ def find_sites(
     kernel_limits: bool = True,
     fp8: bool = False,
     dialects: Sequence[Dialect] | None = None,
+    norm: str = RMS,
 ) -> tuple[list[Site], list[Rejection]]:
     """Every site of ``graph`` and every rejected all-reduce, without changing the graph."""
-    found = list(candidates(graph, kernel_limits=kernel_limits, fp8=fp8, dialects=dialects))
+    found = list(candidates(graph, kernel_limits=kernel_limits, fp8=fp8, dialects=dialects, norm=norm))
     return [c for c in found if isinstance(c, Site)], [c for c in found if isinstance(c, Rejection)]
 
 
@@ -306,6 +328,7 @@ def match_site(
     kernel_limits: bool = True,
     fp8: bool = False,
     norms: Sequence[Dialect] = (),
+    norm: str = RMS,
 ) -> Site:
     """The site starting at the all-reduce ``ar`` (read by ``dialect``); raises
     :class:`Mismatch` (or :class:`~passkit_fusion.dialects.Declined`) with the reason if none.
@@ -322,9 +345,15 @@ def match_site(
 
     ``kernel_limits=False`` drops the fused kernel's own limits (hidden size, world sizes
     2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``).
-    ``fp8=True`` also matches a static FP8 quantization of the norm output."""
+    ``fp8=True`` also matches a static FP8 quantization of the norm output.
+
+    ``norm``: the norm the site must end in, ``"rms"`` (RMSNorm, the default) or ``"layer"``
+    (LayerNorm with weight and optional bias: :mod:`.layernorm`); the other kind is rejected
+    with a reason naming the pass that takes it."""
+    if norm not in NORM_KINDS:
+        raise ValueError(f"norm must be one of {NORM_KINDS}, got {norm!r}")
     try:
-        return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms)
+        return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms, norm=norm)
     except Mismatch as exc:
         no_norm = isinstance(exc, NoNorm) or NO_NORM_FOLLOWS in str(exc) or "also used outside" in str(exc)
         if no_norm and _ends_graph(ar):  # no norm here because it is in the next graph
@@ -426,6 +455,7 @@ def _match_site(
     kernel_limits: bool,
     fp8: bool,
     norms: Sequence[Dialect],
+    norm: str = RMS,
 ) -> Site:
     result = ar.result
     lead = walk_lead(result)
@@ -449,12 +479,22 @@ def _match_site(
             shared, shared_views, merged, residual = _merge_terms(ar, dialect, shared, shared_views, residual)
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
     dtype, shape = val(start).dtype, val(start).shape
+    kind = norm
+    norm: RMSNorm | LayerNorm  # type: ignore[no-redef]
     if host_norm is not None:
+        if kind == LAYER:  # the hosts' norm ops are RMSNorms
+            raise Mismatch(RMSNORM_NOT_HERE)
         norm = RMSNorm(host_norm.weight, host_norm.weight_bias, host_norm.eps, host_norm.out, host_norm.nodes)
     elif rest:
+        if kind == LAYER:
+            try:
+                match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
+            except Mismatch:
+                raise Mismatch("residual added in fp32 before the norm (not a LayerNorm form)") from None
+            raise Mismatch(RMSNORM_NOT_HERE)
         norm = match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
     else:
-        norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
+        norm = _match_norm(total, after_all_reduce=residual is None, kind=kind)  # type: ignore[arg-type]
     if residual is not None and not rest and total.target is aten.add.Tensor and residual in total.args[:2]:
         # what the residual is added to: the chain before the last add (its views included)
         _check_residual(start, residual, val(_other_operand(total, residual)).shape)
@@ -474,7 +514,7 @@ def _match_site(
     merged_nodes = [n for m in merged for n in (*m.nodes, *m.views)]
     head = tuple(dict.fromkeys((*ar.nodes, *lead, *merged_nodes, *adds)))
     quant, quant_skipped = None, None
-    if fp8:
+    if fp8 and kind == RMS:
         try:
             quant = match_fp8_quant(norm.out, {ar.anchor, *head, *norm.nodes})
         except NoQuant:
@@ -508,6 +548,8 @@ def _match_site(
         shared=shared,
         shared_views=shared_views,
         merged=merged,
+        norm_kind=kind,
+        bias=getattr(norm, "bias", None),
     )
 
 
@@ -805,12 +847,21 @@ def _check_residual(result: fx.Node, residual: fx.Node | None, shape: torch.Size
 # the RMSNorm (its forms: passkit_fusion.patterns.rmsnorm)
 
 
-def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> RMSNorm:
-    """The RMSNorm whose input is ``total``. ``total``'s other users are fine (they will
-    read ``residual_out``); every node inside the norm must be used only by the norm."""
+def _match_norm(total: fx.Node, *, after_all_reduce: bool, kind: str = RMS) -> RMSNorm | LayerNorm:
+    """The norm of ``kind`` (RMSNorm or LayerNorm) whose input is ``total``. ``total``'s
+    other users are fine (they will read ``residual_out``); every node inside the norm must
+    be used only by the norm. A norm of the other kind is rejected with the reason naming
+    the pass that fuses it."""
+    match, other, taken = (
+        (match_rmsnorm, match_layernorm, LAYERNORM_NOT_HERE)
+        if kind == RMS
+        else (match_layernorm, match_rmsnorm, RMSNORM_NOT_HERE)
+    )
     try:
-        return match_rmsnorm(total)
+        return match(total)
     except NoNorm:
+        if _matches(other, total):
+            raise Mismatch(taken) from None
         shared = after_all_reduce and len(total.users) > 1
         adds = [u for u in total.users if u.target is aten.add.Tensor]
         if shared and adds:
@@ -818,7 +869,8 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> RMSNorm:
                 raise Mismatch("all-reduce result is also used outside the residual add") from None
             # a post-norm model's embedding: read by the first layer and its residual add, and
             # no norm reads either (the norms are on the blocks' outputs)
-            raise Mismatch(f"{NO_NORM_FOLLOWS} (no RMSNorm reads the sum or its residual add)") from None
+            name = "RMSNorm" if kind == RMS else "LayerNorm"
+            raise Mismatch(f"{NO_NORM_FOLLOWS} (no {name} reads the sum or its residual add)") from None
         raise
 
 
@@ -827,8 +879,13 @@ NO_NORM_FOLLOWS = "no norm follows"
 
 
 def _norm_follows(add: fx.Node) -> bool:
+    """Whether an RMSNorm or a LayerNorm reads ``add``."""
+    return _matches(match_rmsnorm, add) or _matches(match_layernorm, add)
+
+
+def _matches(match: object, node: fx.Node) -> bool:
     try:
-        match_rmsnorm(add)
+        match(node)  # type: ignore[operator]
     except Mismatch:
         return False
     return True
