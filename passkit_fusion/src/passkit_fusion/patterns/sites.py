@@ -502,7 +502,10 @@ def _match_site(
         _check_residual(start, residual, shape if residual is None or not shared_views else val(total).shape)
     merged_terms = {m.term for m in merged}
     shared_adds = [a for a in adds if not is_view(a) and not (set(a.args[:2]) & merged_terms)]
-    for term, add in zip(shared, shared_adds):
+    for i, (term, add) in enumerate(zip(shared, shared_adds)):
+        after = shared_views[i] if i < len(shared_views) else ()
+        if kind == LAYER and _row_parallel_bias(start, term, after):
+            continue  # joins the residual first: AR + (b + residual), broadcast over the rows
         _check_residual(start, term, val(add).shape)
     hidden = _check_supported(dtype, shape, kernel_limits)
     group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
@@ -829,6 +832,19 @@ def _fp32_residual_add(result: fx.Node, up: fx.Node) -> tuple[fx.Node, fx.Node, 
     if len(rounded) != 1:
         return None
     return rounded[0], residual, (up, other, h)
+
+
+def _row_parallel_bias(result: fx.Node, term: fx.Node, after: Sequence[fx.Node]) -> bool:
+    """Whether the added ``term`` is a row-parallel projection's bias, added after the
+    all-reduce (Hugging Face's ``tp_plan`` for Starcoder2, GPT-NeoX, Phi...: ``AR(x @ w) +
+    b``): ``[hidden]``, in the sum's dtype, followed only by copies (``clone``: dropout in
+    eval), so ``b + residual`` broadcasts to the residual's shape. Taken by
+    ``allreduce_layernorm`` only (its op adds the residual after the all-reduce; the bias
+    joins the residual first, the sum rounded once less than eager's, as a shared term)."""
+    tval, rval = val(term), val(result)
+    if tval.dim() != 1 or tval.dtype != rval.dtype or not same_shape(tval.shape, rval.shape[-1:]):
+        return False
+    return all(n.target in (aten.clone.default, aten.alias.default) for n in after)
 
 
 def _check_residual(result: fx.Node, residual: fx.Node | None, shape: torch.Size) -> None:
