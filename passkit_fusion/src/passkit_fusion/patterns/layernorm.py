@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Callable
 
 import torch
 import torch.fx as fx
 
 from .graph import Mismatch, dtype_str, same_shape, shape_str, val
-from .rmsnorm import NoNorm, cast_dtype, find_user, next_user, number_operand, tensor_other
+from .rmsnorm import NoNorm, cast_dtype, number_operand, tensor_other
 
 __all__ = ["LayerNorm", "NoLayerNorm", "match_layernorm"]
 
@@ -171,6 +172,21 @@ def _decomposed(total: fx.Node, h: fx.Node) -> LayerNorm:
         raise Mismatch(f"norm output is {dtype_str(oval.dtype)} {shape_str(oval.shape)}, not like its input")
     weight, bias = _check_affine(weight, bias, dtype, val(total).shape[-1])
     return LayerNorm(weight, bias, float(eps), out, tuple(nodes))
+
+
+def find_user(node: fx.Node, pred: Callable[[fx.Node], bool]) -> fx.Node:
+    for user in node.users:
+        if pred(user):
+            return user
+    raise NoLayerNorm()
+
+
+def next_user(node: fx.Node, pred: Callable[[fx.Node], bool]) -> fx.Node:
+    """The user of ``node`` inside the norm; ``node`` must have no other user."""
+    found = find_user(node, pred)
+    if len(node.users) > 1:
+        raise Mismatch(f"{node.name}, inside the LayerNorm, is also used outside it")
+    return found
 
 
 def _check_var_mean(vm: fx.Node, ndim: int) -> None:

@@ -878,6 +878,8 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool, kind: str = RMS) -> R
     except NoNorm:
         if _matches(other, total):
             raise Mismatch(taken) from None
+        if any(_is_fused_site(u) for u in total.users):
+            raise Mismatch(JOINS_A_FUSED_SITE) from None
         shared = after_all_reduce and len(total.users) > 1
         adds = [u for u in total.users if u.target is aten.add.Tensor]
         if shared and adds:
@@ -888,6 +890,19 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool, kind: str = RMS) -> R
             name = "RMSNorm" if kind == RMS else "LayerNorm"
             raise Mismatch(f"{NO_NORM_FOLLOWS} (no {name} reads the sum or its residual add)") from None
         raise
+
+
+JOINS_A_FUSED_SITE = (
+    "its sum is added into another site's residual, fused before it (not merged into that "
+    "site: a term other than a view or a constant scale follows this all-reduce, e.g. a bias)"
+)
+"""The reason given for an all-reduce whose sum joins a site already fused (GPT-NeoX's and
+Phi's parallel residual with row-parallel biases: ``AR(attn) + b + AR(mlp) + b' + x``)."""
+
+
+def _is_fused_site(node: fx.Node) -> bool:
+    target = getattr(node, "target", None)
+    return getattr(target, "namespace", None) == "passkit_fusion" and "norm" in str(target)
 
 
 NO_NORM_FOLLOWS = "no norm follows"
