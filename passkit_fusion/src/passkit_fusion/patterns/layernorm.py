@@ -11,6 +11,9 @@
       out  = add(mul(n, W), B)                            # W, B optionally upcast; B optional
       out  = convert_element_type(out, dtype)             # absent when s is fp32
 
+* Cohere's hand-written LayerNorm (``mean``, ``(h - mean).pow(2).mean``, ``(h - mean) *
+  rsqrt(var + eps)``, ``weight.float() * ...``, no bias);
+
 * the op itself, where a graph keeps it: ``native_layer_norm(s, [H], W, B, eps)[0]`` or
   ``layer_norm(s, [H], W, B, eps)``.
 
@@ -76,10 +79,11 @@ def match_layernorm(total: fx.Node) -> LayerNorm:
         for user in h.users:  # the op on the upcast value (mixed-dtype models)
             if user.target in _OPS and user.args[0] is h:
                 first = Mismatch("LayerNorm on the fp32 upcast of its input (not fused)")
-        try:
-            return _decomposed(total, h)
-        except Mismatch as exc:
-            first = exc if isinstance(first, NoNorm) else first
+        for form in (_decomposed, _manual):
+            try:
+                return form(total, h)
+            except Mismatch as exc:
+                first = exc if isinstance(first, NoNorm) else first
     raise first
 
 
@@ -150,6 +154,61 @@ def _decomposed(total: fx.Node, h: fx.Node) -> LayerNorm:
         raise Mismatch(f"the norm's fp32 upcast {h.name} is also used outside the norm")
     nodes = [h] if own_h else []
     nodes += [vm, var, mean, plus_eps, rsqrt, centred, normed]
+    return _affine_tail(total, normed, nodes, eps)
+
+
+def _manual(total: fx.Node, h: fx.Node) -> LayerNorm:
+    """Cohere's ``CohereLayerNorm`` (and model code like it): ``mean = h.mean(-1, keepdim)``,
+    ``var = (h - mean).pow(2).mean(-1, keepdim)``, ``(h - mean) * rsqrt(var + eps)``, then
+    the weight (and bias); ``h - mean`` may be computed once or twice."""
+    dtype = val(total).dtype
+    ndim = val(total).dim()
+    mean = find_user(h, lambda u: u.target is aten.mean.dim and u.args[0] is h)
+    _check_mean_dim(mean, ndim)
+    subs = [u for u in mean.users if u.target is aten.sub.Tensor and u.args[:2] == (h, mean)]
+    if not subs or len(subs) != len(mean.users):
+        raise NoLayerNorm("the mean is not subtracted from its input")
+    squares = [
+        u
+        for s in subs
+        for u in s.users
+        if (u.target is aten.pow.Tensor_Scalar and u.args[1] == 2) or (u.target is aten.mul.Tensor and u.args[:2] == (s, s))
+    ]
+    if len(squares) != 1:
+        raise NoLayerNorm("no variance of the centred values")
+    square = squares[0]
+    var = next_user(square, lambda u: u.target is aten.mean.dim)
+    _check_mean_dim(var, ndim)
+    plus_eps = next_user(var, lambda u: u.target in (aten.add.Tensor, aten.add.Scalar))
+    eps = number_operand(plus_eps, var)
+    if eps is None:
+        raise Mismatch("the norm's epsilon is not a constant (a graph input?)")
+    rsqrt = next_user(plus_eps, lambda u: u.target is aten.rsqrt.default)
+    normed = next_user(rsqrt, lambda u: u.target is aten.mul.Tensor and set(u.args[:2]) - {rsqrt} <= set(subs))
+    for s in subs:
+        if set(s.users) - {square, normed}:
+            raise Mismatch(f"{s.name}, inside the LayerNorm, is also used outside it")
+    own_h = h is not total
+    if own_h and set(h.users) != {mean, *subs}:
+        raise Mismatch(f"the norm's fp32 upcast {h.name} is also used outside the norm")
+    nodes = [h] if own_h else []
+    nodes += [mean, *subs, square, var, plus_eps, rsqrt, normed]
+    return _affine_tail(total, normed, nodes, eps)
+
+
+def _check_mean_dim(node: fx.Node, ndim: int) -> None:
+    dims = node.args[1] if len(node.args) > 1 else None
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    if not keepdim or node.kwargs.get("dtype") is not None:
+        raise NoLayerNorm("mean without keepdim")
+    if not isinstance(dims, (list, tuple)) or sorted(int(d) % ndim for d in dims) != [ndim - 1]:  # type: ignore[call-overload]
+        raise Mismatch(f"LayerNorm over dims {dims}, not the last (hidden) dim")
+
+
+def _affine_tail(total: fx.Node, normed: fx.Node, nodes: list[fx.Node], eps: float) -> LayerNorm:
+    """From the normalised fp32 value: the weight multiply, the optional bias add and the
+    downcast to the activation dtype."""
+    dtype = val(total).dtype
     scaled = next_user(normed, lambda u: True)
     if scaled.target is not aten.mul.Tensor or tensor_other(scaled, normed) is None:
         raise Mismatch("LayerNorm without a weight")

@@ -476,7 +476,9 @@ def _match_site(
         total, residual, rest, shared, adds = _residual_add(start)
         shared_views = _views_after_each(shared, adds)
         if residual is not None and not rest:
-            shared, shared_views, merged, residual = _merge_terms(ar, dialect, shared, shared_views, residual)
+            shared, shared_views, merged, residual = _merge_terms(
+                ar, dialect, shared, shared_views, residual, swap=norm == LAYER
+            )
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
     dtype, shape = val(start).dtype, val(start).shape
     kind = norm
@@ -617,6 +619,7 @@ def _merge_terms(
     shared: tuple[fx.Node, ...],
     shared_views: tuple[tuple[fx.Node, ...], ...],
     residual: fx.Node,
+    swap: bool = False,
 ) -> tuple[tuple[fx.Node, ...], tuple[tuple[fx.Node, ...], ...], tuple[Merged, ...], fx.Node | None]:
     """Merge the added terms that are other all-reduces' sums (:func:`_merge_all_reduces`).
     The last term (what the matcher took for the residual) is merged too when it is another
@@ -634,6 +637,11 @@ def _merge_terms(
         return kept[:-1], kept_views[:-1] if shared_views else (), merged, residual
     if not kept:
         return (), (), merged, None
+    if swap and len(kept) == 1 and not any(kept_views[0]) and len(merged) == len(shared):
+        # ``x + AR(attn) + AR(mlp)`` (Cohere's parallel block): the one term left is the
+        # residual stream, added before the other all-reduce: AR(attn + mlp) + x
+        # (allreduce_layernorm only: the RMSNorm passes keep their measured forms)
+        return (), (), merged, kept[0]
     # a shared term would have to become the residual: leave the residual alone
     if not shared:
         return shared, shared_views, (), residual
