@@ -71,7 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, nargs="+", default=[4096])
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     p.add_argument("--replays", type=int, default=200, help="graph replays per measurement (default 200)")
-    p.add_argument("--max-bytes", type=int, default=4 * 2**20, help="the op's one-shot threshold and buffer size")
+    p.add_argument(
+        "--max-bytes", type=int, default=4 * 2**20, help="the op's one-shot threshold and buffer size"
+    )
     p.add_argument("--cpu", action="store_true", help="gloo smoke run on the CPU (no timing worth reading)")
     p.add_argument(
         "--out",
@@ -128,7 +130,9 @@ def _rank_main(rank: int, port: int, args: argparse.Namespace, results: Any) -> 
     import torch.distributed as dist
 
     if args.cpu:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world
+        )
     else:
         torch.cuda.set_device(rank)
         dist.init_process_group(
@@ -157,8 +161,10 @@ def _run(rank: int, args: argparse.Namespace) -> list[Row]:
 
     torch._dynamo.config.recompile_limit = 256  # one static compile per shape and variant
     torch._dynamo.config.accumulated_recompile_limit = 4096
-    from passkit_fusion.allreduce_layernorm import ops  # noqa: F401  (defines the op)
-    from passkit_fusion.allreduce_layernorm import runtime
+    from passkit_fusion.allreduce_layernorm import (
+        ops,  # noqa: F401  (defines the op)
+        runtime,
+    )
 
     group = dist.group.WORLD
     assert group is not None

@@ -31,8 +31,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel:  # GPT-NeoX's parallel residual: both norms read the block input
-            return x + ar(self.attn_out(torch.tanh(self.attn_in(self.ln1(x))))) + ar(
-                self.down(F.gelu(self.up(self.ln2(x))))
+            return (
+                x
+                + ar(self.attn_out(torch.tanh(self.attn_in(self.ln1(x)))))
+                + ar(self.down(F.gelu(self.up(self.ln2(x)))))
             )
         h = x + ar(self.attn_out(torch.tanh(self.attn_in(self.ln1(x)))))
         return h + ar(self.down(F.gelu(self.up(self.ln2(h)))))

@@ -115,7 +115,9 @@ def test_form_matches_eager(ranks: list[dict[str, Any]], case: str):
         (norm, total), (eager_norm, eager_total) = result["compiled"], result["eager"]
         assert torch.equal(total, eager_total), "residual_out must be the unfused sum, exactly"
         assert_close(norm, eager_norm)
-    torch.testing.assert_close(ranks[0]["forms"][case]["compiled"], ranks[1]["forms"][case]["compiled"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        ranks[0]["forms"][case]["compiled"], ranks[1]["forms"][case]["compiled"], rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("case", list(DECODERS))
@@ -128,7 +130,9 @@ def test_layernorm_decoder_matches_eager(ranks: list[dict[str, Any]], case: str)
             torch.testing.assert_close(result["compiled"], result["eager"], rtol=1e-5, atol=1e-5)
         else:  # bf16 through two blocks: LayerNorm's decomposition in the unfused graph vs eager's kernel
             assert_close(result["compiled"], result["eager"], rtol=0.05, atol=0.05)
-    torch.testing.assert_close(ranks[0]["decoders"][case]["compiled"], ranks[1]["decoders"][case]["compiled"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        ranks[0]["decoders"][case]["compiled"], ranks[1]["decoders"][case]["compiled"], rtol=0, atol=0
+    )
 
 
 def test_op_called_directly(ranks: list[dict[str, Any]]):

@@ -96,7 +96,9 @@ class AllReduceLayerNorm(GraphPass):
         if unmet or self.options.implementation == "reference":
             return unmet
         if ctx.device != "cuda":
-            return f"the symmetric-memory all-reduce needs CUDA tensors (graph is on {ctx.device}) — {_ADVICE}"
+            return (
+                f"the symmetric-memory all-reduce needs CUDA tensors (graph is on {ctx.device}) — {_ADVICE}"
+            )
         if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out"):
             return f"torch {torch.__version__} has no torch.ops.symm_mem.one_shot_all_reduce_copy_out — {_ADVICE}"
         if self.options.norm_kernel == "triton" and importlib.util.find_spec("triton") is None:
@@ -263,7 +265,15 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
 def plan_fingerprint(sites: list[Site]) -> str:
     """A short hash of what was fused, identical on every rank that fused the same graph."""
     plan = [
-        [s.group_name, s.world_size, s.hidden, str(s.dtype), s.residual is not None, s.bias is not None, s.eps]
+        [
+            s.group_name,
+            s.world_size,
+            s.hidden,
+            str(s.dtype),
+            s.residual is not None,
+            s.bias is not None,
+            s.eps,
+        ]
         + ([len(s.merged)] if s.merged else [])
         for s in sites
     ]

@@ -205,7 +205,8 @@ def prepare(group_name: str, dtype: torch.dtype, max_bytes: int, device: Any = N
     error = ""
     try:
         buffer = outside_graph_pools(
-            lambda: _allocate(group_name, numel, dtype, device), "symmetric-memory buffer (allreduce_layernorm)"
+            lambda: _allocate(group_name, numel, dtype, device),
+            "symmetric-memory buffer (allreduce_layernorm)",
         )
     except Exception as exc:  # this torch/driver/group cannot: the plain path, on every rank
         buffer, error = None, f"{type(exc).__name__}: {exc}"

@@ -53,7 +53,9 @@ def _kernel() -> Any:
         y = centred * rstd * w
         if HAS_BIAS:
             y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(NORM + row * stride_n + cols, y.to(NORM.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+        tl.store(
+            NORM + row * stride_n + cols, y.to(NORM.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask
+        )
 
     return add_layernorm_kernel
 

@@ -112,7 +112,9 @@ def _op_form(total: fx.Node, op: fx.Node) -> LayerNorm:
     return LayerNorm(weight, bias, float(eps), out, tuple(nodes))
 
 
-def _check_affine(weight: object, bias: object, dtype: torch.dtype, hidden: object) -> tuple[fx.Node, fx.Node | None]:
+def _check_affine(
+    weight: object, bias: object, dtype: torch.dtype, hidden: object
+) -> tuple[fx.Node, fx.Node | None]:
     if not isinstance(weight, fx.Node):
         raise Mismatch("LayerNorm without a weight")
     for name, node in (("weight", weight), ("bias", bias)):
@@ -132,7 +134,6 @@ def _check_affine(weight: object, bias: object, dtype: torch.dtype, hidden: obje
 
 
 def _decomposed(total: fx.Node, h: fx.Node) -> LayerNorm:
-    dtype = val(total).dtype
     ndim = val(total).dim()
     vm = find_user(h, lambda u: u.target is aten.var_mean.correction and u.args[0] is h)
     _check_var_mean(vm, ndim)
@@ -161,7 +162,6 @@ def _manual(total: fx.Node, h: fx.Node) -> LayerNorm:
     """Cohere's ``CohereLayerNorm`` (and model code like it): ``mean = h.mean(-1, keepdim)``,
     ``var = (h - mean).pow(2).mean(-1, keepdim)``, ``(h - mean) * rsqrt(var + eps)``, then
     the weight (and bias); ``h - mean`` may be computed once or twice."""
-    dtype = val(total).dtype
     ndim = val(total).dim()
     mean = find_user(h, lambda u: u.target is aten.mean.dim and u.args[0] is h)
     _check_mean_dim(mean, ndim)
@@ -172,7 +172,8 @@ def _manual(total: fx.Node, h: fx.Node) -> LayerNorm:
         u
         for s in subs
         for u in s.users
-        if (u.target is aten.pow.Tensor_Scalar and u.args[1] == 2) or (u.target is aten.mul.Tensor and u.args[:2] == (s, s))
+        if (u.target is aten.pow.Tensor_Scalar and u.args[1] == 2)
+        or (u.target is aten.mul.Tensor and u.args[:2] == (s, s))
     ]
     if len(squares) != 1:
         raise NoLayerNorm("no variance of the centred values")
@@ -184,7 +185,9 @@ def _manual(total: fx.Node, h: fx.Node) -> LayerNorm:
     if eps is None:
         raise Mismatch("the norm's epsilon is not a constant (a graph input?)")
     rsqrt = next_user(plus_eps, lambda u: u.target is aten.rsqrt.default)
-    normed = next_user(rsqrt, lambda u: u.target is aten.mul.Tensor and set(u.args[:2]) - {rsqrt} <= set(subs))
+    normed = next_user(
+        rsqrt, lambda u: u.target is aten.mul.Tensor and set(u.args[:2]) - {rsqrt} <= set(subs)
+    )
     for s in subs:
         if set(s.users) - {square, normed}:
             raise Mismatch(f"{s.name}, inside the LayerNorm, is also used outside it")

@@ -45,7 +45,6 @@ import torch.fx as fx
 
 from ..dialects.base import AllReduce, Declined, Dialect, HostNorm
 from .fp8 import Fp8Quant, NoQuant, match_fp8_quant
-from .layernorm import LayerNorm, match_layernorm
 from .graph import (
     Mismatch,
     dtype_str,
@@ -56,6 +55,7 @@ from .graph import (
     sole_user,
     val,
 )
+from .layernorm import LayerNorm, match_layernorm
 from .lead import describe_chain, is_lead_op, is_view, walk_lead
 from .rmsnorm import NoNorm, RMSNorm, cast_dtype, match_rmsnorm, match_rmsnorm_fp32
 
@@ -75,9 +75,7 @@ LAYER = "layer"
 NORM_KINDS = (RMS, LAYER)
 """The norms a site can end in: RMSNorm (``allreduce_rmsnorm``, ``sequence_parallel``) and
 LayerNorm (``allreduce_layernorm``)."""
-LAYERNORM_NOT_HERE = (
-    "a LayerNorm follows (allreduce_layernorm's site: enable that pass to fuse it)"
-)
+LAYERNORM_NOT_HERE = "a LayerNorm follows (allreduce_layernorm's site: enable that pass to fuse it)"
 """The reason RMSNorm passes give for an all-reduce whose sum a LayerNorm reads."""
 RMSNORM_NOT_HERE = "an RMSNorm follows (allreduce_rmsnorm's site, not allreduce_layernorm's)"
 """The reason ``allreduce_layernorm`` gives for an all-reduce whose sum an RMSNorm reads."""
