@@ -191,8 +191,11 @@ def _run(rank: int, args: argparse.Namespace) -> list[Row]:
             def symm_inductor(x=x, r=r, w=w, b=b) -> Any:
                 return add_ln(runtime.one_shot_all_reduce(x, name, args.max_bytes), r, w, b)
 
+            def unfused(x=x, r=r, w=w, b=b) -> Any:
+                return baseline(x, r, w, b, name)
+
             steps: dict[str, Callable[[], Any] | None] = {
-                "inductor": lambda x=x, r=r, w=w, b=b: baseline(x, r, w, b, name),
+                "inductor": unfused,
                 "fused": lambda: op("triton"),
                 "symm_torch": lambda: op("torch"),
                 "symm_inductor": None if args.cpu else symm_inductor,
@@ -228,7 +231,7 @@ def _unfused(x: Any, r: Any, w: Any, b: Any, group_name: str) -> Any:
     import torch.distributed._functional_collectives as funcol
     import torch.nn.functional as F
 
-    total = funcol.all_reduce(x, "sum", group_name) + r
+    total = funcol.all_reduce(x, "sum", group_name) + r  # type: ignore[arg-type]
     return F.layer_norm(total, (total.shape[-1],), w, b, EPS), total
 
 

@@ -174,7 +174,7 @@ class AllReduceLayerNorm(GraphPass):
             position[node] = position[anchor] - offset
         vals = _fake_call(op, args)
         fused.meta.update(val=vals, stack_trace=site.out.meta.get("stack_trace"))
-        for node, value in zip(outputs, vals):
+        for node, value in zip(outputs, vals):  # type: ignore[call-overload]
             node.meta["val"] = value
         inside = set(site.nodes)
         norm_out, residual_out = outputs

@@ -236,7 +236,7 @@ def _allocate(group_name: str, numel: int, dtype: torch.dtype, device: torch.dev
             warnings.simplefilter("ignore", FutureWarning)
             enable(group_name)
     buffer = symm_mem.empty(numel, dtype=dtype, device=device)
-    symm_mem.rendezvous(buffer, group_name)
+    symm_mem.rendezvous(buffer, group_name)  # type: ignore[arg-type]
     return buffer
 
 

@@ -93,7 +93,7 @@ def _op_form(total: fx.Node, op: fx.Node) -> LayerNorm:
     eps = op.kwargs.get("eps", eps if eps is not None else 1e-5)
     tval = val(total)
     if not isinstance(shape, (list, tuple)) or len(shape) != 1 or not same_shape(shape, tval.shape[-1:]):
-        raise Mismatch(f"LayerNorm over {shape_str(shape or [])}, not the last (hidden) dim")
+        raise Mismatch(f"LayerNorm over {shape_str(shape or [])}, not the last (hidden) dim")  # type: ignore[arg-type]
     if not isinstance(eps, (int, float)):
         raise Mismatch("the norm's epsilon is not a constant (a graph input?)")
     if op.target is aten.native_layer_norm.default:

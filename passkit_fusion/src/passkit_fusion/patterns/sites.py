@@ -351,7 +351,7 @@ def match_site(
     if norm not in NORM_KINDS:
         raise ValueError(f"norm must be one of {NORM_KINDS}, got {norm!r}")
     try:
-        return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms, norm=norm)
+        return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms, kind=norm)
     except Mismatch as exc:
         no_norm = isinstance(exc, NoNorm) or NO_NORM_FOLLOWS in str(exc) or "also used outside" in str(exc)
         if no_norm and _ends_graph(ar):  # no norm here because it is in the next graph
@@ -453,7 +453,7 @@ def _match_site(
     kernel_limits: bool,
     fp8: bool,
     norms: Sequence[Dialect],
-    norm: str = RMS,
+    kind: str = RMS,
 ) -> Site:
     result = ar.result
     lead = walk_lead(result)
@@ -475,12 +475,11 @@ def _match_site(
         shared_views = _views_after_each(shared, adds)
         if residual is not None and not rest:
             shared, shared_views, merged, residual = _merge_terms(
-                ar, dialect, shared, shared_views, residual, swap=norm == LAYER
+                ar, dialect, shared, shared_views, residual, swap=kind == LAYER
             )
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
     dtype, shape = val(start).dtype, val(start).shape
-    kind = norm
-    norm: RMSNorm | LayerNorm  # type: ignore[no-redef]
+    norm: RMSNorm | LayerNorm
     if host_norm is not None:
         if kind == LAYER:  # the hosts' norm ops are RMSNorms
             raise Mismatch(RMSNORM_NOT_HERE)
