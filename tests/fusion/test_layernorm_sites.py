@@ -198,3 +198,53 @@ def test_conformance():
             ],
             sample=(ln_residual, inputs()),
         )
+
+
+def _graph_input(fn, *inputs, **kwargs):  # type: ignore[no-untyped-def]
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn, tracing_mode="fake", **kwargs)(*inputs)
+    return next(n for n in gm.graph.nodes if n.op == "placeholder"), gm
+
+
+@pytest.mark.parametrize("pre_dispatch", [False, True], ids=["native_layer_norm", "layer_norm"])
+def test_matches_the_layernorm_ops_where_a_graph_keeps_them(pre_dispatch: bool):
+    """``native_layer_norm(h, [H], w, b, eps)[0]`` and ``layer_norm(...)``: the op forms."""
+    from passkit_fusion.patterns.layernorm import match_layernorm
+
+    def fn(h, w, b):
+        return F.layer_norm(h, (h.shape[-1],), w, b, 1e-6)
+
+    h, _ = _graph_input(fn, *inputs()[:1], *inputs()[2:], pre_dispatch=pre_dispatch)
+    found = match_layernorm(h)
+    assert (found.weight.name, found.bias.name, found.eps) == ("w_1", "b_1", 1e-6)
+    assert found.out.users and next(iter(found.out.users)).op == "output"
+
+
+def test_matches_cohere_hand_written_layernorm():
+    from passkit_fusion.patterns.layernorm import match_layernorm
+
+    def cohere(h, w):  # CohereLayerNorm.forward
+        x = h.to(torch.float32)
+        mean = x.mean(-1, keepdim=True)
+        variance = (x - mean).pow(2).mean(-1, keepdim=True)
+        x = (x - mean) * torch.rsqrt(variance + 1e-5)
+        return (w.to(torch.float32) * x).to(h.dtype)
+
+    x, _, w, _ = inputs()
+    h, _ = _graph_input(cohere, x, w)
+    found = match_layernorm(h)
+    assert (found.weight.name, found.bias, found.eps) == ("w_1", None, 1e-5)
+
+
+def test_rejects_an_op_form_weight_in_another_dtype():
+    from passkit_fusion.patterns.graph import Mismatch
+    from passkit_fusion.patterns.layernorm import match_layernorm
+
+    def fn(h, w, b):
+        return F.layer_norm(h.float(), (h.shape[-1],), w, b, 1e-6).to(h.dtype)
+
+    x, _, w, b = inputs(weight_dtype=fp32)
+    h, _ = _graph_input(fn, x, w, b)
+    with pytest.raises(Mismatch, match="LayerNorm on the fp32 upcast of its input"):
+        match_layernorm(h)
