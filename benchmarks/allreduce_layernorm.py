@@ -96,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
+    json_path = args.out.with_suffix(".json")
+    json_path.unlink(missing_ok=True)
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(rank, port, args, results)) for rank in range(args.world)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(rank, port, args, str(json_path))) for rank in range(args.world)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -107,14 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"ranks {failed} failed (exit codes {[procs[i].exitcode for i in failed]})", file=sys.stderr)
         return 1
-    payload = results.get() if not results.empty() else None
-    if payload is None:
-        print("rank 0 returned no result", file=sys.stderr)
+    if not json_path.exists():
+        print("rank 0 wrote no result", file=sys.stderr)
         return 1
+    payload = json.loads(json_path.read_text())
     rows = [Row(**r) for r in payload["rows"]]
     text = render(rows, payload["environment"])
     print(text)
-    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(text)
     return 0
 
@@ -125,7 +127,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _rank_main(rank: int, port: int, args: argparse.Namespace, results: Any) -> None:
+def _rank_main(rank: int, port: int, args: argparse.Namespace, json_path: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -144,8 +146,9 @@ def _rank_main(rank: int, port: int, args: argparse.Namespace, results: Any) -> 
         )
     try:
         rows = _run(rank, args)
-        if rank == 0:
-            results.put({"environment": environment(args), "rows": [dataclasses.asdict(r) for r in rows]})
+        if rank == 0:  # before the teardown: the results are kept whatever happens after
+            payload = {"environment": environment(args), "rows": [dataclasses.asdict(r) for r in rows]}
+            Path(json_path).write_text(json.dumps(payload, indent=1) + "\n")
     finally:
         if not args.cpu:
             from passkit_fusion.allreduce_layernorm import runtime
