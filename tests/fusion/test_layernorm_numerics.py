@@ -36,7 +36,14 @@ def ln_no_residual(x, r, w, b):
     return F.layer_norm(y, (y.shape[-1],), w, None, 1e-6), y
 
 
+def ln_no_affine(x, r, w, b):
+    """OLMo's LayerNorm: no weight, no bias."""
+    h = ar(x) + r
+    return F.layer_norm(h, (h.shape[-1],), None, None, 1e-5), h
+
+
 FORMS = {
+    "no-affine-bf16-3d": (ln_no_affine, bf16, (2, 5, 64)),
     "residual-bias-bf16-2d": (ln_residual, bf16, (7, 64)),
     "residual-bias-fp16-3d": (ln_residual, fp16, (2, 5, 64)),
     "residual-bias-fp32-3d": (ln_residual, fp32, (2, 5, 128)),

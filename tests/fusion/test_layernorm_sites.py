@@ -69,8 +69,18 @@ def inputs(shape=(4, 64), dtype=bf16, weight_dtype=None):
         (ln_residual, fp32, (2, 3, 128), 1, True, 1e-5),
         (ln_residual_first_no_bias, bf16, (4, 64), 1, False, 1e-6),
         (ln_no_residual, bf16, (4, 64), 0, True, 1e-5),
+        (ln_no_weight, fp32, (4, 64), 1, False, 1e-5),
+        (ln_no_weight, bf16, (2, 3, 64), 1, False, 1e-5),
     ],
-    ids=["bf16-2d", "fp16-3d", "fp32-3d", "residual-first-no-bias", "no-residual"],
+    ids=[
+        "bf16-2d",
+        "fp16-3d",
+        "fp32-3d",
+        "residual-first-no-bias",
+        "no-residual",
+        "no-weight-fp32",
+        "no-weight-bf16",
+    ],
 )
 def test_fuses_layernorm_form(fn, dtype, shape, residuals, bias, eps):
     result = fuse(fn, *inputs(shape, dtype))
@@ -85,7 +95,8 @@ def test_fuses_layernorm_form(fn, dtype, shape, residuals, bias, eps):
     ]
     _, res, w, b, got_eps, group, impl, kernel, max_bytes = node.args
     assert (res is not None) == bool(residuals) and (b is not None) == bias
-    assert w.meta["val"].shape == (shape[-1],) and got_eps == pytest.approx(eps)
+    assert (w is None) == (fn is ln_no_weight) and got_eps == pytest.approx(eps)
+    assert w is None or w.meta["val"].shape == (shape[-1],)
     assert (group, impl, kernel, max_bytes) == ("0", "reference", "triton", 4 * 2**20)
     note = result.report["allreduce_layernorm"].notes[0]
     assert note.startswith(f"1 LayerNorm site(s) -> reference op: {residuals} with residual")
@@ -127,11 +138,10 @@ def test_parallel_residual_block_reports_what_it_takes():
     ("fn", "weight_dtype", "reason"),
     [
         (ln_two_dims, None, "LayerNorm over dims"),
-        (ln_no_weight, None, "LayerNorm without a weight"),
         (ln_residual, fp32, "LayerNorm weight is float32 but activations are bfloat16"),
         (rms, None, "an RMSNorm follows (allreduce_rmsnorm's site, not allreduce_layernorm's)"),
     ],
-    ids=["two-dims", "no-weight", "fp32-weight", "rmsnorm"],
+    ids=["two-dims", "fp32-weight", "rmsnorm"],
 )
 def test_rejects_with_reason(fn, weight_dtype, reason):
     result = fuse(fn, *inputs(weight_dtype=weight_dtype))

@@ -29,20 +29,19 @@ SCRIPT = textwrap.dedent(
             hidden = shape[-1]
             x, r = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
             w, b = (1 + 0.1 * torch.randn(hidden)).to(dtype), (0.1 * torch.randn(hidden)).to(dtype)
-            for residual in (r, None):
-                for bias in (b, None):
-                    norm, total = add_layernorm(x, residual, w, bias, 1e-5)
-                    want_total = x + residual if residual is not None else x
-                    want = F.layer_norm(want_total, (hidden,), w, bias, 1e-5)
-                    step = 2.0 ** -7 if dtype == torch.bfloat16 else 0.0
-                    assert norm.shape == x.shape and norm.dtype == dtype and total.shape == x.shape
-                    res_err = (total.float() - want_total.float()).abs().max().item()
-                    assert res_err <= step * want_total.float().abs().max().item(), (dtype, shape, res_err)
-                    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 3e-2}[dtype]
-                    torch.testing.assert_close(norm.float(), F.layer_norm(total, (hidden,), w, bias, 1e-5).float(), rtol=tol, atol=tol)
-                    torch.testing.assert_close(norm.float(), want.float(), rtol=4 * tol, atol=4 * tol)
-                    if residual is None:
-                        assert total is x
+            for residual, weight, bias in ((r, w, b), (r, w, None), (None, w, b), (None, w, None), (r, None, None)):
+                norm, total = add_layernorm(x, residual, weight, bias, 1e-5)
+                want_total = x + residual if residual is not None else x
+                want = F.layer_norm(want_total, (hidden,), weight, bias, 1e-5)
+                step = 2.0 ** -7 if dtype == torch.bfloat16 else 0.0
+                assert norm.shape == x.shape and norm.dtype == dtype and total.shape == x.shape
+                res_err = (total.float() - want_total.float()).abs().max().item()
+                assert res_err <= step * want_total.float().abs().max().item(), (dtype, shape, res_err)
+                tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 3e-2}[dtype]
+                torch.testing.assert_close(norm.float(), F.layer_norm(total, (hidden,), weight, bias, 1e-5).float(), rtol=tol, atol=tol)
+                torch.testing.assert_close(norm.float(), want.float(), rtol=4 * tol, atol=4 * tol)
+                if residual is None:
+                    assert total is x
     print("ok")
     """
 )

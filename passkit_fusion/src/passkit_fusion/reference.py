@@ -58,7 +58,7 @@ def allreduce_rmsnorm(
 def allreduce_add_layernorm(
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
     group_name: str,
@@ -75,7 +75,7 @@ def allreduce_add_layernorm(
 
 
 def layer_norm(
-    total: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+    total: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
     """LayerNorm of ``total`` over its last dim with ``weight`` (and ``bias``), in ``total.dtype``."""
     return torch.nn.functional.layer_norm(total, (total.shape[-1],), weight, bias, eps)

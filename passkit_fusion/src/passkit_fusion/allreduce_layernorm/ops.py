@@ -3,7 +3,7 @@
 ``allreduce_add_layernorm(x, residual, weight, bias, eps, group_name, impl, norm_kernel,
 max_bytes) -> (norm_out, residual_out)``: all-reduce (sum) ``x`` over the group, add
 ``residual`` (optional), LayerNorm over the last dim with ``weight`` and ``bias``
-(optional). A functional ``torch.library`` op (new outputs, inputs untouched) with a fake
+(both optional: OLMo's LayerNorm has neither). A functional ``torch.library`` op (new outputs, inputs untouched) with a fake
 implementation, defined like ``allreduce_rmsnorm`` (:mod:`passkit_fusion.allreduce_rmsnorm.ops`:
 ``torch.library.Library``, one implementation for every device).
 
@@ -31,7 +31,7 @@ DEFAULT_MAX_BYTES = 4 * 2**20
 8192 in bf16. Larger ones run NCCL's all-reduce."""
 
 SCHEMA = (
-    "allreduce_add_layernorm(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float eps, "
+    "allreduce_add_layernorm(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, "
     "str group_name, str impl, str norm_kernel='triton', int max_bytes=4194304) -> (Tensor, Tensor)"
 )
 
@@ -42,7 +42,7 @@ _runtime_module = None
 def allreduce_add_layernorm(
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
     group_name: str,
@@ -51,7 +51,7 @@ def allreduce_add_layernorm(
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """All-reduce (sum) ``x`` over ``group_name``, add ``residual`` (when given), LayerNorm
-    over the last dim with ``weight`` and ``bias`` (when given).
+    over the last dim with ``weight`` and ``bias`` (each when given).
 
     Returns ``(norm_out, residual_out)``, shaped like ``x``, of ``x.dtype``. Collective:
     every rank of the group calls it with the same shapes, in the same order."""
@@ -74,7 +74,7 @@ def allreduce_add_layernorm(
 def _fake(
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
     group_name: str,
@@ -82,7 +82,8 @@ def _fake(
     norm_kernel: str = "triton",
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1], lambda: "weight must be [hidden]")
+    if weight is not None:
+        torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1], lambda: "weight must be [hidden]")
     if bias is not None:
         torch._check(bias.dim() == 1 and bias.shape[0] == x.shape[-1], lambda: "bias must be [hidden]")
     if residual is not None:

@@ -244,13 +244,16 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
     if sites:
         with_res = sum(1 for s in sites if s.residual is not None)
         with_bias = sum(1 for s in sites if s.bias is not None)
+        plain = sum(1 for s in sites if s.weight is None)
         merged = sum(len(s.merged) for s in sites)
         summed = (
             f"; {merged} all-reduce(s) merged into a site's (AR(a) + AR(b) = AR(a + b))" if merged else ""
         )
         notes.append(
             f"{len(sites)} LayerNorm site(s) -> {impl} op: {with_res} with residual, "
-            f"{len(sites) - with_res} without; {with_bias} with bias{_dialects(sites)}; "
+            f"{len(sites) - with_res} without; {with_bias} with bias"
+            + (f", {plain} without weight" if plain else "")
+            + f"{_dialects(sites)}; "
             f"plan {plan_fingerprint(sites)}{summed}"
         )
         if layers := notes_patterns.per_layer(s.module for s in sites):
@@ -271,6 +274,7 @@ def plan_fingerprint(sites: list[Site]) -> str:
             s.hidden,
             str(s.dtype),
             s.residual is not None,
+            s.weight is not None,
             s.bias is not None,
             s.eps,
         ]

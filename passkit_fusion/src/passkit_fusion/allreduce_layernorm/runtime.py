@@ -105,7 +105,7 @@ def _capturing() -> bool:
 def allreduce_add_layernorm_cuda(
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
     group_name: str,
@@ -156,7 +156,7 @@ def one_shot_all_reduce(x: torch.Tensor, group_name: str, max_bytes: int) -> tor
 def add_layernorm(
     reduced: torch.Tensor,
     residual: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
     norm_kernel: str,

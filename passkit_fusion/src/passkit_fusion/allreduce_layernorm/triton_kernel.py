@@ -34,7 +34,7 @@ def _kernel() -> Any:
     @triton.jit
     def add_layernorm_kernel(
         X, R, W, B, NORM, RES, stride_x, stride_r, stride_n, stride_o, H, eps,
-        HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -49,8 +49,9 @@ def _kernel() -> Any:
         centred = tl.where(mask, h - mean, 0.0)
         var = tl.sum(centred * centred, axis=0) / H
         rstd = 1.0 / tl.sqrt(var + eps)
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        y = centred * rstd * w
+        y = centred * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(
@@ -63,7 +64,7 @@ def _kernel() -> Any:
 def add_layernorm(
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
     residual_out: torch.Tensor | None = None,
@@ -90,9 +91,10 @@ def add_layernorm(
     warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
     if rows:
         _kernel()[(rows,)](
-            x2, r2, weight, bias if bias is not None else weight, norm, res2,
+            x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, norm, res2,
             x2.stride(0), r2.stride(0), norm.stride(0), res2.stride(0), hidden, float(eps),
-            HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, BLOCK=block, num_warps=warps,
+            HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BLOCK=block, num_warps=warps,
         )  # fmt: skip
     out_res = res2.view(x.shape) if residual is not None else x
     return norm.view(x.shape), out_res

@@ -19,7 +19,7 @@
 
 Commutative operands may come in either order; eps, dims and dtypes are read from the graph.
 A LayerNorm the fused op would compute differently (over more dims or another dim, no
-weight, a weight or bias in another dtype than the activations, an intermediate used outside
+bias without a weight, a weight or bias in another dtype than the activations, an intermediate used outside
 the norm) raises :class:`~passkit_fusion.patterns.graph.Mismatch` with the reason; nothing
 shaped like a LayerNorm raises :class:`NoLayerNorm`.
 """
@@ -52,7 +52,8 @@ class NoLayerNorm(NoNorm):
 class LayerNorm:
     """A LayerNorm found after a given node."""
 
-    weight: fx.Node
+    weight: fx.Node | None
+    """None: a LayerNorm without affine parameters (OLMo's)."""
     bias: fx.Node | None
     eps: float
     out: fx.Node
@@ -114,9 +115,9 @@ def _op_form(total: fx.Node, op: fx.Node) -> LayerNorm:
 
 def _check_affine(
     weight: object, bias: object, dtype: torch.dtype, hidden: object
-) -> tuple[fx.Node, fx.Node | None]:
-    if not isinstance(weight, fx.Node):
-        raise Mismatch("LayerNorm without a weight")
+) -> tuple[fx.Node | None, fx.Node | None]:
+    if weight is None and bias is not None:
+        raise Mismatch("LayerNorm with a bias but without a weight")
     for name, node in (("weight", weight), ("bias", bias)):
         if node is None:
             continue
@@ -212,15 +213,19 @@ def _affine_tail(total: fx.Node, normed: fx.Node, nodes: list[fx.Node], eps: flo
     """From the normalised fp32 value: the weight multiply, the optional bias add and the
     downcast to the activation dtype."""
     dtype = val(total).dtype
-    scaled = next_user(normed, lambda u: True)
-    if scaled.target is not aten.mul.Tensor or tensor_other(scaled, normed) is None:
-        raise Mismatch("LayerNorm without a weight")
-    weight, prep = _param(tensor_other(scaled, normed))  # type: ignore[arg-type]
-    nodes += [*prep, scaled]
-    out, bias = scaled, None
-    add = next(iter(scaled.users)) if len(scaled.users) == 1 else None
+    scaled = next(iter(normed.users)) if len(normed.users) == 1 else None
+    factor = tensor_other(scaled, normed) if scaled is not None and scaled.target is aten.mul.Tensor else None
+    weight: fx.Node | None = None
+    bias: fx.Node | None = None
+    if factor is None or val(factor).dim() != 1:  # no affine part (OLMo's LayerNorm)
+        out = normed
+    else:
+        weight, prep = _param(factor)
+        nodes += [*prep, scaled]  # type: ignore[list-item]
+        out = scaled  # type: ignore[assignment]
+    add = next(iter(out.users)) if weight is not None and len(out.users) == 1 else None
     if add is not None and add.target is aten.add.Tensor and add.kwargs.get("alpha", 1) == 1:
-        other = tensor_other(add, scaled)
+        other = tensor_other(add, out)
         if other is not None and val(other).dim() == 1:
             bias, prep = _param(other)
             nodes += [*prep, add]
