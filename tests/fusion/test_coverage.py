@@ -314,10 +314,10 @@ def test_a_layernorm_family_fuses_with_allreduce_layernorm():
 
 LAYERNORM_FAMILIES = {
     "CohereConfig": 5,
-    "Cohere2Config": None,
+    "Cohere2Config": 5,
     "PhiConfig": 3,
     "GPTNeoXConfig": 2,
-    "OlmoConfig": None,
+    "OlmoConfig": 5,
 }
 """allreduce_layernorm's sites per family at 2 layers (None: not pinned, only run)."""
 
