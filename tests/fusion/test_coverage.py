@@ -318,6 +318,7 @@ LAYERNORM_FAMILIES = {
     "PhiConfig": 3,
     "GPTNeoXConfig": 2,
     "OlmoConfig": 5,
+    "NemotronConfig": 5,
 }
 """allreduce_layernorm's sites per family at 2 layers (None: not pinned, only run)."""
 
