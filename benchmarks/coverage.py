@@ -4,7 +4,8 @@ take, and whether the output still equals eager. Not a timed benchmark.
 Each family is built from its transformers config class at small sizes (2 layers, hidden 64,
 4 experts..., random weights: ``passkit_fusion.coverage.configs``), sharded with
 ``tp_plan="auto"`` on a 2-process gloo world (CPU) and compiled with ``allreduce_rmsnorm``
-(reference op), ``sequence_parallel`` and ``sequence_parallel`` + ``async_tp`` (test mode).
+(reference op), ``allreduce_layernorm`` (reference op; the LayerNorm sites),
+``sequence_parallel`` and ``sequence_parallel`` + ``async_tp`` (test mode).
 Per family and pass it prints the all-reduces, the sites rewritten, why the rest were left
 (the node chain that stopped the matcher) and the largest logit difference from eager, then
 the totals. Families that cannot be sharded with ``tp_plan="auto"`` by the installed
@@ -34,14 +35,23 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOT_A_NORM = ("no RMSNorm after the all-reduce", "no norm follows")
-"""The reasons a site is not followed by an RMSNorm at all (within a reshape or a scale; a
-post-norm model's embedding, which no norm reads): not counted as sites a norm follows."""
+NOT_A_NORM = (
+    "no RMSNorm after the all-reduce",
+    "no LayerNorm after the all-reduce",
+    "no norm follows",
+    "a LayerNorm follows (allreduce_layernorm's site",
+    "an RMSNorm follows (allreduce_rmsnorm's site",
+)
+"""The reasons a site is not followed by the pass's norm at all (no norm within a reshape or
+a scale; a post-norm model's embedding, which no norm reads; the other norm kind, which the
+other pass takes: LayerNorm sites are ``allreduce_layernorm``'s, RMSNorm sites the others'):
+not counted as sites its norm follows."""
 
 
 def totals(reports: list) -> dict[str, dict[str, int]]:
-    """Per pass: all-reduces, rewritten, and the all-reduces followed by an RMSNorm (all
-    but those rejected because no norm follows them): the denominator."""
+    """Per pass: all-reduces, rewritten, and the all-reduces followed by the pass's norm (an
+    RMSNorm; a LayerNorm for ``allreduce_layernorm``: all but those rejected because no such
+    norm follows them): the denominator."""
     out: dict[str, dict[str, int]] = {}
     for report in reports:
         for o in report.outcomes:
@@ -73,7 +83,7 @@ def render(reports: list, args: argparse.Namespace, seconds: float) -> str:
         lines += ["", f"### {kind} families ({len(groups[kind])})", "", format_report(groups[kind])]
     lines += [
         "",
-        "| norm | pass | all-reduces | followed by an RMSNorm | rewritten | rewritten / followed by an RMSNorm |",
+        "| norm | pass | all-reduces | followed by its norm | rewritten | rewritten / followed by its norm |",
         "|---|---|---|---|---|---|",
     ]
     for kind in order:

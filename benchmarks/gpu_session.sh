@@ -17,6 +17,9 @@ for W in ${OP_WORLDS:-}; do
   mkdir -p "$OUT/op_w$W"
   GPU_WORLD_SIZE=$W step "${OP_LIMIT:-150}" python3 benchmarks/fusion_op.py --out "$OUT/op_w$W" --tokens ${OP_TOKENS:-1 4 16 64 256 1024 2048 4096 8192}
 done
+for W in ${LN_WORLDS:-}; do  # allreduce_layernorm's op benchmark (its verdict: the opt-in gate)
+  step "${LN_LIMIT:-240}" python3 benchmarks/allreduce_layernorm.py --world "$W" --out "$OUT/allreduce_layernorm_w$W" ${LN_ARGS:-}
+done
 for W in ${TEST_WORLDS:-}; do
   for i in $(seq "${TEST_REPEAT:-1}"); do
     GPU_WORLD_SIZE=$W GPU_FAULT_WORLDS=$W step "${TEST_LIMIT:-360}" python3 -m pytest -q -p no:cacheprovider tests/gpu

@@ -186,3 +186,49 @@ def test_op_host_cost_cpu_mode_compares_the_two_op_registrations(tmp_path):
     result = json.loads((tmp_path / "o.json").read_text())
     assert set(result["dispatch_us"]) == {"custom_op", "library"}
     assert all(v > 0 for v in result["dispatch_us"].values())
+
+
+def _allreduce_layernorm_benchmark():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "allreduce_layernorm_bench", ROOT / "benchmarks/allreduce_layernorm.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_allreduce_layernorm_arguments_table_and_verdict():
+    bench = _allreduce_layernorm_benchmark()
+    args = bench.parser().parse_args(
+        ["--world", "2", "--out", "benchmarks/results/allreduce_layernorm_h200x2"]
+    )
+    assert args.tokens == [1, 2, 4, 8, 16, 32, 64, 128, 256] and args.hidden == [4096] and not args.cpu
+    env = {"date": "d", "gpu": "NVIDIA H200", "world": 2, "torch": "2.11", "cuda": "13.0", "triton": "3.5",
+           "dtype": "bfloat16", "eps": 1e-5, "max_bytes": 4 << 20, "timing": "t"}  # fmt: skip
+    fast = {"inductor": 20.0, "fused": 10.0, "symm_torch": 15.0, "symm_inductor": None}
+    rows = [bench.Row(4096, t, dict(fast), True, 0.0, "symm_mem") for t in (1, 256)]
+    text = bench.render(rows, env)
+    assert "| 4096 | 1 | 20.0 | 10.0 | 2.00x | 15.0 | 1.33x | - | - | symm_mem | exact | 0.00e+00 |" in text
+    assert "verdict: PAYS: the smallest speedup is 2.00x" in text
+    rows[1].us["fused"] = 19.5  # 1.03x at 256 tokens: below the gate
+    assert "verdict: does not pay: the smallest speedup is 1.03x (hidden 4096, 256 tokens)" in bench.render(
+        rows, env
+    )
+
+
+@pytest.mark.slow  # a 2-rank gloo run: about a minute on 2 cores
+def test_allreduce_layernorm_cpu_smoke_run(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "benchmarks/allreduce_layernorm.py", "--cpu", "--tokens", "1", "8", "--hidden", "64",
+         "--out", str(tmp_path / "aln")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| 64 | 8 |" in out.stdout and "verdict: none (CPU smoke run" in out.stdout
+    result = json.loads((tmp_path / "aln.json").read_text())
+    assert [r["tokens"] for r in result["rows"]] == [1, 8]
+    assert all(r["residual_exact"] for r in result["rows"])
+    assert (tmp_path / "aln.md").read_text().startswith("# All-reduce + residual add + LayerNorm")

@@ -289,3 +289,51 @@ def test_every_family_with_a_tp_plan_runs_without_a_traceback(tmp_path: Path):
         assert "Traceback" not in (report["error"] or ""), report
         for outcome in report["outcomes"]:
             assert outcome["max_error"] < 1e-4, (report["name"], outcome)
+
+
+def test_a_layernorm_family_fuses_with_allreduce_layernorm():
+    """Starcoder2 (``nn.LayerNorm`` with bias, row-parallel biases after the all-reduce) at
+    small sizes with ``tp_plan="auto"`` on 2 gloo ranks: every all-reduce taken by
+    ``allreduce_layernorm`` (the graph-counted report), none by ``allreduce_rmsnorm``, which
+    names the pass that takes them; logits equal to eager."""
+    passes = {k: PASSES[k] for k in ("allreduce_rmsnorm", "allreduce_layernorm")}
+    report = check_model(small_config(load_config("Starcoder2Config")), name="Starcoder2", passes=passes)
+    assert not report.error, report.error
+    assert report.norm == "LayerNorm"
+    rms, layer = report.outcomes
+    assert (layer.label, layer.all_reduces, layer.rewritten) == ("allreduce_layernorm", 5, 5), format_report(
+        [report]
+    )
+    assert (rms.all_reduces, rms.rewritten) == (5, 0)
+    assert all("allreduce_layernorm's site" in reason for reason in rms.reasons), rms.reasons
+    assert layer.max_error < 1e-4 and rms.max_error < 1e-4
+    benchmark = _benchmark()
+    totals = benchmark.totals([report])
+    assert totals["allreduce_layernorm"] == {"all_reduces": 5, "rewritten": 5, "followed_by_norm": 5}
+    assert totals["allreduce_rmsnorm"]["followed_by_norm"] == 0  # LayerNorm sites are not its own
+
+
+LAYERNORM_FAMILIES = {
+    "CohereConfig": 5,
+    "Cohere2Config": 5,
+    "PhiConfig": 3,
+    "GPTNeoXConfig": 2,
+    "OlmoConfig": 5,
+    "NemotronConfig": 5,
+}
+"""allreduce_layernorm's sites per family at 2 layers (None: not pinned, only run)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(LAYERNORM_FAMILIES))
+def test_layernorm_families(family: str):
+    report = check_model(
+        small_config(load_config(family)),
+        name=family,
+        passes={"allreduce_layernorm": PASSES["allreduce_layernorm"]},
+    )
+    assert not report.error, report.error
+    (outcome,) = report.outcomes
+    if LAYERNORM_FAMILIES[family] is not None:
+        assert outcome.rewritten == LAYERNORM_FAMILIES[family], format_report([report])
+    assert outcome.max_error < 1e-4, format_report([report])

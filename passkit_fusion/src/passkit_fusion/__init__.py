@@ -3,6 +3,9 @@
 * ``allreduce_rmsnorm``: ``all_reduce -> (add residual) -> RMSNorm [-> static FP8 quant]``
   becomes one call of flashinfer's fused kernel (``passkit-fusion[flashinfer]``) or a torch
   reference;
+* ``allreduce_layernorm`` (opt-in, off by default until measured to pay): the same for
+  ``all_reduce -> (add residual) -> LayerNorm``, torch's symmetric-memory one-shot all-reduce
+  then a Triton residual add + LayerNorm kernel;
 * ``sequence_parallel``: the residual stream between tensor-parallel layers sharded along
   tokens (reduce-scatter -> add -> RMSNorm on 1/W of the tokens -> all-gather);
 * ``async_tp``: all-gather -> matmul and matmul -> reduce-scatter become PyTorch's
@@ -22,6 +25,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "AllReduceRMSNorm": "allreduce_rmsnorm",
     "AllReduceRMSNormOptions": "allreduce_rmsnorm",
+    "AllReduceLayerNorm": "allreduce_layernorm",
+    "AllReduceLayerNormOptions": "allreduce_layernorm",
     "AsyncTP": "async_tp",
     "AsyncTPOptions": "async_tp",
     "SequenceParallel": "sequence_parallel",

@@ -22,6 +22,7 @@ from torch._ops import _OpNamespace
 NAMESPACE = "passkit_fusion"
 OP_MODULES = (
     "passkit_fusion.allreduce_rmsnorm.ops",
+    "passkit_fusion.allreduce_layernorm.ops",
     "passkit_fusion.sequence_parallel.ops",
     "passkit_fusion.async_tp.ops",
 )

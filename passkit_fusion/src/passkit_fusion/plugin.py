@@ -15,6 +15,7 @@ from typing import Any
 from passkit import Pass, hookimpl
 
 from . import lazy_ops
+from .allreduce_layernorm import AllReduceLayerNorm
 from .allreduce_rmsnorm import AllReduceRMSNorm
 from .async_tp import AsyncTP
 from .sequence_parallel import SequenceParallel
@@ -24,7 +25,7 @@ lazy_ops.install()
 
 @hookimpl
 def passkit_register_passes() -> list[type[Pass]]:
-    return [AllReduceRMSNorm, SequenceParallel, AsyncTP]
+    return [AllReduceRMSNorm, AllReduceLayerNorm, SequenceParallel, AsyncTP]
 
 
 @hookimpl(optionalhook=True)  # optional: the plugin still loads where the hookspec entry point is missing

@@ -10,6 +10,9 @@ execute the fused graph for real. The numerics follow the kernel:
 * with FP8 quantization, ``quant_out = saturate(norm_out.float() * (1 / scale))`` as
   ``float8_e4m3fn`` (:func:`fp8_quantize`).
 
+The LayerNorm op (``allreduce_add_layernorm``) computes ``norm_out`` with
+``torch.nn.functional.layer_norm`` on ``residual_out``: what ``nn.LayerNorm`` does in eager.
+
 Against model code that downcasts before multiplying by the weight (Llama's reference
 RMSNorm), ``norm_out`` can differ by one rounding of ``x.dtype``; against
 ``torch.nn.functional.rms_norm`` and Gemma's norm it is the same computation.
@@ -50,6 +53,32 @@ def allreduce_rmsnorm(
     if residual is not None:
         total = total + residual
     return rms_norm(total, weight, eps, weight_bias), total
+
+
+def allreduce_add_layernorm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    group_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm_out, residual_out)`` of all-reduce + optional residual add + LayerNorm over the
+    last dim (``torch.nn.functional.layer_norm``: fp32 math, one rounding to ``x.dtype``).
+
+    ``residual_out`` is the unfused sum bit for bit; ``norm_out`` is what ``nn.LayerNorm``
+    computes in eager on that sum. Collective: every rank of the group calls it in order."""
+    total = all_reduce_sum(x, group_name)
+    if residual is not None:
+        total = total + residual
+    return layer_norm(total, weight, bias, eps), total
+
+
+def layer_norm(
+    total: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """LayerNorm of ``total`` over its last dim with ``weight`` (and ``bias``), in ``total.dtype``."""
+    return torch.nn.functional.layer_norm(total, (total.shape[-1],), weight, bias, eps)
 
 
 FP8_MAX = 448.0

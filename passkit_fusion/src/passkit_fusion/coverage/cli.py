@@ -129,10 +129,11 @@ def graph_break_note(report: Any) -> str | None:
 
 
 def _summary(report: Any) -> str:
-    outcome = next((o for o in report.outcomes if o.label == "allreduce_rmsnorm"), None)
-    if outcome is None:
-        return ""
-    return (
-        f"allreduce_rmsnorm: {outcome.rewritten} of {outcome.all_reduces} all-reduce(s) fused; "
-        f"logits within {outcome.max_error:.1e} of eager"
-    )
+    """One line per fusing pass run (``allreduce_rmsnorm``, ``allreduce_layernorm``): sites
+    fused of the all-reduces it saw, the logit difference."""
+    lines = [
+        f"{o.label}: {o.rewritten} of {o.all_reduces} all-reduce(s) fused; logits within {o.max_error:.1e} of eager"
+        for o in report.outcomes
+        if o.label in ("allreduce_rmsnorm", "allreduce_layernorm")
+    ]
+    return "\n".join(lines)

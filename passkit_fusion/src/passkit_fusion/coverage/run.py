@@ -26,13 +26,16 @@ __all__ = ["PASSES", "FamilyReport", "PassOutcome", "check_model", "format_repor
 
 PASSES: dict[str, list[Any]] = {
     "allreduce_rmsnorm": [{"name": "allreduce_rmsnorm", "implementation": "reference"}],
+    "allreduce_layernorm": [{"name": "allreduce_layernorm", "implementation": "reference"}],
     "sequence_parallel": [{"name": "sequence_parallel", "min_tokens": 1}],
     "sequence_parallel+async_tp": [
         {"name": "sequence_parallel", "min_tokens": 1},
         {"name": "async_tp", "implementation": "test_mode", "min_tokens": 1},
     ],
 }
-"""The pass configurations reported, by label (CPU stand-ins for the CUDA kernels)."""
+"""The pass configurations reported, by label (CPU stand-ins for the CUDA kernels).
+``allreduce_layernorm`` (opt-in) takes the sites a LayerNorm follows, the others those an
+RMSNorm follows; each reports the other kind's sites as not its own."""
 
 _REJECTED = re.compile(r"^(\d+) candidate\(s\) rejected: (.*)$")
 _MERGED = re.compile(r"; (\d+) all-reduce\(s\) merged into a site's")

@@ -55,6 +55,7 @@ from .graph import (
     sole_user,
     val,
 )
+from .layernorm import LayerNorm, match_layernorm
 from .lead import describe_chain, is_lead_op, is_view, walk_lead
 from .rmsnorm import NoNorm, RMSNorm, cast_dtype, match_rmsnorm, match_rmsnorm_fp32
 
@@ -67,6 +68,17 @@ HIDDEN_MULTIPLE = 8
 """The kernel moves 16-byte vectors: 8 elements of a 16-bit dtype."""
 MAX_HIDDEN = 16384
 """Largest hidden size the kernel is known to launch with (one token per thread block cluster)."""
+
+
+RMS = "rms"
+LAYER = "layer"
+NORM_KINDS = (RMS, LAYER)
+"""The norms a site can end in: RMSNorm (``allreduce_rmsnorm``, ``sequence_parallel``) and
+LayerNorm (``allreduce_layernorm``)."""
+LAYERNORM_NOT_HERE = "a LayerNorm follows (allreduce_layernorm's site: enable that pass to fuse it)"
+"""The reason RMSNorm passes give for an all-reduce whose sum a LayerNorm reads."""
+RMSNORM_NOT_HERE = "an RMSNorm follows (allreduce_rmsnorm's site, not allreduce_layernorm's)"
+"""The reason ``allreduce_layernorm`` gives for an all-reduce whose sum an RMSNorm reads."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +164,10 @@ class Site:
     """For each :attr:`shared` term, the views keeping the hidden dim that follow its add
     (``(AR + shared).view(B, S, H) + residual``: Qwen2-MoE); in :attr:`nodes`. The fused op
     applies them to the term, and all of them (after :attr:`lead`) to :attr:`x`."""
+    norm_kind: str = RMS
+    """``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm: :attr:`bias` may be set, no weight bias)."""
+    bias: fx.Node | None = None
+    """The LayerNorm's bias as stored (None: without bias, and always for an RMSNorm)."""
 
     @property
     def chain_views(self) -> tuple[fx.Node, ...]:
@@ -191,12 +207,13 @@ def candidates(
     kernel_limits: bool = True,
     fp8: bool = False,
     dialects: Sequence[Dialect] | None = None,
+    norm: str = RMS,
 ) -> Iterator[Site | Rejection]:
     """Match each all-reduce of ``graph``, dialect by dialect and in graph order within
     one, lazily: the caller may replace a site before taking the next item (sites are
     disjoint, and a later site sees the earlier one's outputs where it used its nodes,
     e.g. as its residual). ``dialects``: default every registered one.
-    ``kernel_limits``, ``fp8``: see :func:`match_site`."""
+    ``kernel_limits``, ``fp8``, ``norm``: see :func:`match_site`."""
     present = _present(graph, dialects)
     for dialect in present:
         problems = dialect.schema_problems(graph)
@@ -214,7 +231,9 @@ def candidates(
                 yield Rejection(*found)
                 continue
             try:
-                site = match_site(found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present)
+                site = match_site(
+                    found, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=present, norm=norm
+                )
                 merged.update(m.all_reduce for m in site.merged)
                 yield site
             except (Mismatch, Declined) as exc:
@@ -234,9 +253,10 @@ def find_sites(
     kernel_limits: bool = True,
     fp8: bool = False,
     dialects: Sequence[Dialect] | None = None,
+    norm: str = RMS,
 ) -> tuple[list[Site], list[Rejection]]:
     """Every site of ``graph`` and every rejected all-reduce, without changing the graph."""
-    found = list(candidates(graph, kernel_limits=kernel_limits, fp8=fp8, dialects=dialects))
+    found = list(candidates(graph, kernel_limits=kernel_limits, fp8=fp8, dialects=dialects, norm=norm))
     return [c for c in found if isinstance(c, Site)], [c for c in found if isinstance(c, Rejection)]
 
 
@@ -306,6 +326,7 @@ def match_site(
     kernel_limits: bool = True,
     fp8: bool = False,
     norms: Sequence[Dialect] = (),
+    norm: str = RMS,
 ) -> Site:
     """The site starting at the all-reduce ``ar`` (read by ``dialect``); raises
     :class:`Mismatch` (or :class:`~passkit_fusion.dialects.Declined`) with the reason if none.
@@ -322,9 +343,15 @@ def match_site(
 
     ``kernel_limits=False`` drops the fused kernel's own limits (hidden size, world sizes
     2/4/8/16): for rewrites that keep the norm in torch (``sequence_parallel``).
-    ``fp8=True`` also matches a static FP8 quantization of the norm output."""
+    ``fp8=True`` also matches a static FP8 quantization of the norm output.
+
+    ``norm``: the norm the site must end in, ``"rms"`` (RMSNorm, the default) or ``"layer"``
+    (LayerNorm with weight and optional bias: :mod:`.layernorm`); the other kind is rejected
+    with a reason naming the pass that takes it."""
+    if norm not in NORM_KINDS:
+        raise ValueError(f"norm must be one of {NORM_KINDS}, got {norm!r}")
     try:
-        return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms)
+        return _match_site(ar, dialect, kernel_limits=kernel_limits, fp8=fp8, norms=norms, kind=norm)
     except Mismatch as exc:
         no_norm = isinstance(exc, NoNorm) or NO_NORM_FOLLOWS in str(exc) or "also used outside" in str(exc)
         if no_norm and _ends_graph(ar):  # no norm here because it is in the next graph
@@ -426,6 +453,7 @@ def _match_site(
     kernel_limits: bool,
     fp8: bool,
     norms: Sequence[Dialect],
+    kind: str = RMS,
 ) -> Site:
     result = ar.result
     lead = walk_lead(result)
@@ -446,15 +474,26 @@ def _match_site(
         total, residual, rest, shared, adds = _residual_add(start)
         shared_views = _views_after_each(shared, adds)
         if residual is not None and not rest:
-            shared, shared_views, merged, residual = _merge_terms(ar, dialect, shared, shared_views, residual)
+            shared, shared_views, merged, residual = _merge_terms(
+                ar, dialect, shared, shared_views, residual, swap=kind == LAYER
+            )
         host_norm = _host_norm(total, readers) if residual is not None and not rest else None
     dtype, shape = val(start).dtype, val(start).shape
+    norm: RMSNorm | LayerNorm
     if host_norm is not None:
+        if kind == LAYER:  # the hosts' norm ops are RMSNorms
+            raise Mismatch(RMSNORM_NOT_HERE)
         norm = RMSNorm(host_norm.weight, host_norm.weight_bias, host_norm.eps, host_norm.out, host_norm.nodes)
     elif rest:
+        if kind == LAYER:
+            try:
+                match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
+            except Mismatch:
+                raise Mismatch("residual added in fp32 before the norm (not a LayerNorm form)") from None
+            raise Mismatch(RMSNORM_NOT_HERE)
         norm = match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
     else:
-        norm = _match_norm(total, after_all_reduce=residual is None)  # type: ignore[arg-type]
+        norm = _match_norm(total, after_all_reduce=residual is None, kind=kind)  # type: ignore[arg-type]
     if residual is not None and not rest and total.target is aten.add.Tensor and residual in total.args[:2]:
         # what the residual is added to: the chain before the last add (its views included)
         _check_residual(start, residual, val(_other_operand(total, residual)).shape)
@@ -462,7 +501,10 @@ def _match_site(
         _check_residual(start, residual, shape if residual is None or not shared_views else val(total).shape)
     merged_terms = {m.term for m in merged}
     shared_adds = [a for a in adds if not is_view(a) and not (set(a.args[:2]) & merged_terms)]
-    for term, add in zip(shared, shared_adds):
+    for i, (term, add) in enumerate(zip(shared, shared_adds)):
+        after = shared_views[i] if i < len(shared_views) else ()
+        if kind == LAYER and _row_parallel_bias(start, term, after):
+            continue  # joins the residual first: AR + (b + residual), broadcast over the rows
         _check_residual(start, term, val(add).shape)
     hidden = _check_supported(dtype, shape, kernel_limits)
     group_name = dialect.torch_group_name(ar.group)  # Declined: rejected with the reason
@@ -474,7 +516,7 @@ def _match_site(
     merged_nodes = [n for m in merged for n in (*m.nodes, *m.views)]
     head = tuple(dict.fromkeys((*ar.nodes, *lead, *merged_nodes, *adds)))
     quant, quant_skipped = None, None
-    if fp8:
+    if fp8 and kind == RMS:
         try:
             quant = match_fp8_quant(norm.out, {ar.anchor, *head, *norm.nodes})
         except NoQuant:
@@ -508,6 +550,8 @@ def _match_site(
         shared=shared,
         shared_views=shared_views,
         merged=merged,
+        norm_kind=kind,
+        bias=getattr(norm, "bias", None),
     )
 
 
@@ -572,6 +616,7 @@ def _merge_terms(
     shared: tuple[fx.Node, ...],
     shared_views: tuple[tuple[fx.Node, ...], ...],
     residual: fx.Node,
+    swap: bool = False,
 ) -> tuple[tuple[fx.Node, ...], tuple[tuple[fx.Node, ...], ...], tuple[Merged, ...], fx.Node | None]:
     """Merge the added terms that are other all-reduces' sums (:func:`_merge_all_reduces`).
     The last term (what the matcher took for the residual) is merged too when it is another
@@ -589,6 +634,11 @@ def _merge_terms(
         return kept[:-1], kept_views[:-1] if shared_views else (), merged, residual
     if not kept:
         return (), (), merged, None
+    if swap and len(kept) == 1 and not any(kept_views[0]) and len(merged) == len(shared):
+        # ``x + AR(attn) + AR(mlp)`` (Cohere's parallel block): the one term left is the
+        # residual stream, added before the other all-reduce: AR(attn + mlp) + x
+        # (allreduce_layernorm only: the RMSNorm passes keep their measured forms)
+        return (), (), merged, kept[0]
     # a shared term would have to become the residual: leave the residual alone
     if not shared:
         return shared, shared_views, (), residual
@@ -789,6 +839,19 @@ def _fp32_residual_add(result: fx.Node, up: fx.Node) -> tuple[fx.Node, fx.Node, 
     return rounded[0], residual, (up, other, h)
 
 
+def _row_parallel_bias(result: fx.Node, term: fx.Node, after: Sequence[fx.Node]) -> bool:
+    """Whether the added ``term`` is a row-parallel projection's bias, added after the
+    all-reduce (Hugging Face's ``tp_plan`` for Starcoder2, GPT-NeoX, Phi...: ``AR(x @ w) +
+    b``): ``[hidden]``, in the sum's dtype, followed only by copies (``clone``: dropout in
+    eval), so ``b + residual`` broadcasts to the residual's shape. Taken by
+    ``allreduce_layernorm`` only (its op adds the residual after the all-reduce; the bias
+    joins the residual first, the sum rounded once less than eager's, as a shared term)."""
+    tval, rval = val(term), val(result)
+    if tval.dim() != 1 or tval.dtype != rval.dtype or not same_shape(tval.shape, rval.shape[-1:]):
+        return False
+    return all(n.target in (aten.clone.default, aten.alias.default) for n in after)
+
+
 def _check_residual(result: fx.Node, residual: fx.Node | None, shape: torch.Size) -> None:
     """``residual`` is added to a tensor of ``shape`` (the sum's, or after views keeping
     the hidden dim): same shape (no broadcast), same dtype as the sum ``result``."""
@@ -805,12 +868,23 @@ def _check_residual(result: fx.Node, residual: fx.Node | None, shape: torch.Size
 # the RMSNorm (its forms: passkit_fusion.patterns.rmsnorm)
 
 
-def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> RMSNorm:
-    """The RMSNorm whose input is ``total``. ``total``'s other users are fine (they will
-    read ``residual_out``); every node inside the norm must be used only by the norm."""
+def _match_norm(total: fx.Node, *, after_all_reduce: bool, kind: str = RMS) -> RMSNorm | LayerNorm:
+    """The norm of ``kind`` (RMSNorm or LayerNorm) whose input is ``total``. ``total``'s
+    other users are fine (they will read ``residual_out``); every node inside the norm must
+    be used only by the norm. A norm of the other kind is rejected with the reason naming
+    the pass that fuses it."""
+    match, other, taken = (
+        (match_rmsnorm, match_layernorm, LAYERNORM_NOT_HERE)
+        if kind == RMS
+        else (match_layernorm, match_rmsnorm, RMSNORM_NOT_HERE)
+    )
     try:
-        return match_rmsnorm(total)
+        return match(total)
     except NoNorm:
+        if _matches(other, total):
+            raise Mismatch(taken) from None
+        if any(_is_fused_site(u) for u in total.users):
+            raise Mismatch(JOINS_A_FUSED_SITE) from None
         shared = after_all_reduce and len(total.users) > 1
         adds = [u for u in total.users if u.target is aten.add.Tensor]
         if shared and adds:
@@ -818,8 +892,22 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool) -> RMSNorm:
                 raise Mismatch("all-reduce result is also used outside the residual add") from None
             # a post-norm model's embedding: read by the first layer and its residual add, and
             # no norm reads either (the norms are on the blocks' outputs)
-            raise Mismatch(f"{NO_NORM_FOLLOWS} (no RMSNorm reads the sum or its residual add)") from None
+            name = "RMSNorm" if kind == RMS else "LayerNorm"
+            raise Mismatch(f"{NO_NORM_FOLLOWS} (no {name} reads the sum or its residual add)") from None
         raise
+
+
+JOINS_A_FUSED_SITE = (
+    "its sum is added into another site's residual, fused before it (not merged into that "
+    "site: a term other than a view or a constant scale follows this all-reduce, e.g. a bias)"
+)
+"""The reason given for an all-reduce whose sum joins a site already fused (GPT-NeoX's and
+Phi's parallel residual with row-parallel biases: ``AR(attn) + b + AR(mlp) + b' + x``)."""
+
+
+def _is_fused_site(node: fx.Node) -> bool:
+    target = getattr(node, "target", None)
+    return getattr(target, "namespace", None) == "passkit_fusion" and "norm" in str(target)
 
 
 NO_NORM_FOLLOWS = "no norm follows"
@@ -827,8 +915,13 @@ NO_NORM_FOLLOWS = "no norm follows"
 
 
 def _norm_follows(add: fx.Node) -> bool:
+    """Whether an RMSNorm or a LayerNorm reads ``add``."""
+    return _matches(match_rmsnorm, add) or _matches(match_layernorm, add)
+
+
+def _matches(match: object, node: fx.Node) -> bool:
     try:
-        match_rmsnorm(add)
+        match(node)  # type: ignore[operator]
     except Mismatch:
         return False
     return True
