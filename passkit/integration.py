@@ -365,12 +365,22 @@ class Backend:
         # range is the range (in the uuid), never the token count of the call that compiled it
         key_inputs = specialize.graph_inputs(gm, example_inputs)
         cache_key = report_cache.key(pipeline.uuid(), gm, key_inputs, patches)
-        if new:
+        hit = _cache_hits() > hits_before
+        if new and not hit:
             report_cache.save(cache_key, new)
-        elif _cache_hits() > hits_before:
-            restored = report_cache.load(cache_key)
-            records = [r for old in restored for r in old.records] if restored else []
-            new = [pipeline.record_cache_hit(self.mode, records)]
+        elif hit:
+            # served from a cache: the graphs whose passes did not run now (with a joint
+            # stage, the joint graph may have run while its halves came from the cache)
+            restored = report_cache.load(cache_key) or []
+            ran = {r.graph_kind for r in new}
+            missing = [old for old in restored if old.graph_kind is None or old.graph_kind not in ran]
+            if missing and len({old.graph_kind for old in missing}) == len(missing):
+                new += [pipeline.record_cache_hit(self.mode, old.records, old.graph_kind) for old in missing]
+            elif missing:
+                records = [r for old in missing for r in old.records]
+                new += [pipeline.record_cache_hit(self.mode, records)]
+            elif not new:
+                new = [pipeline.record_cache_hit(self.mode, [])]
         for report in new:
             pipeline.record_compile_time(report, seconds)
         return compiled

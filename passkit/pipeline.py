@@ -430,13 +430,17 @@ class Pipeline:
             ) from exc
         return record
 
-    def record_cache_hit(self, mode: Mode = "inductor", restored: list[PassRecord] | None = None) -> Report:
+    def record_cache_hit(
+        self, mode: Mode = "inductor", restored: list[PassRecord] | None = None, graph_kind: str | None = None
+    ) -> Report:
         """Report a graph Inductor served from its cache (no pass ran for it); ``restored``:
-        what the passes did when they built the cached code, from passkit's report cache."""
+        what the passes did when they built the cached code, from passkit's report cache;
+        ``graph_kind``: the graph they ran on then."""
         report = Report(
             graph_id=next(_graph_ids),
             pipeline_uuid=self.uuid()[:12],
             mode=mode,
+            graph_kind=graph_kind,
             cache_hit=True,
             token_range=self._range_label(),
             notes=[self.note] if self.note else [],

@@ -69,6 +69,7 @@ class _Entry(pydantic.BaseModel):
     graph_id: int = 0
     pipeline_uuid: str = ""
     mode: str = "inductor"
+    graph_kind: str | None = None
     cache_hit: bool = False
     token_range: str | None = None
     restored: bool = False
