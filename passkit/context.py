@@ -81,7 +81,9 @@ class CompileContext:
     ) -> CompileContext:
         """Build a context from the recorded fake values of a graph's placeholders (Dynamo's
         ``example_value`` on a pre-grad graph)."""
-        vals = [n.meta.get("val", n.meta.get("example_value")) for n in gm.graph.nodes if n.op == "placeholder"]
+        vals = [
+            n.meta.get("val", n.meta.get("example_value")) for n in gm.graph.nodes if n.op == "placeholder"
+        ]
         return cls.detect(vals, mode=mode, token_range=token_range, **fields)
 
 

@@ -91,7 +91,9 @@ class Backend:
                     f"(gm, example_inputs) -> callable, got {compiler!r}"
                 )
             if mode == "eager" and compiler == "inductor":
-                raise ValueError("mode='eager' runs no Inductor: give compiler='aot_eager' or mode='inductor'")
+                raise ValueError(
+                    "mode='eager' runs no Inductor: give compiler='aot_eager' or mode='inductor'"
+                )
         elif not callable(compiler):
             raise ValueError(
                 "compiler must be 'inductor', 'aot_eager' or a callable (gm, example_inputs) -> "

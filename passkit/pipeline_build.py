@@ -143,6 +143,11 @@ def order_passes(passes: list[Pass]) -> list[Pass]:
                 stages = ""
                 if by_name[a].stage != by_name[b].stage:
                     stages = f" ({a} is in stage {by_name[a].stage.value}, {b} in {by_name[b].stage.value})"
+                    raise OrderError(
+                        f"pass {a!r} must run before {b!r} ({why}), but stage "
+                        f"{by_name[b].stage.value} runs before stage {by_name[a].stage.value} "
+                        f"whatever the configured order{stages}: no order of `passes` can satisfy it"
+                    )
                 raise OrderError(
                     f"pass {a!r} must run before {b!r} ({why}) but the configured order runs it "
                     f"after{stages}. Reorder `passes` so that {a!r} comes first."

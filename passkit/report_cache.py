@@ -107,7 +107,9 @@ def key(
         else type(x).__name__
         for x in example_inputs
     ]
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+    if torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    ):
         inputs.append("training")  # a training compile caches other graphs than an inference one
     blob = json.dumps(
         [pipeline_uuid, gm.code if code is None else code, inputs, environment(inductor_patches)], default=str

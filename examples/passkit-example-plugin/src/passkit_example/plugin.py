@@ -4,8 +4,9 @@ import passkit
 
 from .fold_double_neg import FoldDoubleNeg
 from .fuse_addcmul import FuseAddcmul
+from .silu_from_sigmoid import SiluFromSigmoid
 
 
 @passkit.hookimpl
 def passkit_register_passes():
-    return [FoldDoubleNeg, FuseAddcmul]
+    return [FoldDoubleNeg, FuseAddcmul, SiluFromSigmoid]
