@@ -149,7 +149,7 @@ def test_stages_are_ordered_and_old_names_stay():
 def test_a_bad_stage_or_graph_kind_names_the_pass_and_the_valid_values():
     with pytest.raises(TypeError) as err:
 
-        class Bad(passkit.GraphPass):  # noqa: F841
+        class Bad(passkit.GraphPass):
             name = "bad_stage"
             stage = "pregrad"
 
@@ -158,7 +158,7 @@ def test_a_bad_stage_or_graph_kind_names_the_pass_and_the_valid_values():
     assert "'pre_grad'" in message and "'joint'" in message and "'post_grad_post'" in message
     with pytest.raises(TypeError, match=r"bad_kind.*'training'.*valid kinds: 'torch', 'joint'"):
 
-        class BadKind(passkit.GraphPass):  # noqa: F841
+        class BadKind(passkit.GraphPass):
             name = "bad_kind"
             graph_kinds = ("training",)
 
@@ -192,12 +192,12 @@ def test_every_stage_runs_in_training_and_inference_with_other_compilers(compile
     name = "counting" if compiler == "custom" else "aot_eager"
     backend = make_backend(AtPreGrad(), AtJoint(), AtPost(), compiler=chosen)
     _train(backend)
-    assert SEEN == [
+    assert [
         ("rec_pre_grad", "pre_grad", "torch", name),
         ("rec_joint", "joint", "joint", name),
         ("rec_post", "post_grad_post", "forward", name),
         ("rec_post", "post_grad_post", "backward", name),
-    ]
+    ] == SEEN
     assert [r.graph_kind for r in backend.reports] == ["torch", "joint", "forward", "backward"]
     assert [r.records[0].stage for r in backend.reports] == [
         "pre_grad",
@@ -272,7 +272,6 @@ def test_output_checks_hold_at_pre_grad():
         def run(self, gm, ctx):
             out = gm.graph.output_node()
             (value,) = out.args
-            first = value[0] if isinstance(value, (tuple, list)) else value
             x = next(iter(gm.graph.find_nodes(op="placeholder")))
             out.args = ((x, *value[1:]) if isinstance(value, (tuple, list)) else x,)
             return passkit.PassResult(modified=True)
