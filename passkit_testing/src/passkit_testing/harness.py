@@ -245,12 +245,12 @@ class _RecordingPipeline(passkit.Pipeline):
         self.graph_after: torch.fx.GraphModule | None = None
 
     def run_stage(
-        self, gm: torch.fx.GraphModule, stage: passkit.Stage, mode: Mode = "inductor"
+        self, gm: torch.fx.GraphModule, stage: passkit.Stage, mode: Mode = "inductor", **context: Any
     ) -> passkit.Report:
         if self.graph_before is None:
             self.graph_before = copy_graph_module(gm)
         try:
-            return super().run_stage(gm, stage, mode=mode)
+            return super().run_stage(gm, stage, mode=mode, **context)
         finally:
             self.graph_after = copy_graph_module(gm)
 
