@@ -321,12 +321,17 @@ class Backend:
         reports_before, hits_before = len(pipeline.reports), _cache_hits()
         start = time.perf_counter()
         patches: dict[str, Any] = {}
-        if Stage.PRE_GRAD in pipeline.stages:  # Dynamo's graph, before AOTAutograd: any compiler
+        pre_grad = Stage.PRE_GRAD in pipeline.stages
+
+        def run_pre_grad(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            """The pre-grad stage on Dynamo's graph, before AOTAutograd (any compiler)."""
             pipeline.run_stage(
-                gm, Stage.PRE_GRAD, self.mode, example_inputs=example_inputs, compiler=self.compiler_name
+                graph, Stage.PRE_GRAD, self.mode, example_inputs=example_inputs, compiler=self.compiler_name
             )
+            return graph
+
         if self.mode == "eager":
-            compiled = self._compile_eager(pipeline, gm, example_inputs)
+            compiled = self._compile_eager(pipeline, run_pre_grad(gm) if pre_grad else gm, example_inputs)
         else:
             from torch._inductor.compile_fx import compile_fx
 
@@ -340,10 +345,13 @@ class Backend:
             def inductor() -> CompiledFn:
                 if compile_with is not None:
                     return compile_with(patches)
+                # each attempt rewrites its own copy: when Inductor fails on a graph a pre-grad
+                # pass changed, the retry compiles Dynamo's graph without that pass
+                graph = run_pre_grad(specialize.copy_graph_module(gm)) if pre_grad else gm
                 return cast(
                     CompiledFn,
                     compile_fx(
-                        gm,
+                        graph,
                         list(example_inputs),
                         inner_compile=_kind_recording_inner_compile,
                         config_patches=patches or None,

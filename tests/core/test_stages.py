@@ -340,3 +340,49 @@ def test_pre_grad_rewrite_reaches_silu_through_the_named_backend_style_pipeline(
     backend = make_backend(Seen(), compiler="aot_eager")
     torch.compile(swish, backend=backend)(torch.randn(4))
     assert SEEN == [("sees_torch_ops", "pre_grad", "torch", "True")]
+
+
+def test_inductor_failing_on_a_pre_grad_rewrite_compiles_without_it():
+    class BreaksInductor(passkit.GraphPass):
+        """Adds a node whose op Inductor cannot lower (a Python function the tracer runs
+        but that raises when AOTAutograd traces it)."""
+
+        name = "breaks_inductor"
+        stage = Stage.PRE_GRAD
+
+        def run(self, gm, ctx):
+            out = gm.graph.output_node()
+            with gm.graph.inserting_before(out):
+                (value,) = out.args
+                first = value[0] if isinstance(value, (tuple, list)) else value
+                bad = gm.graph.call_function(_raises_when_traced, (first,))
+            bad.meta.update(first.meta)
+            out.args = ((bad, *value[1:]) if isinstance(value, (tuple, list)) else bad,)
+            return passkit.PassResult(modified=True, matches=1)
+
+    backend = make_backend(BreaksInductor())
+    x, w = inputs(grad=False)
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x, w), fn(x, w))
+    record = backend.last_report["breaks_inductor"]
+    assert record.status == "failed" and "cannot trace this" in record.reason
+
+
+def test_dumps_hold_the_pre_grad_and_joint_graphs(tmp_path):
+    backend = make_backend(
+        TanhToSigmoidForm(), JointNegTwice(), config={"dump_dir": str(tmp_path)}, compiler="aot_eager"
+    )
+    _train(backend)
+    dumped = "\n".join(
+        p.read_text() for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".py", ".txt")
+    )
+    assert "torch.tanh" in dumped and "torch.sigmoid" in dumped  # the pre-grad graph before and after
+    assert "aten.relu" in dumped and "aten.neg" in dumped  # the joint graph
+
+
+def _raises_when_traced(x):
+    """Runs on fake tensors (passkit's output check), raises when AOTAutograd traces it."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    if any("Proxy" in type(mode).__name__ for mode in _get_current_dispatch_mode_stack()):
+        raise RuntimeError("cannot trace this")
+    return x
