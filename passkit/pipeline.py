@@ -192,7 +192,16 @@ class Pipeline:
         keys = {Stage.PRE: "post_grad_custom_pre_pass", Stage.POST: "post_grad_custom_post_pass"}
         if joint:
             keys[Stage.JOINT] = "joint_custom_pre_pass"
-        return {keys[s]: self.custom_pass(s) for s in self.stages if s in keys}
+        return {keys[s]: self.custom_pass(s) for s in self.host_stages(joint) if s in keys}
+
+    def host_stages(self, joint: bool = False) -> list[Stage]:
+        """The stages a host installs (post-grad, and with ``joint`` the joint one). With
+        none but passes at stages the host does not run, ``post_grad_post`` all the same:
+        its report says why those passes are skipped, instead of dropping them silently."""
+        wanted = [s for s in self.stages if stage_phase(s) == "post_grad" or (joint and s is Stage.JOINT)]
+        if not self.stages_of("post_grad") and any(p.stage not in self.driven for p in self.passes):
+            wanted.append(Stage.POST)
+        return wanted
 
     def stages_of(self, phase: str) -> list[Stage]:
         """This pipeline's stages that run on the graph of ``phase`` (see
@@ -244,7 +253,7 @@ class Pipeline:
         for p in plan.passes:
             record = self._run_one(p, gm, ctx, plan, report, dumper, skipped)
             report.records.append(record)
-        if stage == self.stages_of(phase)[-1]:
+        if stage == (self.stages_of(phase) or [stage])[-1]:
             if phase == "post_grad":
                 self._not_driven(report)
             self._finish(report, dumper)

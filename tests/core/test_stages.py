@@ -386,3 +386,18 @@ def _raises_when_traced(x):
     if any("Proxy" in type(mode).__name__ for mode in _get_current_dispatch_mode_stack()):
         raise RuntimeError("cannot trace this")
     return x
+
+
+def test_a_host_with_only_pre_grad_passes_still_reports_them():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    pipeline = Pipeline(load_config({}), get_plugins(), [AtPreGrad()])
+    patches = pipeline.inductor_patches()
+    assert list(patches) == ["post_grad_custom_post_pass"]
+    gm = make_fx(lambda x: torch.relu(x) + 1, tracing_mode="fake")(torch.randn(4))
+    patches["post_grad_custom_post_pass"](gm.graph)
+    report = pipeline.reports[-1]
+    assert (
+        report["rec_pre_grad"].status == "skipped" and "not run by this host" in report["rec_pre_grad"].reason
+    )
+    assert SEEN == []
