@@ -2,7 +2,7 @@
 2-process gloo world) with trainable weights, compiled with ``sequence_parallel`` and
 ``allreduce_rmsnorm`` through passkit's backend, gets the gradients eager gets; each pass
 skips the forward and backward graphs with its reason in the report (they rewrite inference
-graphs only)."""
+graphs only). About 30 s on 2 quiet cores (2 processes, DTensor, eager and compiled steps)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,6 @@ def _rank(rank: int, world_size: int, compiler: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(torch.__version__ < "2.11", reason="DTensor's embedding sharding needs torch >= 2.11")
 def test_training_gradients_match_eager_and_backward_graphs_are_skipped_with_why():
     ranks = gloo_world(_rank, 2, args=("aot_eager",), timeout=400)
