@@ -363,9 +363,9 @@ class Backend:
         if not pipeline.enabled:
             return compiled
         new = pipeline.reports[reports_before:]
-        pre_grad = [r for r in new if r.graph_kind == "torch"]  # run on every compile, cached or not
+        torch_level = [r for r in new if r.graph_kind == "torch"]  # on every compile, cached or not
         new = [r for r in new if r.graph_kind != "torch"]
-        for report in pre_grad:
+        for report in torch_level:
             pipeline.record_compile_time(report, seconds)
         if self.mode == "eager" or not report_cache.in_use(patches):
             for report in new:  # no Inductor cache: nothing to restore a report for
