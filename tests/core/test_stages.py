@@ -401,3 +401,29 @@ def test_a_host_with_only_pre_grad_passes_still_reports_them():
         report["rec_pre_grad"].status == "skipped" and "not run by this host" in report["rec_pre_grad"].reason
     )
     assert SEEN == []
+
+
+def test_a_warm_start_restores_joint_and_forward_reports_beside_a_fresh_pre_grad_one():
+    import torch._functorch.config
+    import torch._inductor.config
+    from torch._inductor.utils import fresh_cache
+
+    passes = (TanhToSigmoidForm, AtJoint, AtPost)
+    with (
+        fresh_cache(),
+        torch._inductor.config.patch(fx_graph_cache=True),
+        torch._functorch.config.patch(enable_autograd_cache=True),
+    ):
+        cold = make_backend(*(p() for p in passes))
+        _train(cold)
+        torch._dynamo.reset()
+        SEEN.clear()
+        warm = make_backend(*(p() for p in passes))
+        _train(warm)
+    cold_kinds = [(r.graph_kind, r.cache_hit) for r in cold.reports]
+    assert cold_kinds == [("torch", False), ("joint", False), ("forward", False), ("backward", False)]
+    by_kind = {r.graph_kind: r for r in warm.reports}
+    assert by_kind["torch"]["tanh_as_sigmoid"].matches == 1 and not by_kind["torch"].cache_hit
+    for kind in ("joint", "forward"):
+        assert by_kind[kind].cache_hit and by_kind[kind].restored, kind
+        assert by_kind[kind].records[0].status == "ran"
