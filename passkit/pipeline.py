@@ -217,7 +217,9 @@ class Pipeline:
         report: Report | None = None
         for stage in self.stages_of("post_grad"):
             report = self.run_stage(gm, stage, mode=mode, graph_kind=graph_kind, **ctx)
-        if report is None:
+        if report is None and not any(p.stage not in self.driven for p in self.passes):
+            return Report(mode=mode, graph_kind=graph_kind)  # no post-grad pass, nothing to say
+        if report is None:  # only passes at stages the host does not run: say so
             report = self._report_for(gm.graph, Stage.POST, mode, graph_kind or graph_kind_of(gm))
             self._not_driven(report)
             self._finish(report, None)
