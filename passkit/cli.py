@@ -158,6 +158,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"stage: {cls.stage.value}   class: {cls.__module__}.{cls.__qualname__}")
     if cls.before or cls.after:
         print(f"runs before: {list(cls.before)}   runs after: {list(cls.after)}")
+    if cls.graph_kinds is not None:
+        why = f" ({cls.skip_graph_kinds_reason})" if cls.skip_graph_kinds_reason else ""
+        print(f"graph kinds: {', '.join(cls.graph_kinds)}; skipped on the others{why}")
     print()
     print(inspect.getdoc(cls) or "(no documentation)")
     print("\noptions schema:")

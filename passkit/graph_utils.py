@@ -37,7 +37,12 @@ def restore(graph: torch.fx.Graph, saved: torch.fx.Graph) -> None:
 def _copy_nodes(src: torch.fx.Graph, dst: torch.fx.Graph) -> None:
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in src.nodes:
-        env[node] = dst.node_copy(node, lambda n: env[n])
+        env[node] = copied = dst.node_copy(node, lambda n: env[n])
+        extra = getattr(node, "__dict__", None)
+        if extra:  # attributes a tracer set on the node (Dynamo's ``_dynamo_source``)
+            for name, value in extra.items():
+                if name not in copied.__dict__:
+                    setattr(copied, name, value)
 
 
 def graph_code(gm_or_graph: torch.fx.GraphModule | torch.fx.Graph) -> str:

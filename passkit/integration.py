@@ -35,10 +35,10 @@ from . import (
     teardown,
 )
 from .config import Config
-from .context import Mode
+from .context import Mode, graph_kind_scope
 from .errors import ConfigError, PasskitError
 from .inductor_options import ComposedPass
-from .pass_base import Stage
+from .pass_base import STAGE_ORDER, Stage
 from .pipeline import Pipeline, build_pipeline
 from .report import Report
 from .tokens import TokenRange
@@ -58,7 +58,13 @@ class Backend:
             fill what Python leaves unset.
         mode: ``"inductor"`` (default) runs the passes as post-grad custom passes and lets
             Inductor generate code; ``"eager"`` runs them on the post-grad ATen graph and
-            executes the result as is, with no code generation.
+            executes the result as is, with no code generation (``compiler="aot_eager"``).
+        compiler: what compiles the graphs after the passes: ``"inductor"`` (default),
+            ``"aot_eager"`` (run the ATen graphs as they are: ``mode="eager"``) or any
+            AOTAutograd compiler callable ``(gm, example_inputs) -> callable``, called on
+            each forward, backward and inference graph after the post-grad stages ran on it.
+            With any compiler, the ``pre_grad`` stage runs on Dynamo's graph before
+            AOTAutograd and the ``joint`` stage on the joint graph before partitioning.
         inductor_config: extra Inductor config patches for each compile.
         pipeline: a :class:`Pipeline` built elsewhere (e.g. from pass instances, as
             ``passkit_testing`` does), used instead of one built from ``config``.
@@ -69,12 +75,37 @@ class Backend:
         config: Config | dict[str, Any] | None = None,
         *,
         mode: Mode = "inductor",
+        compiler: str | Callable[..., Any] | None = None,
         inductor_config: dict[str, Any] | None = None,
         pipeline: Pipeline | None = None,
         **overrides: Any,
     ):
         if mode not in ("inductor", "eager"):
             raise ValueError(f"mode must be 'inductor' or 'eager', got {mode!r}")
+        if compiler is None:
+            compiler = "inductor" if mode == "inductor" else "aot_eager"
+        elif isinstance(compiler, str):
+            if compiler not in COMPILERS:
+                raise ValueError(
+                    f"compiler must be one of {list(COMPILERS)} or an AOTAutograd compiler callable "
+                    f"(gm, example_inputs) -> callable, got {compiler!r}"
+                )
+            if mode == "eager" and compiler == "inductor":
+                raise ValueError(
+                    "mode='eager' runs no Inductor: give compiler='aot_eager' or mode='inductor'"
+                )
+        elif not callable(compiler):
+            raise ValueError(
+                "compiler must be 'inductor', 'aot_eager' or a callable (gm, example_inputs) -> "
+                f"callable, got {type(compiler).__name__}"
+            )
+        if compiler != "inductor":
+            mode = "eager"
+            if inductor_config:
+                raise ValueError(
+                    f"inductor_config configures Inductor, which compiler={_compiler_name(compiler)!r} "
+                    "does not run"
+                )
         if pipeline is not None and (config is not None or overrides):
             raise TypeError("give either a pipeline or a config, not both")
         logs.register_with_torch()
@@ -84,7 +115,11 @@ class Backend:
             # same import made a warm start about 0.4 s slower on the CPU (issue 28)
             import torch._inductor.compile_fx  # noqa: F401
         self.mode: Mode = mode
+        self.compiler: str | Callable[..., Any] = compiler
+        self.compiler_name = _compiler_name(compiler)
+        """``"inductor"``, ``"aot_eager"`` or the custom compiler's name (passes' context)."""
         self.pipeline: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
+        self.pipeline.driven, self.pipeline.host = STAGE_ORDER, "passkit's backend"
         self.inductor_config = dict(inductor_config or {})
         self._cudagraphs = False
         self.last_dispatcher: specialize.Dispatcher | None = None
@@ -192,6 +227,8 @@ class Backend:
         (:mod:`passkit.shared_trace`): with every range compiled at the first call, or
         without AOTAutograd's cache; a range compiled at its first use with that cache on
         gets its own ``compile_fx``, which the cache serves on a warm start."""
+        if any(s in self.pipeline.stages for s in (Stage.PRE_GRAD, Stage.JOINT)):
+            return False  # each range runs its own pre-grad/joint passes on its own trace
         if self.pipeline.config.compile_at == "upfront":
             return True
         common = inductor_options.merge_patches(patches, self.inductor_config, {})
@@ -252,8 +289,8 @@ class Backend:
         if self.mode == "eager":
             raise ConfigError(
                 f"torch.compile(mode={mode!r}, options={options!r}) configures Inductor's code "
-                "generation, which passkit.backend(mode='eager') does not run: drop them or use "
-                "mode='inductor'"
+                f"generation, which passkit.backend(compiler={self.compiler_name!r}) does not run: "
+                "drop them or use compiler='inductor'"
             )
         patches = inductor_options.compile_patches(mode, options)
         self._cudagraphs |= inductor_options.uses_cudagraphs(patches)
@@ -284,13 +321,22 @@ class Backend:
         reports_before, hits_before = len(pipeline.reports), _cache_hits()
         start = time.perf_counter()
         patches: dict[str, Any] = {}
+        pre_grad = Stage.PRE_GRAD in pipeline.stages
+
+        def run_pre_grad(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            """The pre-grad stage on Dynamo's graph, before AOTAutograd (any compiler)."""
+            pipeline.run_stage(
+                graph, Stage.PRE_GRAD, self.mode, example_inputs=example_inputs, compiler=self.compiler_name
+            )
+            return graph
+
         if self.mode == "eager":
-            compiled = self._compile_eager(pipeline, gm, example_inputs)
+            compiled = self._compile_eager(pipeline, run_pre_grad(gm) if pre_grad else gm, example_inputs)
         else:
             from torch._inductor.compile_fx import compile_fx
 
             patches = inductor_options.merge_patches(
-                compile_patches or {}, self.inductor_config, pipeline.inductor_patches()
+                compile_patches or {}, self.inductor_config, pipeline.inductor_patches(joint=True)
             )
             if inductor_options.uses_cudagraphs(patches):
                 # graphs that capture a collective must go before the process group does
@@ -299,13 +345,28 @@ class Backend:
             def inductor() -> CompiledFn:
                 if compile_with is not None:
                     return compile_with(patches)
-                return cast(CompiledFn, compile_fx(gm, list(example_inputs), config_patches=patches or None))
+                # each attempt rewrites its own copy: when Inductor fails on a graph a pre-grad
+                # pass changed, the retry compiles Dynamo's graph without that pass
+                graph = run_pre_grad(specialize.copy_graph_module(gm)) if pre_grad else gm
+                return cast(
+                    CompiledFn,
+                    compile_fx(
+                        graph,
+                        list(example_inputs),
+                        inner_compile=_kind_recording_inner_compile,
+                        config_patches=patches or None,
+                    ),
+                )
 
             compiled = inductor_failures.guarded(inductor, pipeline) if pipeline.enabled else inductor()
         seconds = time.perf_counter() - start
         if not pipeline.enabled:
             return compiled
         new = pipeline.reports[reports_before:]
+        torch_level = [r for r in new if r.graph_kind == "torch"]  # on every compile, cached or not
+        new = [r for r in new if r.graph_kind != "torch"]
+        for report in torch_level:
+            pipeline.record_compile_time(report, seconds)
         if self.mode == "eager" or not report_cache.in_use(patches):
             for report in new:  # no Inductor cache: nothing to restore a report for
                 pipeline.record_compile_time(report, seconds)
@@ -314,12 +375,22 @@ class Backend:
         # range is the range (in the uuid), never the token count of the call that compiled it
         key_inputs = specialize.graph_inputs(gm, example_inputs)
         cache_key = report_cache.key(pipeline.uuid(), gm, key_inputs, patches)
-        if new:
+        hit = _cache_hits() > hits_before
+        if new and not hit:
             report_cache.save(cache_key, new)
-        elif _cache_hits() > hits_before:
-            restored = report_cache.load(cache_key)
-            records = [r for old in restored for r in old.records] if restored else []
-            new = [pipeline.record_cache_hit(self.mode, records)]
+        elif hit:
+            # served from a cache: the graphs whose passes did not run now (with a joint
+            # stage, the joint graph may have run while its halves came from the cache)
+            restored = report_cache.load(cache_key) or []
+            ran = {r.graph_kind for r in new}
+            missing = [old for old in restored if old.graph_kind is None or old.graph_kind not in ran]
+            if missing and len({old.graph_kind for old in missing}) == len(missing):
+                new += [pipeline.record_cache_hit(self.mode, old.records, old.graph_kind) for old in missing]
+            elif missing:
+                records = [r for old in missing for r in old.records]
+                new += [pipeline.record_cache_hit(self.mode, records)]
+            elif not new:
+                new = [pipeline.record_cache_hit(self.mode, [])]
         for report in new:
             pipeline.record_compile_time(report, seconds)
         return compiled
@@ -327,21 +398,68 @@ class Backend:
     def _compile_eager(
         self, pipeline: Pipeline, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     ) -> CompiledFn:
+        """AOTAutograd with passkit's stages around ``self.compiler``: the joint stage in the
+        partitioner (or on an inference graph), the post-grad stages on each forward,
+        backward and inference graph, then the compiler (``aot_eager``: run as is)."""
         from torch._dynamo.backends.common import aot_autograd
         from torch._dynamo.backends.debugging import boxed_nop
+        from torch._functorch.partitioners import default_partition
         from torch._inductor.compile_fx import select_decomp_table
 
-        def fw_compiler(fx_g: torch.fx.GraphModule, inputs: Sequence[Any]) -> CompiledFn:
-            if pipeline.enabled:
-                pipeline.run(fx_g, mode="eager")
-            return boxed_nop(fx_g, list(inputs))
+        final: Callable[..., Any] = boxed_nop if isinstance(self.compiler, str) else self.compiler
+        name, mode = self.compiler_name, self.mode
+
+        def compiler_for(kind: str) -> Callable[..., CompiledFn]:
+            def compile_graph(fx_g: torch.fx.GraphModule, inputs: Sequence[Any]) -> CompiledFn:
+                if pipeline.enabled:
+                    with graph_kind_scope(kind):
+                        if kind == "inference" and Stage.JOINT in pipeline.stages:
+                            pipeline.run_stage(fx_g, Stage.JOINT, mode, graph_kind=kind, compiler=name)
+                        pipeline.run(fx_g, mode=mode, graph_kind=kind, compiler=name)
+                return cast(CompiledFn, final(fx_g, list(inputs)))
+
+            compile_graph.__name__ = f"passkit_{kind}_compiler"
+            return compile_graph
+
+        def partition_fn(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
+            if pipeline.enabled and Stage.JOINT in pipeline.stages:
+                pipeline.run_stage(joint, Stage.JOINT, mode, graph_kind="joint", compiler=name)
+            return default_partition(joint, joint_inputs, **kwargs)
 
         return aot_autograd(
-            fw_compiler=fw_compiler,
-            bw_compiler=boxed_nop,
+            fw_compiler=compiler_for("forward"),
+            bw_compiler=compiler_for("backward"),
+            inference_compiler=compiler_for("inference"),
+            partition_fn=partition_fn,
             decompositions=select_decomp_table(),
             keep_inference_input_mutations=True,
         )(gm, list(example_inputs))
+
+
+COMPILERS = ("inductor", "aot_eager")
+"""The compilers :class:`Backend` knows by name (any AOTAutograd compiler callable works too)."""
+
+
+def _compiler_name(compiler: Any) -> str:
+    if isinstance(compiler, str):
+        return compiler
+    return str(getattr(compiler, "__name__", None) or type(compiler).__name__)
+
+
+def _kind_recording_inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+    """Inductor's ``compile_fx_inner``, told which graph it compiles: its forward compiler
+    passes ``is_inference``, its backward compiler ``is_backward``; the post-grad passes
+    it runs read it as their context's ``graph_kind``."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    if kwargs.get("is_backward"):
+        kind = "backward"
+    elif kwargs.get("is_inference"):
+        kind = "inference"
+    else:
+        kind = "forward"
+    with graph_kind_scope(kind):
+        return compile_fx_inner(gm, example_inputs, **kwargs)
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:

@@ -33,6 +33,13 @@ Signature = tuple[Any, ...]
 _UNKNOWN: Signature = ("node", None)
 
 
+def _val(node: torch.fx.Node) -> Any:
+    """The node's recorded value: ``meta["val"]`` (ATen graphs), else Dynamo's
+    ``meta["example_value"]`` (the pre-grad stage's torch-level graph)."""
+    meta = node.meta
+    return meta["val"] if "val" in meta else meta.get("example_value")
+
+
 def output_node(graph: torch.fx.Graph) -> torch.fx.Node | None:
     """The graph's ``output`` node (usually its last node)."""
     for node in reversed(graph.nodes):
@@ -79,7 +86,7 @@ def signature_of_value(value: Any) -> Signature:
 def signature(entry: Any) -> Signature:
     """Of one output entry, from its recorded value (``None`` returned: ``("const", ...)``)."""
     if isinstance(entry, torch.fx.Node):
-        val = entry.meta.get("val")
+        val = _val(entry)
         return _UNKNOWN if val is None else signature_of_value(val)
     return ("const", type(entry).__name__)
 
@@ -145,7 +152,7 @@ def _inputs_changed(node: torch.fx.Node, prior: torch.fx.Node, inferred: _Infere
     def tensors(n: torch.fx.Node, value: Any) -> list[Any]:
         return [v if isinstance(v := value(a), torch.Tensor) else None for a in n.all_input_nodes]
 
-    before = tensors(prior, lambda a: a.meta.get("val"))
+    before = tensors(prior, lambda a: _val(a))
     after = tensors(node, inferred.value)
     old_dtypes = {t.dtype for t in before if t is not None and t.dim() > 0}
     new_dtypes = [t.dtype for t in after if t is not None and t.dim() > 0]
@@ -225,7 +232,7 @@ class _Inference:
 
             self._mode = None
             for n in self.graph.find_nodes(op="placeholder"):
-                val = n.meta.get("val")
+                val = _val(n)
                 if isinstance(val, FakeTensor):
                     self._mode = val.fake_mode
                     break
@@ -241,7 +248,7 @@ class _Inference:
 
     def value(self, node: torch.fx.Node) -> Any:
         if node not in self.changed:
-            return node.meta.get("val")
+            return _val(node)
         if not self._ran:
             self._run()
         return self.memo.get(node)
@@ -256,7 +263,7 @@ class _Inference:
 
         def load(n: torch.fx.Node) -> Any:
             nonlocal missing
-            v = self.memo.get(n) if n in self.changed else n.meta.get("val")
+            v = self.memo.get(n) if n in self.changed else _val(n)
             if v is None:
                 missing = True
             return v

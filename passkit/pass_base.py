@@ -37,12 +37,51 @@ if TYPE_CHECKING:
 
 
 class Stage(str, enum.Enum):
-    """Where in Inductor's post-grad pipeline a pass runs."""
+    """Where in torch.compile a pass runs, in run order: :attr:`PRE_GRAD` (the torch-level
+    graph Dynamo captured), :attr:`JOINT` (forward and backward together, before AOTAutograd
+    partitions them), :attr:`PRE` and :attr:`POST` (Inductor's post-grad pipeline, on each
+    forward, backward or inference graph).
 
+    :attr:`PRE_GRAD` and :attr:`JOINT` run under passkit's own backend (``passkit.backend``,
+    ``backend="passkit"``), whatever its compiler; hosts that install passkit into their own
+    Inductor config (vLLM, SGLang, :func:`passkit.install`) run the two post-grad stages only,
+    and report a pass at another stage skipped, with why.
+    """
+
+    PRE_GRAD = "pre_grad"
+    """On Dynamo's torch-level graph (``torch.*`` functions, ``Tensor`` methods, the model's
+    parameters as inputs), before AOTAutograd: run by passkit's backend on the graph Dynamo
+    hands it, for any compiler. The graph is not functionalized nor normalized."""
+    JOINT = "joint"
+    """On the joint forward+backward ATen graph before it is partitioned (Inductor's
+    ``joint_custom_pre_pass``, or a wrapped ``partition_fn`` for other compilers); on an
+    inference graph (nothing to partition) it runs on that graph, before the post-grad
+    stages."""
     PRE = "post_grad_pre"
     """Before Inductor's own post-grad pattern passes (graph as AOTAutograd produced it)."""
     POST = "post_grad_post"
     """After Inductor's own post-grad passes, just before lowering."""
+
+
+STAGE_ORDER: tuple[Stage, ...] = (Stage.PRE_GRAD, Stage.JOINT, Stage.PRE, Stage.POST)
+"""Stages in the order a compile runs them."""
+POST_GRAD_STAGES: tuple[Stage, ...] = (Stage.PRE, Stage.POST)
+"""The stages every host runs (on each forward, backward or inference graph)."""
+
+GraphKind = str
+"""What graph a pass sees: ``"torch"`` (pre-grad), ``"joint"``, ``"forward"``,
+``"backward"`` or ``"inference"``."""
+GRAPH_KINDS: tuple[str, ...] = ("torch", "joint", "forward", "backward", "inference")
+
+
+def stage_phase(stage: Stage) -> str:
+    """The graph a stage runs on: ``"pre_grad"``, ``"joint"`` or ``"post_grad"`` (the two
+    post-grad stages share one graph, and one report)."""
+    if stage is Stage.PRE_GRAD:
+        return "pre_grad"
+    if stage is Stage.JOINT:
+        return "joint"
+    return "post_grad"
 
 
 class NoOptions(pydantic.BaseModel):
@@ -130,6 +169,10 @@ class Pass:
             may declare it): where both apply, the one first in pipeline order takes every
             site and the other has nothing left, so it is left out of that token range and
             neighbouring ranges that differ only by it compile once.
+        graph_kinds: the kinds of graph the pass runs on (``"torch"``, ``"joint"``,
+            ``"forward"``, ``"backward"``, ``"inference"``; ``None``: every graph its stage
+            sees). On another kind it is skipped, the report saying why
+            (``skip_graph_kinds_reason`` added to it).
     """
 
     name: ClassVar[str] = ""
@@ -143,6 +186,8 @@ class Pass:
     tokens: ClassVar[TokenConstraint | None] = None
     depends_on: ClassVar[Sequence[str]] = ()
     shares_sites_with: ClassVar[Sequence[str]] = ()
+    graph_kinds: ClassVar[Sequence[str] | None] = None
+    skip_graph_kinds_reason: ClassVar[str] = ""
 
     def __init__(self, options: pydantic.BaseModel | dict[str, Any] | None = None, **kwargs: Any):
         if options is not None and kwargs:
@@ -167,6 +212,24 @@ class Pass:
                     f"a stage; valid: " + ", ".join(f"{s.value!r} (passkit.Stage.{s.name})" for s in Stage)
                 )
             cls.stage = Stage(cls.stage)
+        kinds = cls.__dict__.get("graph_kinds")
+        if kinds is not None:
+            bad = [k for k in kinds if k not in GRAPH_KINDS] if not isinstance(kinds, str) else [kinds]
+            if bad:
+                raise TypeError(
+                    f"pass class {cls.__module__}.{cls.__qualname__} (pass "
+                    f"{cls.__dict__.get('name', cls.name)!r}): graph_kinds = {cut_repr(kinds)} holds "
+                    f"{cut_repr(bad)}; valid kinds: " + ", ".join(repr(k) for k in GRAPH_KINDS)
+                )
+
+    def graph_kind_skip(self, ctx: CompileContext) -> str | None:
+        """Why this pass does not run on the graph of ``ctx`` (its kind is not in
+        :attr:`graph_kinds`), or None."""
+        kinds = self.graph_kinds
+        if kinds is None or ctx.graph_kind is None or ctx.graph_kind in kinds:
+            return None
+        why = f"runs on {'/'.join(kinds)} graphs only; this is a {ctx.graph_kind} graph"
+        return f"{why}: {self.skip_graph_kinds_reason}" if self.skip_graph_kinds_reason else why
 
     # -- to override -----------------------------------------------------------------
     def run(self, gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
@@ -256,6 +319,7 @@ class Pass:
             "tokens": str(self.tokens) if self.tokens else None,
             "depends_on": list(self.depends_on),
             "shares_sites_with": list(self.shares_sites_with),
+            **({"graph_kinds": list(self.graph_kinds)} if self.graph_kinds is not None else {}),
         }
 
     def __repr__(self) -> str:

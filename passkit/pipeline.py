@@ -25,12 +25,12 @@ import torch.fx
 from . import graph_diff, hooks, inductor_state, logs, numeric_check, output_check, schema_check
 from .baseline import Baselines
 from .config import Config, load_config
-from .context import CompileContext, Mode
+from .context import CompileContext, Mode, graph_kind_of
 from .declined import warn_declined
 from .dump import Dumper
 from .errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
 from .graph_utils import count_nodes, graph_code
-from .pass_base import Pass, PassResult, Stage
+from .pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, PassResult, Stage, stage_phase
 from .pipeline_build import instantiate, order_passes, pass_relations, pipeline_identity, plugins_for
 from .pipeline_build import unknown_pass_message as unknown_pass_message  # re-exported: its old home
 from .pipeline_plan import PipelinePlan
@@ -115,7 +115,13 @@ class Pipeline:
         self._uuid = self._compute_uuid()
         self._open: tuple[weakref.ref[torch.fx.Graph], Report] | None = None
         stages = [p.stage for p in self.passes]
-        self.stages = [s for s in (Stage.PRE, Stage.POST) if s in stages]
+        self.stages = [s for s in STAGE_ORDER if s in stages]
+        self.driven: tuple[Stage, ...] = POST_GRAD_STAGES
+        """The stages whoever drives this pipeline runs: the post-grad ones for a host
+        (vLLM, SGLang, :func:`passkit.install`), every stage under passkit's own backend.
+        A pass at another stage is reported skipped, with why."""
+        self.host = "this host"
+        """Who drives the pipeline, for the reason a pass at a stage it does not run gets."""
 
     # -- identity --------------------------------------------------------------------
     def _compute_uuid(self) -> str:
@@ -160,6 +166,7 @@ class Pipeline:
             left_out=left_out,
         )
         specialized.note = note
+        specialized.driven, specialized.host = self.driven, self.host
         return specialized
 
     def _range_label(self) -> str | None:
@@ -179,22 +186,69 @@ class Pipeline:
     def custom_pass(self, stage: Stage) -> StagePass:
         return StagePass(self, stage)
 
-    def inductor_patches(self) -> dict[str, Any]:
-        """Inductor config entries that install this pipeline (empty when no pass)."""
+    def inductor_patches(self, joint: bool = False) -> dict[str, Any]:
+        """Inductor config entries that install this pipeline (empty when no pass): its
+        post-grad stages, and with ``joint`` its joint stage (``joint_custom_pre_pass``).
+        The pre-grad stage is never installed in Inductor: passkit's backend runs it."""
         keys = {Stage.PRE: "post_grad_custom_pre_pass", Stage.POST: "post_grad_custom_post_pass"}
-        return {keys[s]: self.custom_pass(s) for s in self.stages}
+        if joint:
+            keys[Stage.JOINT] = "joint_custom_pre_pass"
+        return {keys[s]: self.custom_pass(s) for s in self.host_stages(joint) if s in keys}
+
+    def host_stages(self, joint: bool = False) -> list[Stage]:
+        """The stages a host installs (post-grad, and with ``joint`` the joint one). With
+        none but passes at stages the host does not run, ``post_grad_post`` all the same:
+        its report says why those passes are skipped, instead of dropping them silently."""
+        wanted = [s for s in self.stages if stage_phase(s) == "post_grad" or (joint and s is Stage.JOINT)]
+        if not self.stages_of("post_grad") and any(p.stage not in self.driven for p in self.passes):
+            wanted.append(Stage.POST)
+        return wanted
+
+    def stages_of(self, phase: str) -> list[Stage]:
+        """This pipeline's stages that run on the graph of ``phase`` (see
+        :func:`passkit.pass_base.stage_phase`)."""
+        return [s for s in self.stages if stage_phase(s) == phase]
 
     # -- running -----------------------------------------------------------------------
-    def run(self, gm: torch.fx.GraphModule, mode: Mode = "inductor") -> Report:
-        """Run every stage on ``gm`` (the eager path and tests)."""
+    def run(
+        self, gm: torch.fx.GraphModule, mode: Mode = "inductor", *, graph_kind: str | None = None, **ctx: Any
+    ) -> Report:
+        """Run the post-grad stages on ``gm`` (hosts, the eager path and tests); passes at
+        a stage the driver of this pipeline does not run are reported skipped."""
         report: Report | None = None
-        for stage in self.stages:
-            report = self.run_stage(gm, stage, mode=mode)
-        return report if report is not None else Report(mode=mode)
+        for stage in self.stages_of("post_grad"):
+            report = self.run_stage(gm, stage, mode=mode, graph_kind=graph_kind, **ctx)
+        if report is None and not any(p.stage not in self.driven for p in self.passes):
+            return Report(mode=mode, graph_kind=graph_kind)  # no post-grad pass, nothing to say
+        if report is None:  # only passes at stages the host does not run: say so
+            report = self._report_for(gm.graph, Stage.POST, mode, graph_kind or graph_kind_of(gm))
+            self._not_driven(report)
+            self._finish(report, None)
+        return report
 
-    def run_stage(self, gm: torch.fx.GraphModule, stage: Stage, mode: Mode = "inductor") -> Report:
-        report = self._report_for(gm.graph, stage, mode)
-        ctx = CompileContext.from_graph(gm, mode=mode, token_range=self.current_range())
+    def run_stage(
+        self,
+        gm: torch.fx.GraphModule,
+        stage: Stage,
+        mode: Mode = "inductor",
+        *,
+        graph_kind: str | None = None,
+        example_inputs: Any = None,
+        compiler: str | None = None,
+    ) -> Report:
+        """Run the passes of ``stage`` on ``gm``; ``graph_kind`` (else read from the graph,
+        see :func:`passkit.context.graph_kind_of`), ``example_inputs`` (else the
+        placeholders' fake values) and ``compiler`` go to the passes' context."""
+        phase = stage_phase(stage)
+        if graph_kind is None:
+            graph_kind = "torch" if phase == "pre_grad" else graph_kind_of(gm, joint=phase == "joint")
+        report = self._report_for(gm.graph, stage, mode, graph_kind)
+        fields: dict[str, Any] = {"graph_kind": graph_kind, "stage": stage.value}
+        fields["compiler"] = compiler or ("inductor" if mode == "inductor" else "aot_eager")
+        if example_inputs is not None:
+            ctx = CompileContext.detect(example_inputs, mode=mode, token_range=self.current_range(), **fields)
+        else:
+            ctx = CompileContext.from_graph(gm, mode=mode, token_range=self.current_range(), **fields)
         plan = PipelinePlan([p for p in self.passes if p.stage == stage])
         self._hook("passkit_configure_pipeline", report, None, plan.checkpoint, plan=plan, context=ctx)
         dumper = Dumper(self.config.dump_dir, report.graph_id) if self.config.dump_dir else None
@@ -203,17 +257,36 @@ class Pipeline:
         for p in plan.passes:
             record = self._run_one(p, gm, ctx, plan, report, dumper, skipped, baselines)
             report.records.append(record)
-        if stage == self.stages[-1]:
+        if stage == (self.stages_of(phase) or [stage])[-1]:
+            if phase == "post_grad":
+                self._not_driven(report)
             self._finish(report, dumper)
         return report
 
-    def _report_for(self, graph: torch.fx.Graph, stage: Stage, mode: Mode) -> Report:
-        if stage != self.stages[0] and self._open is not None and self._open[0]() is graph:
+    def _not_driven(self, report: Report) -> None:
+        """Record the passes at a stage the driver of this pipeline does not run."""
+        for p in self.passes:
+            if p.stage not in self.driven and p.name not in report:
+                report.records.append(
+                    PassRecord(
+                        name=p.name,
+                        stage=p.stage.value,
+                        reason=f"stage {p.stage.value} is not run by {self.host}, which runs the "
+                        "post-grad stages only; pre_grad and joint passes run under passkit's own "
+                        "backend (passkit.backend(...) or backend='passkit')",
+                    )
+                )
+
+    def _report_for(self, graph: torch.fx.Graph, stage: Stage, mode: Mode, graph_kind: str | None) -> Report:
+        phase_stages = self.stages_of(stage_phase(stage))
+        first = phase_stages[0] if phase_stages else stage
+        if stage != first and self._open is not None and self._open[0]() is graph:
             return self._open[1]
         report = Report(
             graph_id=next(_graph_ids),
             pipeline_uuid=self.uuid()[:12],
             mode=mode,
+            graph_kind=graph_kind,
             token_range=self._range_label(),
             notes=[self.note] if self.note else [],
         )
@@ -260,6 +333,7 @@ class Pipeline:
             return record
         reason = (
             plan.skipped.get(p.name)
+            or p.graph_kind_skip(ctx)
             or range_skips.get(p.name)
             or p.checked_skip_reason(ctx)
             or self._nothing_to_act_on(p, report)
@@ -378,13 +452,17 @@ class Pipeline:
             ) from exc
         return record
 
-    def record_cache_hit(self, mode: Mode = "inductor", restored: list[PassRecord] | None = None) -> Report:
+    def record_cache_hit(
+        self, mode: Mode = "inductor", restored: list[PassRecord] | None = None, graph_kind: str | None = None
+    ) -> Report:
         """Report a graph Inductor served from its cache (no pass ran for it); ``restored``:
-        what the passes did when they built the cached code, from passkit's report cache."""
+        what the passes did when they built the cached code, from passkit's report cache;
+        ``graph_kind``: the graph they ran on then."""
         report = Report(
             graph_id=next(_graph_ids),
             pipeline_uuid=self.uuid()[:12],
             mode=mode,
+            graph_kind=graph_kind,
             cache_hit=True,
             token_range=self._range_label(),
             notes=[self.note] if self.note else [],

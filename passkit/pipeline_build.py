@@ -18,7 +18,7 @@ from typing import Any
 
 from .config import Config, suggest
 from .errors import ConfigError, OrderError, cut_repr, describe, warn_config
-from .pass_base import Pass, Stage, validate_options
+from .pass_base import STAGE_ORDER, Pass, validate_options
 from .plugins import PluginSet, get_plugins
 from .tokens import PassRelations, TokenRange
 
@@ -122,7 +122,7 @@ def unknown_pass_message(name: str, plugins: PluginSet) -> str:
 
 
 def order_passes(passes: list[Pass]) -> list[Pass]:
-    """Stage order (pre before post), config order within a stage; check constraints."""
+    """Stage order (pre-grad, joint, post-grad pre, post-grad post), config order within a stage; check constraints."""
     by_name = {p.name: p for p in passes}
     edges: dict[str, set[str]] = {p.name: set() for p in passes}  # a -> b: a runs before b
     for p in passes:
@@ -133,7 +133,7 @@ def order_passes(passes: list[Pass]) -> list[Pass]:
     cycle = _find_cycle(edges)
     if cycle:
         raise OrderError("pass ordering constraints form a cycle: " + " -> ".join(cycle))
-    stage_rank = {Stage.PRE: 0, Stage.POST: 1}
+    stage_rank = {s: i for i, s in enumerate(STAGE_ORDER)}
     ordered = sorted(passes, key=lambda p: stage_rank[p.stage])  # stable: keeps config order
     position = {p.name: i for i, p in enumerate(ordered)}
     for a, targets in edges.items():
@@ -143,6 +143,11 @@ def order_passes(passes: list[Pass]) -> list[Pass]:
                 stages = ""
                 if by_name[a].stage != by_name[b].stage:
                     stages = f" ({a} is in stage {by_name[a].stage.value}, {b} in {by_name[b].stage.value})"
+                    raise OrderError(
+                        f"pass {a!r} must run before {b!r} ({why}), but stage "
+                        f"{by_name[b].stage.value} runs before stage {by_name[a].stage.value} "
+                        f"whatever the configured order{stages}: no order of `passes` can satisfy it"
+                    )
                 raise OrderError(
                     f"pass {a!r} must run before {b!r} ({why}) but the configured order runs it "
                     f"after{stages}. Reorder `passes` so that {a!r} comes first."

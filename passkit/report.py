@@ -57,6 +57,10 @@ class Report:
     hook_failures: list[HookFailure] = dataclasses.field(default_factory=list)
     """Plugin hookimpls that raised during this compile (each disabled afterwards; the
     compile went on without it)."""
+    graph_kind: str | None = None
+    """The graph the passes ran on: ``"torch"`` (pre-grad: Dynamo's graph), ``"joint"``,
+    ``"forward"``, ``"backward"`` or ``"inference"``; None where not known (a cache hit).
+    Each is a report of its own: a training compile gives one per graph."""
     compile_s: float | None = None
     """Wall-clock seconds of this graph's whole compile (tracing, passes, code generation),
     when passkit's backend compiled it."""
@@ -91,6 +95,7 @@ class Report:
             "graph_id": self.graph_id,
             "pipeline_uuid": self.pipeline_uuid,
             "mode": self.mode,
+            "graph_kind": self.graph_kind,
             "cache_hit": self.cache_hit,
             "token_range": self.token_range,
             "restored": self.restored,
@@ -113,6 +118,7 @@ class Report:
             graph_id=int(data.get("graph_id", 0)),
             pipeline_uuid=str(data.get("pipeline_uuid", "")),
             mode=str(data.get("mode", "inductor")),
+            graph_kind=data.get("graph_kind"),
             records=records,
             cache_hit=bool(data.get("cache_hit", False)),
             token_range=data.get("token_range"),
@@ -126,7 +132,8 @@ class Report:
         """A fixed-width table, one row per pass."""
         head = f"{'pass':<24} {'stage':<15} {'status':<8} {'matches':>7} {'ms':>9} {'nodes':>13}  note"
         where = f", {self.token_range}" if self.token_range else ""
-        title = f"passkit report (graph {self.graph_id}, {self.mode}{where})"
+        kind = f", {self.graph_kind} graph" if self.graph_kind not in (None, "inference") else ""
+        title = f"passkit report (graph {self.graph_id}, {self.mode}{kind}{where})"
         failures = [f"PLUGIN HOOK FAILED: {f}" for f in self.hook_failures]
         if self.cache_hit and not self.records:
             title += ": served from Inductor's cache; the passes' rewrite is in the cached code"

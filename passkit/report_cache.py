@@ -69,6 +69,7 @@ class _Entry(pydantic.BaseModel):
     graph_id: int = 0
     pipeline_uuid: str = ""
     mode: str = "inductor"
+    graph_kind: str | None = None
     cache_hit: bool = False
     token_range: str | None = None
     restored: bool = False
@@ -101,9 +102,15 @@ def key(
     the graph's code when ``gm.code`` is not stable, e.g. a host that changes the graph as it
     compiles it)."""
     inputs = [
-        f"{tuple(x.shape)}:{x.dtype}:{x.device.type}" if isinstance(x, torch.Tensor) else type(x).__name__
+        f"{tuple(x.shape)}:{x.dtype}:{x.device.type}{':grad' if x.requires_grad else ''}"
+        if isinstance(x, torch.Tensor)
+        else type(x).__name__
         for x in example_inputs
     ]
+    if torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    ):
+        inputs.append("training")  # a training compile caches other graphs than an inference one
     blob = json.dumps(
         [pipeline_uuid, gm.code if code is None else code, inputs, environment(inductor_patches)], default=str
     ).encode()

@@ -17,6 +17,10 @@ def scaled_mul_add(a, b, c):
     return a + b * c * 0.5
 
 
+def swish_twice(x):
+    return x * torch.sigmoid(x) + x.sigmoid() * x * 2
+
+
 def abc(dtype=torch.float32):
     g = torch.Generator().manual_seed(0)
     return [torch.randn(4, 8, generator=g).to(dtype) for _ in range(3)]
@@ -75,3 +79,10 @@ test_fuse_addcmul_conformance = conformance_tests(
     options_variants=[{}, {"min_numel": 16}],
     sample=(scaled_mul_add, abc()),
 )
+
+
+def test_silu_from_sigmoid_at_pre_grad(passkit_harness):
+    result = passkit_harness(swish_twice, torch.randn(8), passes=["silu_from_sigmoid"])
+    result.assert_matches("silu_from_sigmoid", 2)  # the function and the method form
+    assert result.report["silu_from_sigmoid"].stage == "pre_grad"
+    result.assert_close()

@@ -97,7 +97,7 @@ class SGLangAdapter:
         if not self.pipeline.enabled or getattr(backend, "_passkit_attached", None) is self:
             return
         sizes = _capture_sizes(backend)
-        for stage in self.pipeline.stages:
+        for stage in self.pipeline.host_stages():  # post-grad: SGLang runs no other stage
             stage_pass = self.post_grad_pass(stage, sizes)
             if stage is Stage.POST:
                 backend.post_grad_pass_manager.add(stage_pass)

@@ -33,6 +33,7 @@ import torch.utils._pytree as pytree
 import passkit
 from passkit.context import Mode
 from passkit.graph_utils import graph_code, snapshot, unified_diff
+from passkit.pass_base import stage_phase
 from passkit.pipeline_build import instantiate
 from passkit.plugins import PluginSet, get_plugins
 
@@ -196,16 +197,22 @@ def run_passes(
         with _compiling(caches), _recording(pipeline):
             compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
             outputs = compiled(*_cloned(inputs))
-    if len(pipeline.reports) != 1 or pipeline.graph_before is None or pipeline.graph_after is None:
+    # one report per stage phase a pass is in (pre-grad, joint, post-grad): one compile
+    phases = {stage_phase(p.stage) for p in pipeline.passes}
+    if len(pipeline.reports) != len(phases) or pipeline.graph_before is None or pipeline.graph_after is None:
         raise RuntimeError(
-            f"expected one compiled graph, got {len(pipeline.reports)}: the harness expects fn to "
-            "compile once; with caches=True, an already compiled fn does not run the passes again"
+            f"expected one compiled graph, got {len(pipeline.reports)} report(s) for "
+            f"{len(phases)} stage phase(s): the harness expects fn to compile once; with "
+            "caches=True, an already compiled fn does not run the passes again"
         )
+    report = pipeline.reports[-1]
+    if len(pipeline.reports) > 1:  # the pre-grad / joint records first, as they ran
+        report = dataclasses.replace(report, records=[r for rep in pipeline.reports for r in rep.records])
     return HarnessResult(
         outputs=outputs,
         eager_outputs=eager_outputs,
         reference_outputs=reference_outputs,
-        report=pipeline.reports[0],
+        report=report,
         graphs=pipeline.graphs,
         graph_before=pipeline.graph_before,
         graph_after=pipeline.graph_after,
@@ -245,12 +252,12 @@ class _RecordingPipeline(passkit.Pipeline):
         self.graph_after: torch.fx.GraphModule | None = None
 
     def run_stage(
-        self, gm: torch.fx.GraphModule, stage: passkit.Stage, mode: Mode = "inductor"
+        self, gm: torch.fx.GraphModule, stage: passkit.Stage, mode: Mode = "inductor", **context: Any
     ) -> passkit.Report:
         if self.graph_before is None:
             self.graph_before = copy_graph_module(gm)
         try:
-            return super().run_stage(gm, stage, mode=mode)
+            return super().run_stage(gm, stage, mode=mode, **context)
         finally:
             self.graph_after = copy_graph_module(gm)
 

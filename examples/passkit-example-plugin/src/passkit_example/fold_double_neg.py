@@ -29,3 +29,13 @@ class FoldDoubleNeg(passkit.GraphPass):
                 graph.erase_node(inner)
             folded += 1
         return passkit.PassResult(modified=folded > 0, matches=folded)
+
+
+class FoldDoubleNegJoint(FoldDoubleNeg):
+    """``fold_double_neg`` at the joint stage: on the forward+backward graph before it is
+    partitioned, so the backward's ``neg(neg(grad))`` goes with the forward's, and the
+    partitioner saves nothing for it. Under ``passkit.backend`` only (hosts run the
+    post-grad stages)."""
+
+    name = "fold_double_neg_joint"
+    stage = passkit.Stage.JOINT

@@ -2,10 +2,11 @@
 
 import passkit
 
-from .fold_double_neg import FoldDoubleNeg
+from .fold_double_neg import FoldDoubleNeg, FoldDoubleNegJoint
 from .fuse_addcmul import FuseAddcmul
+from .silu_from_sigmoid import SiluFromSigmoid
 
 
 @passkit.hookimpl
 def passkit_register_passes():
-    return [FoldDoubleNeg, FuseAddcmul]
+    return [FoldDoubleNeg, FoldDoubleNegJoint, FuseAddcmul, SiluFromSigmoid]

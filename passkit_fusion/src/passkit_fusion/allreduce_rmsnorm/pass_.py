@@ -75,6 +75,12 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
     stage = Stage.POST
     Options = AllReduceRMSNormOptions
     requires = Requirements(min_world_size=2)
+    graph_kinds = ("inference",)
+    skip_graph_kinds_reason = (
+        "in training the forward graph outputs each residual sum and norm input for the "
+        "backward graph, so no site can fuse, and a backward graph holds no all-reduce -> "
+        "RMSNorm site (measured on a TP TinyLlama: 0 of 5 forward sites)"
+    )
     source_files = tuple(
         str(_PACKAGE / f)
         for f in (

@@ -88,6 +88,8 @@ class AsyncTP(decisions.Tunable, GraphPass):
     where it would find nothing); enabled alone, it fuses the collectives the model has."""
     Options = AsyncTPOptions
     requires = Requirements(min_world_size=2)
+    graph_kinds = ("inference",)
+    skip_graph_kinds_reason = "it overlaps the collectives sequence_parallel makes, on inference graphs only"
     source_files = tuple(str(_HERE / f) for f in ("ops.py", "runtime.py", "torch_api.py", "host.py"))
 
     options: AsyncTPOptions

@@ -71,6 +71,12 @@ class SequenceParallel(decisions.Tunable, GraphPass):
     one configured first takes them, and the other is left out of that token range."""
     Options = SequenceParallelOptions
     requires = Requirements(min_world_size=2)
+    graph_kinds = ("inference",)
+    skip_graph_kinds_reason = (
+        "in training the forward graph outputs each residual sum for the backward graph at "
+        "full size (sharding it would change what backward receives), and a backward graph "
+        "holds no all-reduce -> RMSNorm site"
+    )
     source_files = tuple(
         str(_PACKAGE / f)
         for f in (
