@@ -324,7 +324,7 @@ def verdict(rows: list[Row], env: dict[str, Any]) -> str:
     return (
         f"verdict: {'PAYS' if ok else 'does not pay'}: the smallest speedup is {ratio:.2f}x "
         f"(hidden {worst.hidden}, {worst.tokens} tokens); the gate is >= {GATE}x at every token count "
-        f"1-256 (allreduce_layernorm stays opt-in {'until a maintainer makes it a default' if ok else 'while this holds'})"
+        f"1-256 ({'recommend it for LayerNorm models' if ok else 'keep it out of serving configs on this machine'})"
     )
 
 

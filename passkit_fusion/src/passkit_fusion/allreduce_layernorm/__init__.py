@@ -1,4 +1,4 @@
-"""The ``allreduce_layernorm`` pass (opt-in): all-reduce -> (add residual) -> LayerNorm becomes one op.
+"""The ``allreduce_layernorm`` pass: all-reduce -> (add residual) -> LayerNorm becomes one op.
 
 * :mod:`.pass_`: the pass (:class:`AllReduceLayerNorm`, :class:`AllReduceLayerNormOptions`);
   the sites come from :mod:`passkit_fusion.patterns.sites` with ``norm="layer"`` (the
