@@ -201,3 +201,24 @@ def test_a_report_that_does_not_match_the_graph_fails_the_pass(monkeypatch: pyte
     assert record.status == "failed", record
     assert "reports 3 all-reduce(s) rewritten, but the graph went from 3 to 3" in record.reason
     assert count_ops(result.graph_after, ALL_REDUCE) == 3
+
+
+def test_a_scale_after_the_expert_sum_is_named():
+    """Granite's ``residual + (AR(shared) + moe) * residual_multiplier``: the scale sits
+    between the expert sum and the residual add; the site is left with that reason (not "no
+    RMSNorm after the all-reduce": one follows, after the scale and the add)."""
+
+    class ScaledSum(MoeBlock):
+        def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = rms(h, self.norms[1])
+            tokens = y.reshape(-1, HIDDEN)
+            shared = ar(torch.relu(tokens @ self.shared_up) @ self.shared_down)
+            moe = tokens * self.norms[3]  # replicated: read from the replicated stream
+            h = h + ((shared + moe) * 0.5).reshape(h.shape)
+            return rms(h, self.norms[2]), h
+
+    with fake_world(2):
+        result = run_passes(ScaledSum(0, "scaled"), _input(0), passes=[REFERENCE])
+    assert count_ops(result.graph_after, ALL_REDUCE) == 1
+    reasons = " ".join(result.report["allreduce_rmsnorm"].notes)
+    assert "a constant scale after the all-reduce's sum with another term" in reasons, reasons

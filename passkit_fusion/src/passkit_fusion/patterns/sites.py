@@ -885,6 +885,8 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool, kind: str = RMS) -> R
             raise Mismatch(taken) from None
         if any(_is_fused_site(u) for u in total.users):
             raise Mismatch(JOINS_A_FUSED_SITE) from None
+        if _scaled_then_added(total):
+            raise Mismatch(SCALED_AFTER_SUM) from None
         shared = after_all_reduce and len(total.users) > 1
         adds = [u for u in total.users if u.target is aten.add.Tensor]
         if shared and adds:
@@ -912,6 +914,28 @@ def _is_fused_site(node: fx.Node) -> bool:
 
 NO_NORM_FOLLOWS = "no norm follows"
 """The reason given for an all-reduce whose sum no norm reads, not even after a residual add."""
+
+
+SCALED_AFTER_SUM = (
+    "a constant scale after the all-reduce's sum with another term, then the residual add and "
+    "the norm ((AR + t) * c + residual: Granite's residual_multiplier after the MoE sum): "
+    "this form is not taken"
+)
+"""The reason given where a sum is scaled between its add and the residual add that a norm reads."""
+
+
+def _scaled_then_added(total: fx.Node) -> bool:
+    """Whether ``total`` is only scaled by a constant, then (through views) added to (the
+    residual), and a norm reads that add."""
+    scale = sole_user(total)
+    if scale is None or scale.target not in (aten.mul.Tensor, aten.mul.Scalar):
+        return False
+    if not any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in scale.args[:2]):
+        return False
+    after = sole_user(scale)
+    while after is not None and is_view(after):  # a reshape back to the stream's shape
+        after = sole_user(after)
+    return after is not None and after.target is aten.add.Tensor and _norm_follows(after)
 
 
 def _norm_follows(add: fx.Node) -> bool:
