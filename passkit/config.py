@@ -95,6 +95,11 @@ class Config(pydantic.BaseModel):
     (``true``); ``"numeric"`` also runs the graph before and after the pass on the same
     random inputs and compares the outputs (tolerances per dtype). The cheap checks (op
     schemas of the changed nodes, the graph's outputs) run whatever this says."""
+    compiler: str = "inductor"
+    """What compiles the graphs after the passes when nothing in Python says (the named
+    ``backend="passkit"``, or ``passkit.backend()`` without ``compiler=``): ``"inductor"``,
+    ``"aot_eager"``, or ``"package.module:name"``, an AOTAutograd compiler callable
+    ``(gm, example_inputs) -> callable`` a platform ships (imported at backend creation)."""
     strict_plugins: bool = False
     """A plugin that fails to load raises instead of being reported and skipped."""
     plugins: list[str] | None = None
@@ -322,6 +327,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DISABLE_PLUGIN_AUTOLOAD": ("autoload", _not),
     "COMPILE_RANGES": ("compile_ranges", _ints),
     "COMPILE_AT": ("compile_at", _text),
+    "COMPILER": ("compiler", _text),
 }
 
 

@@ -82,8 +82,13 @@ class Backend:
     ):
         if mode not in ("inductor", "eager"):
             raise ValueError(f"mode must be 'inductor' or 'eager', got {mode!r}")
+        if pipeline is not None and (config is not None or overrides):
+            raise TypeError("give either a pipeline or a config, not both")
+        built: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
+        if compiler is None and mode == "inductor":  # Python said nothing: the config says
+            compiler = resolve_compiler(built.config.compiler)
         if compiler is None:
-            compiler = "inductor" if mode == "inductor" else "aot_eager"
+            compiler = "aot_eager"
         elif isinstance(compiler, str):
             if compiler not in COMPILERS:
                 raise ValueError(
@@ -106,8 +111,6 @@ class Backend:
                     f"inductor_config configures Inductor, which compiler={_compiler_name(compiler)!r} "
                     "does not run"
                 )
-        if pipeline is not None and (config is not None or overrides):
-            raise TypeError("give either a pipeline or a config, not both")
         logs.register_with_torch()
         if mode == "inductor":
             # Inductor imported now, as torch.compile(backend="inductor") imports it inside
@@ -118,7 +121,7 @@ class Backend:
         self.compiler: str | Callable[..., Any] = compiler
         self.compiler_name = _compiler_name(compiler)
         """``"inductor"``, ``"aot_eager"`` or the custom compiler's name (passes' context)."""
-        self.pipeline: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
+        self.pipeline: Pipeline = built
         self.pipeline.driven, self.pipeline.host = STAGE_ORDER, "passkit's backend"
         self.inductor_config = dict(inductor_config or {})
         self._cudagraphs = False
@@ -438,6 +441,35 @@ class Backend:
 
 COMPILERS = ("inductor", "aot_eager")
 """The compilers :class:`Backend` knows by name (any AOTAutograd compiler callable works too)."""
+
+
+def resolve_compiler(spec: str) -> str | Callable[..., Any]:
+    """The compiler the config's ``compiler`` names: ``"inductor"`` / ``"aot_eager"`` as is,
+    ``"package.module:name"`` imported (a callable, else a :class:`ConfigError` naming the key)."""
+    if spec in COMPILERS:
+        return spec
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"config key compiler: {spec!r} is neither one of {list(COMPILERS)} nor "
+            "'package.module:name' (an AOTAutograd compiler callable)"
+        )
+    import importlib
+
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except Exception as exc:  # a missing module or name: the config's mistake, said as such
+        raise ConfigError(
+            f"config key compiler: cannot import {spec!r} ({type(exc).__name__}: {exc})"
+        ) from None
+    if not callable(found):
+        raise ConfigError(
+            f"config key compiler: {spec!r} is a {type(found).__name__}, not a compiler callable "
+            "(gm, example_inputs) -> callable"
+        )
+    return cast(Callable[..., Any], found)
 
 
 def _compiler_name(compiler: Any) -> str:

@@ -427,3 +427,50 @@ def test_a_warm_start_restores_joint_and_forward_reports_beside_a_fresh_pre_grad
     for kind in ("joint", "forward"):
         assert by_kind[kind].cache_hit and by_kind[kind].restored, kind
         assert by_kind[kind].records[0].status == "ran"
+
+
+PLATFORM_COMPILER = """
+RECEIVED = []
+
+
+def compile_graph(gm, example_inputs):
+    RECEIVED.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+    return gm
+
+
+NOT_CALLABLE = 3
+"""
+
+
+def test_the_config_names_the_compiler_for_the_named_backend(clean_env, monkeypatch):
+    """``compiler`` in the config (here ``PASSKIT_COMPILER``): a platform's compiler by import
+    path, used by ``backend="passkit"`` and ``passkit.backend()`` where Python names none;
+    Python's ``compiler=`` wins; a bad path is a ConfigError naming the key."""
+    (clean_env / "platform_compiler.py").write_text(PLATFORM_COMPILER)
+    monkeypatch.syspath_prepend(str(clean_env))
+    import platform_compiler
+
+    monkeypatch.setenv("PASSKIT_COMPILER", "platform_compiler:compile_graph")
+    monkeypatch.setenv("PASSKIT_PASSES", "")
+    passkit.integration._default_backend.cache_clear()  # the named backend reads the config anew
+    try:
+        _train("passkit")
+    finally:
+        passkit.integration._default_backend.cache_clear()
+    forward, backward = platform_compiler.RECEIVED
+    assert "aten.tanh.default" in forward and "aten.where.self" in backward  # relu's backward
+    built = passkit.backend()
+    assert built.compiler is platform_compiler.compile_graph and built.mode == "eager"
+    assert passkit.backend(compiler="inductor").compiler == "inductor"  # Python wins
+    monkeypatch.setenv("PASSKIT_COMPILER", "aot_eager")
+    assert passkit.backend().compiler == "aot_eager"
+    for spec, says in [
+        ("tvm", "neither one of ['inductor', 'aot_eager'] nor 'package.module:name'"),
+        ("no_such_module_xyz:fn", "cannot import 'no_such_module_xyz:fn' (ModuleNotFoundError"),
+        ("platform_compiler:missing", "cannot import 'platform_compiler:missing' (AttributeError"),
+        ("platform_compiler:NOT_CALLABLE", "is a int, not a compiler callable"),
+    ]:
+        monkeypatch.setenv("PASSKIT_COMPILER", spec)
+        with pytest.raises(passkit.ConfigError, match=r"config key compiler: ") as err:
+            passkit.backend()
+        assert says in str(err.value), str(err.value)
