@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.write or args.write_to:
         out = args.write_to or HERE / "results"
+        out.mkdir(parents=True, exist_ok=True)
         (out / "coverage_cpu.md").write_text("# Coverage on CPU (benchmarks/coverage.py)\n\n" + text + "\n")
         (out / "coverage_cpu.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
     return 0

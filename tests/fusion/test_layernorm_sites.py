@@ -175,13 +175,13 @@ def test_both_passes_together_take_their_own_sites():
     result.assert_matches("allreduce_layernorm", 1)
 
 
-def test_opt_in_registered_and_options():
+def test_registered_enabled_by_name_and_options():
     plugins = passkit.get_plugins()
     info = plugins.passes["allreduce_layernorm"]
     assert (info.plugin.name, info.plugin.distribution) == ("fusion", "passkit-fusion")
     assert info.cls.stage is passkit.Stage.POST
     module = __import__(info.cls.__module__, fromlist=["AllReduceLayerNorm"])
-    assert "1.05x" in (info.cls.__doc__ or "") and "1.05x" in (module.__doc__ or "")  # opt-in until it pays
+    assert "1.05x" in (info.cls.__doc__ or "") and "1.05x" in (module.__doc__ or "")  # the gate it passed
     assert "allreduce_layernorm" not in str(passkit.Config().passes)  # in no default pass set
     with pytest.raises(passkit.ConfigError, match=r"passes\.allreduce_layernorm\.norm_kernel"):
         passkit.backend(passes=[{"name": "allreduce_layernorm", "norm_kernel": "cuda"}])
