@@ -13,6 +13,7 @@ transformers say why.
 
     python benchmarks/coverage.py                       # the 14 listed families (about 10 min on 2 cores)
     python benchmarks/coverage.py --all                 # every causal LM with a TP plan (~100; hours)
+    python benchmarks/coverage.py --all --jobs 8 --cache runs/   # 8 families at a time; resumable
     python benchmarks/coverage.py --families Glm4Moe,olmoe   # any family name or model_type
     python benchmarks/coverage.py --families Llama,Qwen3-MoE
     python benchmarks/coverage.py --write               # + benchmarks/results/coverage_cpu.md
@@ -32,7 +33,9 @@ import json
 import platform
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 NOT_A_NORM = (
@@ -65,7 +68,7 @@ def totals(reports: list) -> dict[str, dict[str, int]]:
     return out
 
 
-def render(reports: list, args: argparse.Namespace, seconds: float) -> str:
+def render(reports: list, args: argparse.Namespace, seconds: float, reused: int = 0) -> str:
     import torch
     import transformers
     from passkit_fusion.coverage.run import format_report
@@ -73,7 +76,8 @@ def render(reports: list, args: argparse.Namespace, seconds: float) -> str:
     lines = [
         f"Machine: {platform.machine()} CPU, {platform.system()}; torch {torch.__version__}, "
         f"transformers {transformers.__version__}; TP={args.tp} gloo processes, {args.tokens} tokens, "
-        f"fp32, passkit mode {args.mode}; {seconds:.0f} s.",
+        f"fp32, passkit mode {args.mode}; {seconds:.0f} s"
+        + (f" (and {reused} families' reports read from the cache of earlier runs)." if reused else "."),
     ]
     groups: dict[str, list] = {}
     for report in reports:  # by norm kind: RMSNorm families first
@@ -101,9 +105,85 @@ def render(reports: list, args: argparse.Namespace, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from passkit_fusion.coverage.configs import FAMILIES, ConfigError, load_config, small_config, tp_families
+def check_family(family: str, args: argparse.Namespace) -> Any:
+    """One family's report: shrunk to ``args.layers`` layers and checked on a ``args.tp``-rank
+    gloo world; a config its class rejects at small sizes is reported, not raised."""
+    from passkit_fusion.coverage.configs import load_config, small_config
     from passkit_fusion.coverage.run import FamilyReport, check_model
+
+    config = load_config(family)
+    try:
+        small = small_config(config, layers=args.layers)
+    except Exception as exc:
+        error = f"cannot shrink it: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return FamilyReport(family, type(config).__name__, args.tp, [], error=error)
+    return check_model(small, name=family, tp=args.tp, tokens=args.tokens, mode=args.mode)
+
+
+def load_report(path: Path) -> Any:
+    """A :class:`FamilyReport` written by :func:`save_report`."""
+    from passkit_fusion.coverage.run import FamilyReport, PassOutcome
+
+    data = json.loads(path.read_text())
+    data["outcomes"] = [PassOutcome(**o) for o in data["outcomes"]]
+    return FamilyReport(**data)
+
+
+def save_report(report: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(report), indent=1))
+    tmp.replace(path)  # a run killed while writing leaves no half file to resume from
+
+
+def run_families(families: list[str], args: argparse.Namespace) -> tuple[list[Any], int]:
+    """Every family's report, in ``families``' order, and how many were read from the cache: ``args.jobs`` at a time (each family's
+    ranks are processes: threads only wait on them), reusing and filling ``args.cache``.
+    Prints a line per family as it finishes (``[k/n] family: ...``) on stderr."""
+    cache: Path | None = args.cache
+    done: dict[str, Any] = {}
+    if cache is not None:
+        for family in families:
+            if (cache / f"{family}.json").is_file():
+                done[family] = load_report(cache / f"{family}.json")
+        if done:
+            print(f"{len(done)} of {len(families)} families read from {cache}", file=sys.stderr, flush=True)
+    todo = [f for f in families if f not in done]
+    started = time.perf_counter()
+
+    def one(family: str) -> tuple[str, Any, float]:
+        t0 = time.perf_counter()
+        return family, check_family(family, args), time.perf_counter() - t0
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(one, f) for f in todo]
+        for k, future in enumerate(as_completed(futures), 1):
+            family, report, seconds = future.result()
+            done[family] = report
+            if cache is not None:
+                save_report(report, cache / f"{family}.json")
+            print(
+                f"[{k}/{len(todo)}] {family}: {progress_line(report)} ({seconds:.0f} s; "
+                f"{time.perf_counter() - started:.0f} s so far)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return [done[f] for f in families], len(families) - len(todo)
+
+
+def progress_line(report: Any) -> str:
+    """``allreduce_rmsnorm 5/5, sequence_parallel 5/5, ...`` or ``not run: ...``."""
+    if report.error:
+        return f"not run: {report.error.splitlines()[0][:160]}"
+    return ", ".join(
+        f"{o.label} {o.rewritten}/{o.all_reduces}"
+        for o in report.outcomes
+        if not o.label.endswith("async_tp")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from passkit_fusion.coverage.configs import FAMILIES, ConfigError, load_config, tp_families
 
     argv = sys.argv[1:] if argv is None else argv
     if "--decode" in argv:  # the two-GPU timing has its own arguments
@@ -127,6 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--mode", choices=("eager", "inductor"), default="eager")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="families checked at once (each is a world of --tp processes of one thread): a machine's cores / tp",
+    )
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        help="write each family's report to CACHE/<family>.json as it finishes and reuse the reports found "
+        "there (a long run stopped part way resumes; delete a file to rerun its family)",
+    )
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/coverage_cpu.{md,json}")
     ap.add_argument("--write-to", type=Path, help="write coverage_cpu.{md,json} into this folder instead")
     ap.add_argument(
@@ -148,18 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown families {unknown} (a family name, model_type or config class; listed: {', '.join(FAMILIES)})"
         )
     start = time.perf_counter()
-    reports = []
-    for family in families:
-        config = load_config(family)
-        try:
-            small = small_config(config, layers=args.layers)
-        except Exception as exc:  # a config its class rejects at small sizes: reported, not raised
-            error = f"cannot shrink it: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            reports.append(FamilyReport(family, type(config).__name__, args.tp, [], error=error))
-            continue
-        reports.append(check_model(small, name=family, tp=args.tp, tokens=args.tokens, mode=args.mode))
-        print(f"{family}: done", file=sys.stderr, flush=True)
-    text = render(reports, args, time.perf_counter() - start)
+    reports, reused = run_families(families, args)
+    text = render(reports, args, time.perf_counter() - start, reused)
     print(text)
     if args.write or args.write_to:
         out = args.write_to or HERE / "results"
