@@ -44,11 +44,13 @@ NOT_A_NORM = (
     "no norm follows",
     "a LayerNorm follows (allreduce_layernorm's site",
     "an RMSNorm follows (allreduce_rmsnorm's site",
+    "no norm reads the sum plus a residual",
 )
 """The reasons a site is not followed by the pass's norm at all (no norm within a reshape or
-a scale; a post-norm model's embedding, which no norm reads; the other norm kind, which the
-other pass takes: LayerNorm sites are ``allreduce_layernorm``'s, RMSNorm sites the others'):
-not counted as sites its norm follows."""
+a scale; a post-norm model's embedding, which no norm reads; hyper-connections' streams, whose
+norms read a mix of streams; the other norm kind, which the other pass takes: LayerNorm sites
+are ``allreduce_layernorm``'s, RMSNorm sites the others'): not counted as sites its norm
+follows."""
 
 
 def totals(reports: list) -> dict[str, dict[str, int]]:

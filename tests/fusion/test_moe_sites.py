@@ -222,3 +222,35 @@ def test_a_scale_after_the_expert_sum_is_named():
     assert count_ops(result.graph_after, ALL_REDUCE) == 1
     reasons = " ".join(result.report["allreduce_rmsnorm"].notes)
     assert "a constant scale after the all-reduce's sum with another term" in reasons, reasons
+
+
+def test_hyper_connection_streams_are_named():
+    """DeepSeek-V4's mHC: the attention's sum is spread over ``S`` residual streams
+    (``post.unsqueeze(-1) * AR(attn).unsqueeze(-2) + comb @ streams``) and the next norm reads
+    a learned mix of the streams: no norm reads the sum plus a residual, and the reason says
+    so (not "no RMSNorm after the all-reduce"); the benchmark's denominator leaves it out."""
+    streams = 4
+
+    class HyperConnections(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            gen = torch.Generator().manual_seed(0)
+            self.up = torch.nn.Parameter(torch.randn(HIDDEN, INTER, generator=gen) / 8)
+            self.down = torch.nn.Parameter(torch.randn(INTER, HIDDEN, generator=gen) / 8)
+            self.post = torch.nn.Parameter(torch.rand(streams, generator=gen))
+            self.comb = torch.nn.Parameter(torch.rand(streams, streams, generator=gen))
+            self.mix = torch.nn.Parameter(torch.rand(streams, generator=gen))
+            self.weight = torch.nn.Parameter(torch.ones(HIDDEN))
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:  # h: [T, streams, H]
+            x = rms((h * self.mix[:, None]).sum(-2), self.weight)
+            out = ar(torch.relu(x @ self.up) @ self.down)
+            h = self.post.unsqueeze(-1) * out.unsqueeze(-2) + self.comb.t() @ h
+            return rms((h * self.mix[:, None]).sum(-2), self.weight)
+
+    with fake_world(2):
+        result = run_passes(HyperConnections(), torch.randn(4, streams, HIDDEN), passes=[REFERENCE])
+    assert count_ops(result.graph_after, ALL_REDUCE) == 1
+    reasons = " ".join(result.report["allreduce_rmsnorm"].notes)
+    assert "spread over several residual streams" in reasons, reasons
+    assert "no RMSNorm after the all-reduce" not in reasons, reasons

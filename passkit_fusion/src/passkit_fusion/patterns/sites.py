@@ -356,6 +356,8 @@ def match_site(
         no_norm = isinstance(exc, NoNorm) or NO_NORM_FOLLOWS in str(exc) or "also used outside" in str(exc)
         if no_norm and _ends_graph(ar):  # no norm here because it is in the next graph
             raise Mismatch(f"{_walked_chain(ar)}: {ends_graph_reason()}") from None
+        if no_norm and _spread_over_streams(ar):
+            raise Mismatch(f"{_walked_chain(ar)}: {HYPER_CONNECTIONS}") from None
         raise Mismatch(f"{_walked_chain(ar)}: {exc}") from None
 
 
@@ -364,22 +366,56 @@ ENDS_GRAPH = "ends its graph"
 any) is in the next graph, after a Dynamo graph break."""
 
 
-def _ends_graph(ar: AllReduce) -> bool:
-    """Whether the graph's output reads the sum (directly, or through its lead, views and
-    residual adds)."""
+def _stream(ar: AllReduce) -> list[fx.Node]:
+    """The sum and what carries it on in the residual stream: its lead, views and adds
+    (at most 64 nodes)."""
     seen: list[fx.Node] = []
     frontier = [ar.result]
-    output = False
     while frontier and len(seen) < 64:
         node = frontier.pop()
         seen.append(node)
         for user in node.users:
-            output |= user.op == "output"
             lead = user.args and user.args[0] is node and is_lead_op(user, node)
             if is_view(user) or lead or user.target is aten.add.Tensor:
                 frontier.append(user)
+    return seen
+
+
+def _ends_graph(ar: AllReduce) -> bool:
+    """Whether the graph's output reads the sum (directly, or through its lead, views and
+    residual adds)."""
+    seen = _stream(ar)
+    output = any(user.op == "output" for node in seen for user in node.users)
     # a norm in this graph reading one of them: not a graph boundary's doing
     return output and not any(_norm_follows(n) for n in seen)
+
+
+HYPER_CONNECTIONS = (
+    "no norm reads the sum plus a residual: the sum is spread over several residual streams "
+    "(unsqueeze, then a per-stream scale or expand: hyper-connections, e.g. DeepSeek-V4's mHC), "
+    "and the norms read a learned mix of the streams; no fused kernel takes this form"
+)
+"""The reason given for an all-reduce whose sum is broadcast into hyper-connection streams."""
+
+
+def _spread_over_streams(ar: AllReduce) -> bool:
+    """Whether the sum (or its residual add) gains a dim (``unsqueeze``) and is then broadcast
+    against more than one stream (``expand``, or a product or sum with more elements): the
+    residual of hyper-connections, ``[..., streams, hidden]``."""
+    rank = val(ar.result).dim()
+    for node in _stream(ar):
+        for user in node.users:
+            if user.target is not aten.unsqueeze.default:
+                continue
+            for after in user.users:
+                out = after.meta.get("val")
+                if not isinstance(out, torch.Tensor) or out.dim() <= rank:
+                    continue
+                if after.target is aten.expand.default or (
+                    after.target in (aten.mul.Tensor, aten.add.Tensor) and out.numel() > val(user).numel()
+                ):
+                    return True
+    return False
 
 
 def ends_graph_reason() -> str:
