@@ -337,3 +337,23 @@ def test_layernorm_families(family: str):
     if LAYERNORM_FAMILIES[family] is not None:
         assert outcome.rewritten == LAYERNORM_FAMILIES[family], format_report([report])
     assert outcome.max_error < 1e-4, format_report([report])
+
+
+def test_no_reason_holds_the_separator_the_reports_join_reasons_with(monkeypatch: pytest.MonkeyPatch):
+    """A pass's note joins its rejection reasons with ``"; "`` and the coverage table splits
+    them on it to count each: a reason holding ``"; "`` would be counted as two (Dynamo's
+    graph-break reasons included, two of them shown)."""
+    from passkit_fusion.patterns import sites
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setitem(counters, "graph_break", {"Dynamic shape operator": 2, "Unsupported method call": 1})
+    reasons = [
+        getattr(sites, name)
+        for name in dir(sites)
+        if name.isupper() and isinstance(getattr(sites, name), str)
+    ]
+    reasons += [sites.ends_graph_reason(), sites.GRAPH_BREAK_ADVICE]
+    assert "Dynamic shape operator / Unsupported method call" in sites.ends_graph_reason()
+    assert sites.HYPER_CONNECTIONS in reasons and sites.SCALED_AFTER_SUM in reasons
+    for reason in reasons:
+        assert "; " not in reason, reason

@@ -190,7 +190,7 @@ def _read_clamp(node: fx.Node, prev: fx.Node, bounds: dict[str, float]) -> None:
 def _check_clamp(bounds: dict[str, float]) -> None:
     if not bounds:
         raise Mismatch(
-            "no clamp before the float8_e4m3fn conversion (torch's cast does not saturate; the kernel does)"
+            "no clamp before the float8_e4m3fn conversion (torch's cast does not saturate, the kernel does)"
         )
     lo, hi = bounds.get("min"), bounds.get("max")
     if lo != -E4M3_MAX or hi != E4M3_MAX:

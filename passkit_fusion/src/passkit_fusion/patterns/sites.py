@@ -391,11 +391,12 @@ def _ends_graph(ar: AllReduce) -> bool:
 
 
 HYPER_CONNECTIONS = (
-    "no norm reads the sum plus a residual: the sum is spread over several residual streams "
-    "(unsqueeze, then a per-stream scale or expand: hyper-connections, e.g. DeepSeek-V4's mHC), "
-    "and the norms read a learned mix of the streams; no fused kernel takes this form"
+    "no norm reads the sum plus a residual: it is spread over several residual streams "
+    "(unsqueeze, then a per-stream scale or expand: hyper-connections, e.g. DeepSeek-V4's mHC) "
+    "and the norms read a learned mix of the streams"
 )
-"""The reason given for an all-reduce whose sum is broadcast into hyper-connection streams."""
+"""The reason given for an all-reduce whose sum is broadcast into hyper-connection streams
+(no ``"; "`` in it: reports join reasons with it)."""
 
 
 def _spread_over_streams(ar: AllReduce) -> bool:
@@ -423,7 +424,7 @@ def ends_graph_reason() -> str:
     Dynamo recorded in this process where it has any (``torch._dynamo.utils.counters``)."""
     text = (
         f"{ENDS_GRAPH}: the sum is an output of this graph, its norm (if any) is in the next one "
-        "after a Dynamo graph break; nothing fuses across graphs"
+        "after a Dynamo graph break, and nothing fuses across graphs"
     )
     try:
         from torch._dynamo.utils import counters
@@ -432,7 +433,7 @@ def ends_graph_reason() -> str:
     except Exception:  # Dynamo's counters are internal: the reason without them
         reasons = []
     if reasons:
-        shown = "; ".join(list(dict.fromkeys(reasons))[:2])
+        shown = " / ".join(list(dict.fromkeys(reasons))[:2])  # "; " separates a report's reasons
         text += f" (Dynamo's graph break: {shown})"
     return text
 
