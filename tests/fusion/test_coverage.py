@@ -316,8 +316,8 @@ def test_a_layernorm_family_fuses_with_allreduce_layernorm():
 LAYERNORM_FAMILIES = {
     "CohereConfig": 5,
     "Cohere2Config": 5,
-    "PhiConfig": 3,
-    "GPTNeoXConfig": 2,
+    "PhiConfig": 5,
+    "GPTNeoXConfig": 4,
     "OlmoConfig": 5,
     "NemotronConfig": 5,
 }

@@ -49,7 +49,12 @@ FORMS = {
     "residual-bias-fp32-3d": (ln_residual, fp32, (2, 5, 128)),
     "no-residual-no-bias-bf16": (ln_no_residual, bf16, (7, 64)),
 }
-DECODERS = {f"{'bias' if b else 'no-bias'}-{str(d)[6:]}": (b, d) for b in (True, False) for d in (bf16, fp32)}
+DECODERS = {
+    f"{'bias' if b else 'no-bias'}-{str(d)[6:]}": (b, d, False) for b in (True, False) for d in (bf16, fp32)
+}
+DECODERS |= {f"parallel-biased-{str(d)[6:]}": (True, d, "biased") for d in (bf16, fp32)}
+"""Pre-norm decoders (4 sites), and GPT-NeoX's parallel block with row-parallel biases (2 sites,
+each with the other all-reduce merged into it)."""
 
 
 def _inputs(rank: int, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
@@ -79,9 +84,9 @@ def _rank(rank: int, world_size: int) -> dict[str, Any]:
             torch._dynamo.reset()
             result = run_passes(fn, *_inputs(rank, dtype, shape), passes=[LN_REFERENCE], verify=True)
             out["forms"][name] = _summary(result)
-        for name, (bias, dtype) in DECODERS.items():
+        for name, (bias, dtype, parallel) in DECODERS.items():
             torch._dynamo.reset()
-            model = make_decoder(bias, dtype, rank)
+            model = make_decoder(bias, dtype, rank, parallel=parallel)
             x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(7)).to(dtype)
             result = run_passes(model, x, passes=[LN_REFERENCE], verify=True)
             out["decoders"][name] = _summary(result)
@@ -129,10 +134,12 @@ def test_form_matches_eager(ranks: list[dict[str, Any]], case: str):
 
 @pytest.mark.parametrize("case", list(DECODERS))
 def test_layernorm_decoder_matches_eager(ranks: list[dict[str, Any]], case: str):
-    """Two pre-norm LayerNorm blocks + final norm: 4 all-reduces, 4 sites, none left."""
+    """Two LayerNorm blocks + final norm: 4 all-reduces, none left: 4 sites (pre-norm) or 2
+    with the other all-reduce of each block merged in (GPT-NeoX's parallel block with biases)."""
+    sites = 2 if case.startswith("parallel") else 4
     for rank in ranks:
         result = rank["decoders"][case]
-        assert (result["matches"], result["left"], result["fused"]) == (4, 0, 4), result["notes"]
+        assert (result["matches"], result["left"], result["fused"]) == (sites, 0, sites), result["notes"]
         if case.endswith("float32"):
             torch.testing.assert_close(result["compiled"], result["eager"], rtol=1e-5, atol=1e-5)
         else:  # bf16 through two blocks: LayerNorm's decomposition in the unfused graph vs eager's kernel

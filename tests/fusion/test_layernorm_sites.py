@@ -134,6 +134,29 @@ def test_parallel_residual_block_reports_what_it_takes():
     assert before - after == record.matches + merged
 
 
+def test_parallel_residual_with_row_parallel_biases_is_one_all_reduce_per_block():
+    """GPT-NeoX's and Phi's parallel block, ``(AR(mlp) + b_mlp) + (AR(attn) + b_attn) + x``:
+    the two all-reduces merge into one site, ``AR(attn + mlp) + (b_attn + b_mlp + x)`` (the
+    biases join the residual after the all-reduce, never summed over the ranks): one fused op
+    per block, no all-reduce left, the report counting both."""
+    x = torch.randn(2, 5, 64, dtype=bf16)
+    with fake_world(2):
+        model = make_decoder(True, bf16, rank=0, parallel="biased")
+        result = run_passes(model, x, passes=[LN_REFERENCE])
+    assert op_counts(result.graph_before)[ALL_REDUCE] == 4
+    assert count_ops(result.graph_after, ALL_REDUCE) == 0
+    assert count_ops(result.graph_after, FUSED) == 2
+    record = result.report["allreduce_layernorm"]
+    assert record.matches == 2 and any("2 all-reduce(s) merged into a site's" in n for n in record.notes), (
+        record
+    )
+    biases = {n.name for n in result.graph_after.graph.nodes if n.op == "placeholder" and "_bias" in n.name}
+    for node in result.graph_after.graph.nodes:  # a bias is added after the all-reduce only
+        if node.target is torch.ops.passkit_fusion.allreduce_add_layernorm.default:
+            x_input = node.args[0]
+            assert not (biases & {a.name for a in x_input.all_input_nodes}), x_input
+
+
 @pytest.mark.parametrize(
     ("fn", "weight_dtype", "reason"),
     [

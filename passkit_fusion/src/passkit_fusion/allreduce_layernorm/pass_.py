@@ -205,7 +205,7 @@ def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Nod
             site.bias,
             *site.shared,
             *(m.x for m in site.merged),
-            *(a for m in site.merged for v in m.views for a in v.all_input_nodes),
+            *(a for m in site.merged for v in m.views for a in v.all_input_nodes),  # gates, biases
         )
         if n is not None
     ]

@@ -308,22 +308,24 @@ def _fused_inputs(graph: fx.Graph, site: Site) -> tuple[fx.Node, fx.Node | None,
     """The fused op's input and residual, inserted at the graph's insertion point: the
     all-reduce input with the site's lead applied (the all-reduce is linear: a constant
     scale moves before it, a view keeping the hidden dim commutes with it), and the
-    residual with the shared terms added first (``AR + (s + residual)``); then the nodes
-    inserted, in order."""
+    residual with the shared terms (and the merged all-reduces' row-parallel biases) added
+    first (``AR + (s + residual)``); then the nodes inserted, in order."""
     from ..patterns.lead import replay_lead
 
     before = set(graph.nodes)
     x = replay_lead(graph, (*site.lead, *site.chain_views), site.result, site.x)  # type: ignore[arg-type]
     for merged in site.merged:  # AR(a) + AR(b) = AR(a + b)
-        other = replay_lead(graph, (*merged.views, *merged.after), merged.result, merged.x)
+        lead = (*merged.views, *merged.after)
+        other = replay_lead(graph, lead, merged.result, merged.x, identity=merged.bias_adds)
         x = graph.call_function(torch.ops.aten.add.Tensor, (x, other))
         x.meta["val"] = _fake_call(torch.ops.aten.add.Tensor, x.args)
     residual = site.residual
-    if residual is not None and site.shared:
+    biases = [b for m in site.merged for b in m.biases]  # AR(a) + b = AR(a) + (b + residual)
+    if residual is not None and (site.shared or biases):
         terms = [
             replay_lead(graph, after, term, term)
             for term, after in zip(site.shared, site.shared_views or [()] * len(site.shared))
-        ]
+        ] + biases
         residual = terms[0]
         for term in (*terms[1:], site.residual):
             residual = graph.call_function(torch.ops.aten.add.Tensor, (residual, term))

@@ -28,7 +28,7 @@ weight) is not a scale and stops the walk.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import torch
 import torch.fx as fx
@@ -165,18 +165,25 @@ def _is_constant(node: fx.Node, depth: int) -> bool:
     return False
 
 
-def replay_lead(graph: fx.Graph, lead: Sequence[fx.Node], start: fx.Node, x: fx.Node) -> fx.Node:
+def replay_lead(
+    graph: fx.Graph, lead: Sequence[fx.Node], start: fx.Node, x: fx.Node, identity: Collection[fx.Node] = ()
+) -> fx.Node:
     """Copy the ``lead`` nodes (read from ``start``) onto ``x`` at the graph's insertion
     point, with fake values; returns the last copy (``x`` itself for an empty lead). A view
     reads its own first argument (so views that followed other ops in the graph, e.g. after
     a shared term's add, apply too); a scale reads the node before it in ``lead``. Views
-    become ``reshape`` where ``x`` is not contiguous (an all-reduce's sum always is)."""
+    become ``reshape`` where ``x`` is not contiguous (an all-reduce's sum always is).
+    ``identity``: nodes of ``lead`` not copied (what read them reads ``x``'s copy so far: a
+    row-parallel bias add, whose bias is added after the all-reduce instead)."""
     from torch._guards import detect_fake_mode
     from torch.fx.node import map_arg
 
     current = x
     previous = start
     for node in lead:
+        if node in identity:
+            previous = node
+            continue
         source = node.args[0] if reads_own_input(node) else previous
         copy = graph.node_copy(node, lambda a, prev=source, cur=current: cur if a is prev else a)
         copy.meta = {k: v for k, v in node.meta.items() if k != "val"}

@@ -102,6 +102,15 @@ class Merged:
     rank computes alike (Qwen3-Next's ``sigmoid(g) * AR(shared)``)."""
     after: tuple[fx.Node, ...]
     """The site's views after the add reading :attr:`term` (the site's own chain)."""
+    bias_adds: tuple[fx.Node, ...] = ()
+    """Adds of a row-parallel bias in :attr:`views` (GPT-NeoX's and Phi's parallel block:
+    ``AR(attn) + b + AR(mlp) + b' + x``; ``allreduce_layernorm`` only): the identity when the
+    lead is replayed before the all-reduce; their biases (:attr:`biases`) join the residual."""
+
+    @property
+    def biases(self) -> tuple[fx.Node, ...]:
+        """The biases :attr:`bias_adds` add, to be added to the residual after the all-reduce."""
+        return tuple(_bias_of(add) for add in self.bias_adds)  # type: ignore[misc]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -665,7 +674,7 @@ def _merge_terms(
         return shared, shared_views, (), residual
     views = shared_views or ((),) * len(shared)
     kept, kept_views, merged = _merge_all_reduces(
-        ar, dialect, (*shared, residual), (*views, ()), residual=residual
+        ar, dialect, (*shared, residual), (*views, ()), residual=residual, row_bias=swap
     )
     if kept and kept[-1] is residual:
         return kept[:-1], kept_views[:-1] if shared_views else (), merged, residual
@@ -679,7 +688,9 @@ def _merge_terms(
     # a shared term would have to become the residual: leave the residual alone
     if not shared:
         return shared, shared_views, (), residual
-    kept, kept_views, merged = _merge_all_reduces(ar, dialect, shared, views, residual=residual)
+    kept, kept_views, merged = _merge_all_reduces(
+        ar, dialect, shared, views, residual=residual, row_bias=swap
+    )
     return kept, kept_views if shared_views else (), merged, residual
 
 
@@ -704,13 +715,14 @@ _Gates = tuple[Sequence[fx.Node], Sequence[fx.Node], fx.Node]
 
 
 def _walk_back(
-    term: fx.Node, stop: object = (), gates: _Gates | None = None
+    term: fx.Node, stop: object = (), gates: _Gates | None = None, row_bias: bool = False
 ) -> tuple[fx.Node, list[fx.Node]]:
-    """``(source, nodes)``: the node ``term`` is computed from through lead ops and gates, and
-    those nodes in order (``source``'s user first)."""
+    """``(source, nodes)``: the node ``term`` is computed from through lead ops and gates (and
+    row-parallel bias adds with ``row_bias``), and those nodes in order (``source``'s user
+    first)."""
     source, nodes = term, []
     while source not in stop and source.op == "call_function" and source.args:  # type: ignore[operator]
-        previous = _lead_input(source, gates)
+        previous = _lead_input(source, gates, row_bias)
         if previous is None:
             break
         nodes.insert(0, source)
@@ -718,12 +730,15 @@ def _walk_back(
     return source, nodes
 
 
-def _lead_input(node: fx.Node, gates: _Gates | None) -> fx.Node | None:
+def _lead_input(node: fx.Node, gates: _Gates | None, row_bias: bool = False) -> fx.Node | None:
     """The node ``node`` reads as a lead op (a view, a sum over leading dims, a constant scale,
-    or a gate: ``sigmoid(g) * y``), or None."""
+    or a gate: ``sigmoid(g) * y``; with ``row_bias``, ``y + b`` for a row-parallel bias
+    ``b``), or None."""
     first = node.args[0]
     if isinstance(first, fx.Node) and is_lead_op(node, first):
         return first
+    if row_bias and (bias := _bias_of(node)) is not None:
+        return _other_operand(node, bias)
     if node.target in (aten.mul.Tensor, aten.mul.Scalar):
         for operand in node.args[:2]:
             if isinstance(operand, fx.Node) and is_lead_op(node, operand):
@@ -776,6 +791,26 @@ def _gated(
     return None
 
 
+def _bias_of(add: fx.Node) -> fx.Node | None:
+    """For ``add = y + b`` (either order, alpha 1) where ``b`` is a replicated bias of the
+    hidden size (a graph input or attribute, ``[hidden]``, in ``y``'s dtype: a row-parallel
+    projection's bias, added after its all-reduce on every rank), ``b``; else None."""
+    if add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1:
+        return None
+    a, b = add.args[:2]
+    if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)) or a is b:
+        return None
+    for y, bias in ((a, b), (b, a)):
+        if bias.op not in ("placeholder", "get_attr"):
+            continue
+        yv, bv = y.meta.get("val"), bias.meta.get("val")
+        if not (isinstance(yv, torch.Tensor) and isinstance(bv, torch.Tensor)) or yv.dim() == 0:
+            continue
+        if bv.dim() == 1 and bv.dtype == yv.dtype and same_shape(bv.shape, yv.shape[-1:]):
+            return bias
+    return None
+
+
 def _ancestors(nodes: Sequence[fx.Node], stop: frozenset[fx.Node] = frozenset()) -> set[fx.Node]:
     """``nodes`` and what they are computed from (not looking behind the ``stop`` nodes)."""
     seen: set[fx.Node] = set()
@@ -807,10 +842,13 @@ def _merge_all_reduces(
     shared_views: tuple[tuple[fx.Node, ...], ...],
     *,
     residual: fx.Node | None = None,
+    row_bias: bool = False,
 ) -> tuple[tuple[fx.Node, ...], tuple[tuple[fx.Node, ...], ...], tuple[Merged, ...]]:
     """Split the shared terms into those that are another all-reduce's sum (same dialect,
     group and sum; read only here, through views keeping the hidden dim), merged into the
-    site, and the others. Returns ``(shared, shared_views, merged)``."""
+    site, and the others. With ``row_bias`` and a residual, a row-parallel bias added after
+    the other all-reduce is read through (it joins the residual). Returns ``(shared,
+    shared_views, merged)``."""
     others = {
         found.result: found
         for found in dialect.all_reduces(ar.anchor.graph)
@@ -825,14 +863,17 @@ def _merge_all_reduces(
             if residual is not None
             else None
         )
-        source, views = _walk_back(term, others, gates)
+        source, views = _walk_back(term, others, gates, row_bias=row_bias and residual is not None)
         other = others.get(source)
         single_use = all(len(n.users) == 1 for n in (source, *views))
         if other is None or not single_use:
             kept.append(term)
             kept_views.append(after)
             continue
-        merged.append(Merged(other.anchor, other.x, other.result, term, other.nodes, tuple(views), after))
+        bias_adds = tuple(n for n in views if n.target is aten.add.Tensor)
+        merged.append(
+            Merged(other.anchor, other.x, other.result, term, other.nodes, tuple(views), after, bias_adds)
+        )
     return tuple(kept), tuple(kept_views), tuple(merged)
 
 
@@ -938,10 +979,13 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool, kind: str = RMS) -> R
 
 JOINS_A_FUSED_SITE = (
     "its sum is added into another site's residual, fused before it (not merged into that "
-    "site: a term other than a view or a constant scale follows this all-reduce, e.g. a bias)"
+    "site: a term other than a view, a constant scale, a replicated gate or a row-parallel "
+    "bias follows this all-reduce)"
 )
-"""The reason given for an all-reduce whose sum joins a site already fused (GPT-NeoX's and
-Phi's parallel residual with row-parallel biases: ``AR(attn) + b + AR(mlp) + b' + x``)."""
+"""The reason given for an all-reduce whose sum joins a site already fused without being
+merged into it (GPT-NeoX's and Phi's parallel block with row-parallel biases, ``AR(attn) + b
++ AR(mlp) + b' + x``, is merged by ``allreduce_layernorm``; the RMSNorm passes take no
+row-parallel bias)."""
 
 
 def _is_fused_site(node: fx.Node) -> bool:
