@@ -71,6 +71,8 @@ def totals(reports: list) -> dict[str, dict[str, int]]:
 
 
 def render(reports: list, args: argparse.Namespace, seconds: float, reused: int = 0) -> str:
+    """The totals by norm kind, a line per family (sites rewritten of those its norm follows,
+    per pass), then every family's full table (the reasons), grouped by norm kind."""
     import torch
     import transformers
     from passkit_fusion.coverage.run import format_report
@@ -85,8 +87,6 @@ def render(reports: list, args: argparse.Namespace, seconds: float, reused: int 
     for report in reports:  # by norm kind: RMSNorm families first
         groups.setdefault(report.norm, []).append(report)
     order = sorted(groups, key=lambda k: (k != "RMSNorm", k))
-    for kind in order:
-        lines += ["", f"### {kind} families ({len(groups[kind])})", "", format_report(groups[kind])]
     lines += [
         "",
         "| norm | pass | all-reduces | followed by its norm | rewritten | rewritten / followed by its norm |",
@@ -104,7 +104,52 @@ def render(reports: list, args: argparse.Namespace, seconds: float, reused: int 
     errors = [o.max_error for r in reports for o in r.outcomes]
     if errors:
         lines += ["", f"Largest logit difference from eager, every family and pass: {max(errors):.2e}"]
+    lines += ["", "## Per family", "", *family_lines(reports, order)]
+    for kind in order:
+        lines += [
+            "",
+            f"## {kind} families ({len(groups[kind])}): the reasons",
+            "",
+            format_report(groups[kind]),
+        ]
     return "\n".join(lines)
+
+
+PASS_COLUMNS = ("allreduce_rmsnorm", "allreduce_layernorm", "sequence_parallel")
+
+
+def family_lines(reports: list, order: list[str]) -> list[str]:
+    """A row per family: per pass ``rewritten/followed by its norm`` (``+n`` more all-reduces
+    no such norm follows), the largest logit difference, or why it did not run."""
+    lines = [
+        "| norm | family | config | " + " | ".join(PASS_COLUMNS) + " | max abs error vs eager |",
+        "|---|---|---|" + "---|" * len(PASS_COLUMNS) + "---|",
+    ]
+    for kind in order:
+        for report in (r for r in reports if r.norm == kind):
+            if report.error:
+                cells = [f"not run: {report.error.splitlines()[0]}"] + [""] * (len(PASS_COLUMNS) - 1)
+                lines.append(
+                    f"| {kind} | {report.name} | {report.config_class} | " + " | ".join(cells) + " | - |"
+                )
+                continue
+            mine = totals([report])
+            cells = []
+            for label in PASS_COLUMNS:
+                t = mine.get(label)
+                if t is None:
+                    cells.append("-")
+                    continue
+                other = t["all_reduces"] - t["followed_by_norm"]
+                cell = f"{t['rewritten']}/{t['followed_by_norm']}" + (f" (+{other})" if other else "")
+                cells.append(f"**{cell}**" if t["rewritten"] < t["followed_by_norm"] else cell)
+            error = max((o.max_error for o in report.outcomes), default=0.0)
+            lines.append(
+                f"| {kind} | {report.name} | {report.config_class} | "
+                + " | ".join(cells)
+                + f" | {error:.1e} |"
+            )
+    return lines
 
 
 def check_family(family: str, args: argparse.Namespace) -> Any:

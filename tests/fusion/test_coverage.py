@@ -246,7 +246,13 @@ def test_the_table_is_grouped_by_norm_kind_and_counts_only_sites_a_norm_follows(
         tp, tokens, mode = 2, 8, "eager"
 
     text = benchmark.render([layer, rms], Args(), 1.0)
-    assert text.index("### RMSNorm families (1)") < text.index("### LayerNorm families (1)")
+    assert text.index("## RMSNorm families (1)") < text.index("## LayerNorm families (1)")
+    # a line per family: rewritten / followed by its norm (+ the all-reduces no such norm follows)
+    assert (
+        "| RMSNorm | A | AConfig | **4/4 (+1)** |" not in text
+        and "| RMSNorm | A | AConfig | 4/4 (+1) |" in text
+    )
+    assert "| LayerNorm | B | BConfig | 0/0 (+3) |" in text
     assert "| RMSNorm | allreduce_rmsnorm | 5 | 4 | 4 | 100.0% |" in text
     assert "| LayerNorm | allreduce_rmsnorm | 3 | 0 | 0 | - |" in text
 
