@@ -137,6 +137,41 @@ def test_shrinking_keeps_per_layer_lists_and_routing_consistent(name: str):
         assert model(torch.arange(8)[None] % small.vocab_size, use_cache=False).logits.shape[1] == 8
 
 
+UNSET_DEFAULT_FAMILIES = {
+    # family: what small_config fills that the family's default config leaves unusable
+    "cohere_compass_text": "rope_parameters {} though its rotary embedding reads one per layer type",
+    "dots1": "None expert count, experts per token and shared experts",
+    "deepseek_v2": "None experts per token (torch.topk's k)",
+    "lfm2_moe": "None layer_types, indexed per layer",
+    "qwen4_exp_text": "None QSA indexer sizes of its indexed_attention layers",
+}
+"""Families whose default config does not build or run (transformers 5.23.0): the shrunk
+config fills what they leave None or empty, and passkit fuses them (the slow test below)."""
+
+
+@pytest.mark.parametrize("family", list(UNSET_DEFAULT_FAMILIES))
+def test_shrinking_fills_what_a_default_config_leaves_unset(family: str):
+    """The small config builds and runs a plain forward (no tensor parallelism here)."""
+    import torch
+
+    small = small_config(load_config(family))
+    model = transformers.AutoModelForCausalLM.from_config(small, dtype=torch.float32)
+    with torch.no_grad():
+        assert model(torch.arange(8)[None] % small.vocab_size, use_cache=False).logits.shape[1] == 8
+
+
+def test_a_none_routing_size_is_filled_only_in_an_moe_config():
+    dots1 = small_config(load_config("dots1"))
+    assert (dots1.n_routed_experts, dots1.num_experts_per_tok, dots1.n_shared_experts) == (4, 2, 1)
+    assert small_config(load_config("deepseek_v2")).num_experts_per_tok == 2
+    gemma4 = small_config(load_config("Gemma4TextConfig"))  # dense: its None experts stay so
+    assert (gemma4.num_experts, gemma4.top_k_experts, gemma4.moe_intermediate_size) == (None, None, None)
+    compass = small_config(load_config("cohere_compass_text"))
+    assert set(compass.rope_parameters) == set(compass.layer_types) == {"full_attention"}
+    gemma3 = small_config(load_config("Gemma3TextConfig"))  # per layer type already: kept
+    assert gemma3.rope_parameters == load_config("Gemma3TextConfig").rope_parameters
+
+
 def test_a_failing_rank_shows_its_own_error():
     from passkit_fusion.coverage.run import _rank_error
     from passkit_testing.worlds import GlooWorldError, RankResult
@@ -148,6 +183,23 @@ def test_a_failing_rank_shows_its_own_error():
     error = GlooWorldError([bad, ok])
     assert _rank_error(error, full=False) == "rank 0: ValueError: bad head"
     assert "File x" in _rank_error(error, full=True)
+
+
+def test_an_eager_failure_under_tp_names_transformers_plan_when_the_plain_model_runs(tmp_path: Path):
+    """The sharded model's eager forward failed, before any pass: the same model in one
+    process decides whose failure it is (Doge's and Inkling's plans in transformers 5.23.0)."""
+    import torch
+    from passkit_fusion.coverage.run import _eager_failure
+
+    torch.manual_seed(0)
+    small = small_config(load_config("Llama"))
+    transformers.AutoModelForCausalLM.from_config(small, dtype=torch.float32).save_pretrained(tmp_path)
+    error = _eager_failure("the eager forward failed: RuntimeError: size mismatch", tmp_path, 8)
+    assert error == (
+        f"transformers {transformers.__version__}'s own tensor-parallel plan (tp_plan='auto') fails in "
+        "eager, no passkit involved (the same model runs without it): RuntimeError: size mismatch"
+    )
+    assert "\n" not in error
 
 
 def test_a_family_without_a_tp_plan_says_so():
@@ -317,6 +369,24 @@ def test_a_layernorm_family_fuses_with_allreduce_layernorm():
     totals = benchmark.totals([report])
     assert totals["allreduce_layernorm"] == {"all_reduces": 5, "rewritten": 5, "followed_by_norm": 5}
     assert totals["allreduce_rmsnorm"]["followed_by_norm"] == 0  # LayerNorm sites are not its own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(UNSET_DEFAULT_FAMILIES))
+def test_families_with_unset_defaults_fuse_every_site(family: str):
+    """The families of :data:`UNSET_DEFAULT_FAMILIES` shrunk, sharded on 2 gloo ranks:
+    every all-reduce taken by the pass of their norm (Cohere-Compass: LayerNorm), logits
+    equal to eager. Qwen4-Exp only runs: none of its 10 all-reduces is followed by a norm
+    (hyper-connection mixes; one ends its graph at the QSA indexer's graph break)."""
+    passes = {k: PASSES[k] for k in ("allreduce_rmsnorm", "allreduce_layernorm")}
+    report = check_model(small_config(load_config(family)), name=family, passes=passes)
+    assert not report.error, report.error
+    if family != "qwen4_exp_text":  # its all-reduces feed hyper-connection mixes, no norm
+        own = {"RMSNorm": "allreduce_rmsnorm", "LayerNorm": "allreduce_layernorm"}[report.norm]
+        outcome = next(o for o in report.outcomes if o.label == own)
+        assert outcome.all_reduces > 0 and outcome.rewritten == outcome.all_reduces, format_report([report])
+    for outcome in report.outcomes:
+        assert outcome.max_error < 1e-4, format_report([report])
 
 
 LAYERNORM_FAMILIES = {

@@ -84,6 +84,26 @@ _TOP_K = ("num_experts_per_tok", "num_experts_per_token", "top_k_experts", "moe_
 _SMALL_EXPERTS = 4
 _EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 _SLIDING_WINDOW = 64
+_DEFAULT_ROPE: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
+"""A layer type's RoPE where the config has none (see :func:`_rope_per_layer_type`)."""
+_UNSET_DEFAULTS: dict[str, dict[str, Any]] = {
+    # model_type: {key: small value}, only where the config leaves the key None
+    # Lfm2MoeConfig's layer_types default to None, which its model indexes per layer (the
+    # checkpoints set it: short convolutions with an attention layer every few layers).
+    "lfm2_moe": {"layer_types": lambda n: ["full_attention" if i % 4 == 2 else "conv" for i in range(n)]},
+    # Qwen4ExpTextConfig's QSA indexer sizes default to None, yet its "indexed_attention"
+    # layers (the default layer_types) build the indexer from them: one key head (required),
+    # blocks of 2 tokens, 4 tokens kept per query.
+    "qwen4_exp_text": {
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 4,
+        "indexer_compress_ratio": 2,
+    },
+}
+"""Values a family's default config leaves None although its model requires them (a
+checkpoint's config.json sets them): filled with small ones, said per family."""
 
 
 class ConfigError(ValueError):
@@ -204,16 +224,26 @@ def small_config(config: Any, layers: int = 2) -> Any:
     ``mlp_layer_types``, Llama-4's ``no_rope_layers``, Gemma-3n's per-layer
     ``intermediate_size``...) are cut to them, lists of layer indices (``moe_layers``) and
     dicts keyed by layer index (Gemma-4's ``per_layer_config``) renumbered; routing sizes
-    (experts per token, expert groups) are kept within the shrunk expert count."""
+    (experts per token, expert groups) are kept within the shrunk expert count. What a
+    family's default config leaves None or empty although its model needs it gets a small
+    value: routing sizes of an MoE config (Dots1, DeepSeek-V2), one RoPE per layer type
+    (Cohere-Compass), and per family :data:`_UNSET_DEFAULTS` (LFM2-MoE, Qwen4-Exp)."""
     values = {k: v for k, v in config.to_dict().items() if k not in _DERIVED}
     full = values.get("num_hidden_layers")
+    for key, small in _UNSET_DEFAULTS.get(values.get("model_type", ""), {}).items():
+        if values.get(key) is None:
+            values[key] = small(full) if callable(small) else small
     if isinstance(full, int) and full > 0:
         _per_layer(values, full, _keep_layers(values, full, layers))
     for key, small in _SMALL.items():
         if key not in values or (key in _POSITIVE_ONLY and not values[key]):
             continue
-        if values[key] is None and key in (*_EXPERTS, *_TOP_K, "moe_intermediate_size"):
+        routing = key in (*_EXPERTS, *_TOP_K, "moe_intermediate_size")
+        if values[key] is None and routing and not _has_experts(values):
             continue  # no experts (Gemma-4's dense models): stays so
+        # (an MoE config leaving a routing size None, Dots1's expert count and experts per
+        # token, DeepSeek-V2's experts per token: its model needs one, so the small one;
+        # experts per token halved below)
         current = values[key]
         if isinstance(current, list):  # one size per layer (Gemma-3n's intermediate_size)
             values[key] = [small] * len(current)
@@ -237,6 +267,13 @@ def small_config(config: Any, layers: int = 2) -> Any:
     for key in _POSITIVE_ONLY:
         if values.get(key):
             values[key] = 1 if key == "n_shared_experts" else 64
+    if "n_shared_experts" in values and values["n_shared_experts"] is None and _has_experts(values):
+        # None in an MoE config (Dots1's default): every model reading it multiplies its
+        # shared expert's size by it, so one shared expert
+        values["n_shared_experts"] = 1
+    if isinstance(values.get("num_dense_layers"), int) and values["num_dense_layers"] > 1:
+        values["num_dense_layers"] = 1  # dense-then-MoE kept at small sizes (first_k_dense_replace's 1)
+    _rope_per_layer_type(values)
     if "qk_rope_head_dim" in values:  # MLA (DeepSeek): head_dim is the rotary part, no GQA
         values["head_dim"] = values["qk_rope_head_dim"]
         values["num_key_value_heads"] = values["num_attention_heads"]
@@ -252,6 +289,22 @@ def small_config(config: Any, layers: int = 2) -> Any:
     values.pop("architectures", None)
     values.pop("auto_map", None)
     return type(config)(**values)
+
+
+def _has_experts(values: dict[str, Any]) -> bool:
+    """An MoE config: an expert count or an expert size is set."""
+    return any(isinstance(values.get(k), int) and values[k] > 0 for k in (*_EXPERTS, "moe_intermediate_size"))
+
+
+def _rope_per_layer_type(values: dict[str, Any]) -> None:
+    """An empty ``rope_parameters`` in a config with ``layer_types``
+    (CohereCompassTextConfig's default, whose model reads ``rope_parameters[layer_type]`` for
+    every layer type: a checkpoint sets one per type): :data:`_DEFAULT_ROPE` for each layer
+    type kept. RoPE parameters the config has, plain or per layer type, are left alone (a
+    layer type without an entry may be NoPE)."""
+    rope, types = values.get("rope_parameters"), values.get("layer_types")
+    if rope == {} and isinstance(types, list) and all(isinstance(t, str) for t in types):
+        values["rope_parameters"] = {t: dict(_DEFAULT_ROPE) for t in dict.fromkeys(types)}
 
 
 def _fit_head_dim_splits(values: dict[str, Any]) -> None:

@@ -113,16 +113,45 @@ def check_model(
             return FamilyReport(
                 label, type(config).__name__, tp, [], error=_rank_error(exc, tracebacks), norm=norm
             )
+        errors = [r["error"] for r in ranks if r.get("error")]
+        if errors:
+            error = errors[0]
+            if error.startswith(_EAGER_FAILED):  # before any pass: whose failure is it?
+                error = _eager_failure(error, folder, tokens)
+            return FamilyReport(label, type(config).__name__, tp, [], error=error, norm=norm)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    errors = [r["error"] for r in ranks if r.get("error")]
-    if errors:
-        return FamilyReport(label, type(config).__name__, tp, [], error=errors[0], norm=norm)
     outcomes = []
     for i, first in enumerate(ranks[0]["outcomes"]):
         first.max_error = max(r["outcomes"][i].max_error for r in ranks)
         outcomes.append(first)
     return FamilyReport(label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"), norm=norm)
+
+
+_EAGER_FAILED = "the eager forward failed: "
+
+
+def _eager_failure(error: str, folder: Path, tokens: int) -> str:
+    """The sharded model's eager forward (no pass, no compile) failed with ``error``: say
+    whether the same model runs in one process without tensor parallelism (then the failure
+    is transformers' own tensor-parallel plan's) or fails there too (the model's own)."""
+    import transformers
+
+    detail = error.removeprefix(_EAGER_FAILED)
+    version = transformers.__version__
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        ids = torch.randint(
+            0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0)
+        )
+        with torch.no_grad():
+            model(ids, use_cache=False)
+    except Exception as exc:
+        return f"the model's eager forward fails even without tensor parallelism (no passkit involved): {_short(exc)}"
+    return (
+        f"transformers {version}'s own tensor-parallel plan (tp_plan='auto') fails in eager, no passkit "
+        f"involved (the same model runs without it): {detail}"
+    )
 
 
 def _rank_error(exc: BaseException, full: bool) -> str:
@@ -224,7 +253,7 @@ def _run_plans(
         try:
             eager = model(ids, use_cache=False).logits
         except Exception as exc:
-            return {"error": f"the eager forward failed: {_short(exc, full=full)}"}
+            return {"error": _EAGER_FAILED + _short(exc, full=full)}
         for label, passes in plans.items():
             torch._dynamo.reset()
             backend = passkit.backend(passes=passes, mode=mode, on_error="raise")
@@ -275,9 +304,21 @@ def _short(exc: BaseException, limit: int = 300, full: bool = False) -> str:
         if err is None:
             continue
         lines = [t.strip() for t in str(err).splitlines() if t.strip()]
-        parts.append(f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": "))
+        parts.append(f"{type(err).__name__}: {lines[0] if lines else _where(err)}".rstrip(": "))
     line = " <- ".join(parts)
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _where(exc: BaseException) -> str:
+    """For an exception without a message (a bare ``AssertionError``): the model's line it
+    came through, ``"in modeling_inkling.py:114 (forward)"``, else ``""``."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/transformers/" in f.filename]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f"in {Path(frame.filename).name}:{frame.lineno} ({frame.name})"
 
 
 def format_report(reports: list[FamilyReport]) -> str:
