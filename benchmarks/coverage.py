@@ -60,7 +60,7 @@ def totals(reports: list) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for report in reports:
         for o in report.outcomes:
-            if o.label.endswith("async_tp"):
+            if o.label.endswith("async_tp") or o.error:
                 continue
             t = out.setdefault(o.label, {"all_reduces": 0, "rewritten": 0, "followed_by_norm": 0})
             no_norm = sum(n for reason, n in o.reasons.items() if any(r in reason for r in NOT_A_NORM))
@@ -101,7 +101,14 @@ def render(reports: list, args: argparse.Namespace, seconds: float, reused: int 
     not_run = [r for r in reports if r.error]
     if not_run:
         lines += ["", f"{len(not_run)} of {len(reports)} families not run (the reason is in their row)."]
-    errors = [o.max_error for r in reports for o in r.outcomes]
+    failed = [(r.name, o.label) for r in reports for o in r.outcomes if o.error]
+    if failed:
+        shown = ", ".join(f"{name} ({label})" for name, label in failed)
+        lines += [
+            "",
+            f"{len(failed)} pass configuration(s) failed with passkit's own error (in their rows): {shown}.",
+        ]
+    errors = [o.max_error for r in reports for o in r.outcomes if not o.error]
     if errors:
         lines += ["", f"Largest logit difference from eager, every family and pass: {max(errors):.2e}"]
     lines += ["", "## Per family", "", *family_lines(reports, order)]
@@ -134,16 +141,17 @@ def family_lines(reports: list, order: list[str]) -> list[str]:
                 )
                 continue
             mine = totals([report])
+            failed = {o.label for o in report.outcomes if o.error}
             cells = []
             for label in PASS_COLUMNS:
                 t = mine.get(label)
                 if t is None:
-                    cells.append("-")
+                    cells.append("**failed**" if label in failed else "-")
                     continue
                 other = t["all_reduces"] - t["followed_by_norm"]
                 cell = f"{t['rewritten']}/{t['followed_by_norm']}" + (f" (+{other})" if other else "")
                 cells.append(f"**{cell}**" if t["rewritten"] < t["followed_by_norm"] else cell)
-            error = max((o.max_error for o in report.outcomes), default=0.0)
+            error = max((o.max_error for o in report.outcomes if not o.error), default=0.0)
             lines.append(
                 f"| {kind} | {report.name} | {report.config_class} | "
                 + " | ".join(cells)
@@ -223,7 +231,7 @@ def progress_line(report: Any) -> str:
     if report.error:
         return f"not run: {report.error.splitlines()[0][:160]}"
     return ", ".join(
-        f"{o.label} {o.rewritten}/{o.all_reduces}"
+        f"{o.label} failed" if o.error else f"{o.label} {o.rewritten}/{o.all_reduces}"
         for o in report.outcomes
         if not o.label.endswith("async_tp")
     )

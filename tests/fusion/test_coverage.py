@@ -433,3 +433,37 @@ def test_no_reason_holds_the_separator_the_reports_join_reasons_with(monkeypatch
     assert sites.HYPER_CONNECTIONS in reasons and sites.SCALED_AFTER_SUM in reasons
     for reason in reasons:
         assert "; " not in reason, reason
+
+
+def test_a_pass_that_fails_with_passkits_own_error_is_reported_in_its_row():
+    """A configuration failing with passkit's own error (a token range compiled at its first
+    use guarding on a size the inputs do not carry, Qwen4-Exp's ``sequence_parallel``) is its
+    row's "failed: ...", out of the totals; the family's other passes still report."""
+    from passkit_fusion.coverage.run import FamilyReport, PassOutcome
+
+    benchmark = _benchmark()
+    report = FamilyReport(
+        "Q",
+        "QConfig",
+        2,
+        [
+            PassOutcome("allreduce_rmsnorm", 3, 3, {}, 1e-7, 1, []),
+            PassOutcome("sequence_parallel", 0, 0, {}, 0.0, 1, [], error="LateGuardError: set compile_at"),
+        ],
+        norm="RMSNorm",
+    )
+    assert benchmark.totals([report]) == {
+        "allreduce_rmsnorm": {"all_reduces": 3, "rewritten": 3, "followed_by_norm": 3}
+    }
+
+    class Args:
+        tp, tokens, mode = 2, 8, "eager"
+
+    text = benchmark.render([report], Args(), 1.0)
+    assert "| Q | QConfig | sequence_parallel | - | - | failed: LateGuardError: set compile_at | - |" in text
+    assert "| RMSNorm | Q | QConfig | 3/3 | - | **failed** | 1.0e-07 |" in text
+    assert (
+        "1 pass configuration(s) failed with passkit's own error (in their rows): Q (sequence_parallel)."
+        in text
+    )
+    assert benchmark.progress_line(report) == "allreduce_rmsnorm 3/3, sequence_parallel failed"

@@ -132,7 +132,9 @@ def _summary(report: Any) -> str:
     """One line per fusing pass run (``allreduce_rmsnorm``, ``allreduce_layernorm``): sites
     fused of the all-reduces it saw, the logit difference."""
     lines = [
-        f"{o.label}: {o.rewritten} of {o.all_reduces} all-reduce(s) fused; logits within {o.max_error:.1e} of eager"
+        f"{o.label}: failed: {o.error}"
+        if o.error
+        else f"{o.label}: {o.rewritten} of {o.all_reduces} all-reduce(s) fused; logits within {o.max_error:.1e} of eager"
         for o in report.outcomes
         if o.label in ("allreduce_rmsnorm", "allreduce_layernorm")
     ]

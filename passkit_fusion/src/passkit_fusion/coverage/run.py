@@ -58,6 +58,9 @@ class PassOutcome:
     """Largest absolute difference of the logits from eager, over the ranks."""
     graphs: int
     notes: list[str]
+    error: str | None = None
+    """passkit's own error when this configuration failed (the other passes still report;
+    the counts and ``max_error`` are then 0 and mean nothing)."""
 
 
 @dataclasses.dataclass
@@ -260,6 +263,14 @@ def _run_plans(
             try:
                 got = torch.compile(model, backend=backend)(ids, use_cache=False).logits
             except Exception as exc:
+                if isinstance(exc, passkit.PasskitError) or isinstance(exc.__cause__, passkit.PasskitError):
+                    # passkit's own error for this configuration (its message says what to do):
+                    # reported in its row, the other configurations still run
+                    failed = PassOutcome(
+                        label, 0, 0, {}, 0.0, len(backend.reports), [], error=_short(exc, full=full)
+                    )
+                    outcomes.append(failed)
+                    continue
                 return {"compile_error": f"torch.compile failed ({label}): {_short(exc, full=full)}"}
             outcomes.append(_outcome(label, passes, backend, (got - eager).abs().max().item()))
     return {"outcomes": outcomes}
@@ -334,6 +345,11 @@ def format_report(reports: list[FamilyReport]) -> str:
             )
             continue
         for o in report.outcomes:
+            if o.error:
+                lines.append(
+                    f"| {report.name} | {report.config_class} | {o.label} | - | - | failed: {o.error} | - |"
+                )
+                continue
             if o.label.endswith("async_tp"):
                 lines.append(
                     f"| {report.name} | {report.config_class} | {o.label} | - | {o.rewritten} | "
