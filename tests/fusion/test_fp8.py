@@ -101,6 +101,14 @@ def no_residual(x, r, w, s):
     return (quant_div(llama_norm(ar(x), w), s),)
 
 
+def no_weight_div(x, r, w, s):
+    """nanochat's norm, without a weight: the op reads a ones weight."""
+    h = ar(x) + r
+    out = h.float()
+    y = (out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(h)
+    return quant_div(y, s), h
+
+
 def two_layers(x, r, w, s):
     h = ar(x) + r
     y = llama_norm(h, w)
@@ -214,6 +222,8 @@ FORMS = {
     "reshaped-and-scaled-3d": Case(reshaped_and_scaled, shape=(2, 3, 64)),
     "norm-also-used": Case(norm_also_used, need_norm_out=True),
     "no-residual": Case(no_residual),
+    "no-weight-div": Case(no_weight_div),
+    "no-weight-div-fp32": Case(no_weight_div, dtype=fp32),
     "two-layers": Case(two_layers, sites=2, quantized=2, need_norm_out=True),
 }
 
@@ -309,7 +319,7 @@ def test_plan_fingerprint_distinguishes_the_quantized_variant():
 #: (F.rms_norm, fp32) the FP8 output is bit-identical; Llama's norm rounds once more than
 #: the kernel (see reference.py), which moves an FP8 value by at most one step.
 NUMERIC_FORMS = ["div-bf16", "div-fp16-3d-scale[1]", "div-fp32", "f_rms_norm-div", "inverse-reciprocal",
-                 "inverse-input", "torchao-bf16", "norm-also-used", "no-residual", "two-layers"]  # fmt: skip
+                 "inverse-input", "torchao-bf16", "norm-also-used", "no-residual", "two-layers", "no-weight-div"]  # fmt: skip
 EXACT = {"div-fp32", "f_rms_norm-div"}
 ODD_SCALE = 0.0371  # not a power of two: roundings may differ by one FP8 step
 

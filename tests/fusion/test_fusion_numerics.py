@@ -54,6 +54,30 @@ def f_rms_norm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(h, (h.shape[-1],), w, 1e-5)
 
 
+def nanochat(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """nanochat's norm: no weight (``w`` unused); the fused op reads a ones weight."""
+    out = h.float()
+    return (out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(h)
+
+
+def f_rms_norm_no_weight(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(h, (h.shape[-1],), None, 1e-5)
+
+
+def nanochat_layer(x, r, w):
+    """The weightless norm's output read by several users (nanochat's q, k, v projections)."""
+    h = ar(x) + r
+    y = nanochat(h, w)
+    return y @ torch.outer(w, w), torch.tanh(y), h
+
+
+def nanochat_two_layers(x, r, w):
+    """nanochat's first norm (on the embedding's sum): its output is the residual stream."""
+    y = nanochat(ar(x), w)
+    h = y + ar(torch.tanh(nanochat(y, w)) * 0.5 + x)
+    return nanochat(h, w), h
+
+
 def with_residual(norm: Callable[..., torch.Tensor]) -> Callable[..., Any]:
     def fn(x, r, w):
         h = ar(x) + r
@@ -134,7 +158,23 @@ CASES: dict[str, tuple[Callable[..., Any], torch.dtype, tuple[int, ...]]] = {
     "gemma3n-pow-residual-bf16-3d": (with_residual(gemma3n), bf16, (2, 5, 64)),
     "in-place-all-reduce-bf16-2d": (in_place, bf16, (7, 64)),
     "two-chained-sites-bf16": (two_layers, bf16, (7, 64)),
+    "nanochat-no-weight-residual-bf16-3d": (with_residual(nanochat), bf16, (2, 5, 64)),
+    "nanochat-no-weight-residual-fp32-2d": (with_residual(nanochat), fp32, (7, 64)),
+    "nanochat-no-weight-no-residual-fp32-3d": (without_residual(nanochat), fp32, (2, 5, 64)),
+    "f_rms_norm-no-weight-residual-fp16-2d": (with_residual(f_rms_norm_no_weight), fp16, (7, 64)),
+    "two-layers-nanochat-no-weight-fp32-2d": (nanochat_two_layers, fp32, (7, 64)),
 }
+
+SP = {"name": "sequence_parallel", "min_tokens": 1}
+SP_CASES: dict[str, tuple[Callable[..., Any], torch.dtype, tuple[int, ...]]] = {
+    "nanochat-no-weight-layer-fp32-3d": (nanochat_layer, fp32, (2, 4, 64)),
+    "nanochat-no-weight-layer-bf16-2d": (nanochat_layer, bf16, (8, 64)),
+    "nanochat-no-weight-no-residual-fp32-2d": (without_residual(nanochat), fp32, (8, 64)),
+    "nanochat-no-weight-two-layers-fp32-3d": (nanochat_two_layers, fp32, (2, 4, 64)),
+    "nanochat-no-weight-two-layers-bf16-2d": (nanochat_two_layers, bf16, (8, 64)),
+}
+"""Norms without a weight through ``sequence_parallel`` (its rewrite copies the norm's own
+nodes onto the shard: no weight needed)."""
 
 
 def _inputs(rank: int, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
@@ -145,10 +185,25 @@ def _inputs(rank: int, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torc
     return x, r, w
 
 
-def _compile(fn: Callable[..., Any]) -> tuple[Callable[..., Any], passkit.Backend]:
+def _compile(
+    fn: Callable[..., Any], passes: list[Any] | None = None
+) -> tuple[Callable[..., Any], passkit.Backend]:
     torch._dynamo.reset()
-    backend = passkit.backend(passes=[REFERENCE], mode="eager", verify=True, on_error="raise")
+    backend = passkit.backend(passes=passes or [REFERENCE], mode="eager", verify=True, on_error="raise")
     return torch.compile(fn, backend=backend, fullgraph=True), backend
+
+
+def _sequence_parallel_forms(rank: int) -> dict[str, Any]:
+    out = {}
+    for name, (fn, dtype, shape) in SP_CASES.items():
+        inputs = _inputs(rank, dtype, shape)
+        compiled, backend = _compile(fn, [SP])
+        out[name] = {
+            "eager": fn(*inputs),
+            "compiled": compiled(*inputs),
+            "matches": backend.reports[0]["sequence_parallel"].matches,
+        }
+    return out
 
 
 def _forms(rank: int) -> dict[str, Any]:
@@ -221,7 +276,12 @@ def _models(rank: int, world_size: int) -> dict[str, Any]:
 
 def _rank(rank: int, world_size: int) -> dict[str, Any]:
     with torch.no_grad():
-        return {"forms": _forms(rank), "op": _op_called_directly(rank), "models": _models(rank, world_size)}
+        return {
+            "forms": _forms(rank),
+            "sp_forms": _sequence_parallel_forms(rank),
+            "op": _op_called_directly(rank),
+            "models": _models(rank, world_size),
+        }
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +304,18 @@ def test_form_matches_eager(ranks: list[dict[str, Any]], case: str):
             assert torch.equal(total, eager_total), "residual_out must be the unfused sum, exactly"
     torch.testing.assert_close(
         ranks[0]["forms"][case]["compiled"], ranks[1]["forms"][case]["compiled"], rtol=0, atol=0
+    )
+
+
+@pytest.mark.parametrize("case", list(SP_CASES))
+def test_sequence_parallel_without_weight_matches_eager(ranks: list[dict[str, Any]], case: str):
+    for rank in ranks:
+        result = rank["sp_forms"][case]
+        assert result["matches"] == (2 if "two-layers" in case else 1)
+        for got, want in zip(result["compiled"], result["eager"], strict=True):
+            assert_close(got, want)
+    torch.testing.assert_close(
+        ranks[0]["sp_forms"][case]["compiled"], ranks[1]["sp_forms"][case]["compiled"], rtol=0, atol=0
     )
 
 

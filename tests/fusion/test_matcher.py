@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import operator
 import re
 from collections.abc import Callable
 from typing import Any
@@ -191,7 +192,72 @@ def reshape_scale_and_shared_expert(x, r, w):
     return llama_norm(y + shared + r, w)
 
 
+# without a weight (nanochat's NanoChatRMSNorm, F.rms_norm(x, (d,))): the op reads ones
+
+
+def nanochat_norm(h: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    out = h.float()
+    return (out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + eps)).type_as(h)
+
+
+def no_weight(x, r, w):
+    h = (ar(x) + r).float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def no_weight_many_users(x, r, w):
+    """nanochat's layers: the norm output (the normalised product, or its downcast) is
+    read by several users (the q, k and v projections)."""
+    h = ar(x) + r
+    y = nanochat_norm(h)
+    return torch.tanh(y), y.sum(-1), y[..., :8] * 2, h
+
+
+def no_weight_no_residual(x, r, w):
+    """nanochat's first norm, on the (vocab-parallel) embedding: no residual."""
+    y = nanochat_norm(ar(x))
+    return y + torch.tanh(y)
+
+
+def no_weight_then_next_norm(x, r, w):
+    """nanochat's first norm, on the embedding, in fp32: its output is the residual stream
+    and the next norm's input, which multiplies it by its ``[..., 1]`` rsqrt (not a weight)."""
+    y = nanochat_norm(ar(x))
+    return nanochat_norm(y) * 2 + y
+
+
+def no_weight_residual_stream(x, r, w):
+    """nanochat: the first norm's output (on the embedding's sum) is the residual stream, the
+    next site's residual; the layer reads it through its own norm."""
+    y = nanochat_norm(ar(x))
+    h = y + ar(torch.tanh(nanochat_norm(y)))
+    return nanochat_norm(h)
+
+
+def f_rms_norm_no_weight(x, r, w):
+    h = ar(x) + r
+    return F.rms_norm(h, (h.shape[-1],), None, 1e-5)
+
+
 # negative forms
+
+
+def no_weight_normed_also_used(x, r, w):
+    h = (ar(x) + r).float()
+    n = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return n.to(x.dtype), n.sum()  # the fp32 product: an intermediate when the output is rounded
+
+
+def no_weight_variance_also_used(x, r, w):
+    h = ar(x) + r
+    var = h.float().pow(2).mean(-1, keepdim=True)
+    return (h.float() * torch.rsqrt(var + 1e-6)).type_as(h), var
+
+
+def weighted_product_also_used(x, r, w):
+    h = (ar(x) + r).float()
+    n = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * n, n * 2  # fp32: the weight multiply is the output, the product inside
 
 
 def router_weighted(x, r, w):
@@ -246,11 +312,6 @@ def residual_broadcasts(x, r, w):
 
 def residual_fp32(x, r, w):
     return llama_norm(ar(x) + r.float(), w)  # a residual stream kept in fp32
-
-
-def no_weight(x, r, w):
-    h = (ar(x) + r).float()
-    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
 
 def no_norm(x, r, w):
@@ -314,6 +375,13 @@ FORMS = [
     Form(shared_expert),
     Form(reshape_scale_and_shared_expert, shape=(2, 3, 64)),
     Form(shared_expert_then_reshape, shape=(2, 3, 64)),
+    Form(no_weight),
+    Form(no_weight, dtype=fp32, shape=(2, 3, 64)),
+    Form(no_weight_many_users, shape=(2, 3, 64)),
+    Form(no_weight_many_users, dtype=fp32, shape=(2, 3, 64)),
+    Form(no_weight_no_residual, dtype=fp16, residuals=0),
+    Form(no_weight_no_residual, dtype=fp32, residuals=0),
+    Form(f_rms_norm_no_weight, shape=(2, 3, 64), eps=as_fp32(1e-5)),
 ]
 
 NEGATIVES = [
@@ -338,7 +406,14 @@ NEGATIVES = [
     (Form(variance_also_used), "inside the RMSNorm, is also used outside it", 2),
     (Form(residual_broadcasts), "residual add broadcasts ([4, 64] + [64])", 2),
     (Form(residual_fp32, weight_dtype=fp32), "residual is float32 but the all-reduce is bfloat16", 2),
-    (Form(no_weight), "RMSNorm without a weight", 2),
+    (Form(no_weight_normed_also_used), "mul, inside the RMSNorm, is also used outside it", 2),
+    (Form(no_weight_variance_also_used, dtype=fp32), "inside the RMSNorm, is also used outside it", 2),
+    (Form(no_weight_variance_also_used), "inside the RMSNorm, is also used outside it", 2),
+    (
+        Form(weighted_product_also_used, dtype=fp32, shape=(2, 3, 64)),
+        "mul, inside the RMSNorm, is also used outside it",
+        2,
+    ),
     (Form(no_norm), "all_reduce -> wait_tensor -> add -> relu: no RMSNorm after the all-reduce", 2),
     (Form(router_weighted), "all_reduce -> wait_tensor -> mul(·, ·): no RMSNorm after the all-reduce", 2),
     (
@@ -495,6 +570,54 @@ def test_find_sites_leaves_the_graph_alone():
     assert before.code == code and not rejected
     assert [s.residual is not None for s in sites] == [True, True]
     assert sites[1].residual is sites[0].total  # the second site reads the first one's sum
+
+
+@pytest.mark.parametrize("dtype", [bf16, fp32])
+def test_a_norm_without_weight_reads_a_ones_weight(dtype: torch.dtype):
+    form = Form(no_weight_many_users, dtype=dtype, shape=(2, 3, 64))
+    with fake_world(2):
+        result = run_passes(form.fn, *form.inputs(), passes=[REFERENCE])
+        sites, rejected = find_sites(result.graph_before.graph)
+    (site,) = sites
+    assert not rejected and site.weight is None and site.weight_bias == 0.0
+    assert len(site.out.users) == 3  # the norm's output, read by three users
+    assert site.out.target is (aten_mul if dtype == fp32 else torch.ops.prims.convert_element_type.default)
+    (fused,) = [
+        n
+        for n in result.graph_after.graph.nodes
+        if n.target is torch.ops.passkit_fusion.allreduce_rmsnorm.default
+    ]
+    weight = fused.args[2]
+    assert weight.target is torch.ops.aten.ones.default and weight.args == ([64],)
+    assert weight.kwargs["dtype"] == dtype and weight.kwargs["device"] == torch.device("cpu")
+    assert weight.meta["val"].shape == (64,) and weight.meta["val"].dtype == dtype
+    assert len(list(fused.users)) == 2  # norm_out (three users) and residual_out
+    note = result.report["allreduce_rmsnorm"].notes[0]
+    assert ", 1 RMSNorm(s) without weight (a ones weight);" in note, note
+
+
+aten_mul = torch.ops.aten.mul.Tensor
+
+
+@pytest.mark.parametrize("dtype", [bf16, fp32])
+def test_a_norm_without_weight_read_by_the_next_norm(dtype: torch.dtype):
+    """The next norm's ``mul(y, rsqrt(...))`` on the output is not a weight multiply."""
+    form = Form(no_weight_then_next_norm, dtype=dtype, shape=(2, 3, 64), residuals=0)
+    result = fuse(form.fn, *form.inputs())
+    result.assert_matches("allreduce_rmsnorm", 1)
+    assert count_ops(result.graph_after, ALL_REDUCE) == 0 and count_ops(result.graph_after, FUSED) == 1
+    assert count_ops(result.graph_after, "aten.rsqrt") == 1  # the second norm's, unfused
+
+
+@pytest.mark.parametrize("dtype", [bf16, fp32])
+def test_a_norm_without_weight_whose_output_is_the_next_residual(dtype: torch.dtype):
+    form = Form(no_weight_residual_stream, dtype=dtype, shape=(2, 3, 64))
+    result = fuse(form.fn, *form.inputs())
+    result.assert_matches("allreduce_rmsnorm", 2)
+    fused = [n for n in result.graph_after.graph.nodes if str(n.target) == FUSED]
+    assert len(fused) == 2 and fused[0].args[1] is None
+    residual = fused[1].args[1]  # the first op's norm_out
+    assert residual.target is operator.getitem and residual.args == (fused[0], 0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from test_matcher import (
     Form,
     bias_in_activation_dtype,
     f_rms_norm,
+    f_rms_norm_no_weight,
     gemma,
     in_place_all_reduce,
     llama_norm,
@@ -27,6 +28,11 @@ from test_matcher import (
     llama_weight_right,
     no_residual,
     no_residual_result_used_later,
+    no_weight,
+    no_weight_many_users,
+    no_weight_no_residual,
+    no_weight_residual_stream,
+    no_weight_then_next_norm,
     norm_over_dim0,
     reduce_max,
     residual_first,
@@ -79,6 +85,12 @@ FORMS = [
     (Form(residual_sum_used_later, shape=(8, 64)), 1, 1, 1),
     (Form(two_chained_sites, shape=(2, 4, 64)), 2, 1, 0),
     (Form(llama_residual, shape=(8, 36)), 1, 1, 0),  # hidden sizes the fused kernel refuses
+    # without a weight (nanochat): the norm's own nodes copied, its output read by many users
+    (Form(no_weight, shape=(8, 64)), 1, 1, 0),
+    (Form(no_weight_many_users, shape=(2, 4, 64)), 1, 1, 1),
+    (Form(no_weight_many_users, dtype=fp32, shape=(2, 4, 64)), 1, 1, 1),
+    (Form(no_weight_no_residual, dtype=fp32, shape=(8, 64)), 1, 0, 0),
+    (Form(f_rms_norm_no_weight, shape=(2, 4, 64)), 1, 1, 0),
 ]
 
 
@@ -101,6 +113,33 @@ def test_rewrites_form(form: Form, sites: int, sliced: int, gathered: int):
     note = result.report["sequence_parallel"].notes[0]
     assert note.startswith(f"{sites} site(s) -> reduce-scatter + RMSNorm on 1/2 of the tokens")
     assert f"{sliced} residual(s) sliced (first)" in note and f"{gathered} sum(s) gathered" in note
+
+
+def test_a_norm_without_weight_read_by_the_next_norm():
+    """nanochat's first norm (fp32, no weight): the next norm's ``mul(y, rsqrt)`` on its
+    output is one of its users, not a weight multiply."""
+    form = Form(no_weight_then_next_norm, dtype=fp32, shape=(8, 64))
+    result = rewrite(form.fn, *form.inputs())
+    result.assert_matches("sequence_parallel", 1)
+    after = result.graph_after
+    assert count_ops(after, ALL_REDUCE) == 0 and count_ops(after, REDUCE_SCATTER) == 1
+    assert norm_args(after) == [((4, 1), fp32), ((8, 1), fp32)]  # the site's on the shard, the next
+
+
+@pytest.mark.parametrize("dtype", [bf16, fp32])
+def test_a_norm_output_that_is_the_next_residual_stays_sharded(dtype: torch.dtype):
+    """nanochat: the first norm's output (no weight) is the next site's residual: that site
+    adds its reduce-scatter to the norm output's shard, not to a slice of its gather."""
+    form = Form(no_weight_residual_stream, dtype=dtype, shape=(2, 4, 64))
+    result = rewrite(form.fn, *form.inputs())
+    result.assert_matches("sequence_parallel", 2)
+    after = result.graph_after
+    assert count_ops(after, ALL_REDUCE) == 0 and count_ops(after, TOKEN_SHARD) == 0
+    assert count_ops(after, REDUCE_SCATTER) == 2 and count_ops(after, ALL_GATHER) == 2
+    note = result.report["sequence_parallel"].notes[0]
+    assert "0 residual(s) sliced (first), 1 already sharded (middle), 1 without residual" in note
+    adds = [n for n in after.graph.nodes if n.target is torch.ops.aten.add.Tensor and n.args[1] is not None]
+    assert [tuple(n.meta["val"].shape) for n in adds if n.meta["val"].shape[-1] == 64] == [(4, 64)]
 
 
 def test_middle_sites_keep_the_residual_sharded():

@@ -18,6 +18,11 @@ the next ``torch._scaled_mm``) becomes one call of
 ``torch.ops.passkit_fusion.allreduce_rmsnorm_fp8`` returning ``(quant_out, norm_out,
 residual_out)``: the quantization's users read ``quant_out``, other users of the norm
 output (if any) read ``norm_out``, which the kernel then writes too.
+
+An RMSNorm without a weight (nanochat's: no learnable scale) is fused too: the ops (and
+flashinfer's kernels) take a weight, so the rewrite passes a ones weight of the hidden size
+in the activations' dtype, created in the graph (``aten.ones``): the same value, as
+``x * 1`` is exact.
 """
 
 from __future__ import annotations
@@ -229,6 +234,10 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             x, residual, inserted = _fused_inputs(graph, site)
             for i, node in enumerate(inserted):  # the lead's copies, the residual's sum
                 position[node] = position[anchor] - 0.9 + 0.4 * i / len(inserted)
+            weight = site.weight
+            if weight is None:  # a norm without a weight: the op's weight is ones
+                weight = ones_weight(graph, site)
+                position[weight] = position[anchor] - 0.45
             scale: fx.Node | None = None
             if quant is not None:
                 scale = quant.scale
@@ -238,14 +247,14 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
                     position[scale] = position[anchor] - 0.5
                 op = torch.ops.passkit_fusion.allreduce_rmsnorm_fp8.default
                 args: tuple[object, ...] = (
-                    x, residual, site.weight, site.eps, site.weight_bias, scale,
+                    x, residual, weight, site.eps, site.weight_bias, scale,
                     site.group_name, self.impl, need_norm_out,
                     self.options.max_tokens, self.options.check_rank_consistency,
                 )  # fmt: skip
             else:
                 op = torch.ops.passkit_fusion.allreduce_rmsnorm.default
                 args = (
-                    x, residual, site.weight, site.eps, site.weight_bias, site.group_name,
+                    x, residual, weight, site.eps, site.weight_bias, site.group_name,
                     self.impl, self.options.max_tokens, self.options.check_rank_consistency,
                 )  # fmt: skip
             fused = graph.call_function(op, args)
@@ -333,6 +342,18 @@ def _fused_inputs(graph: fx.Graph, site: Site) -> tuple[fx.Node, fx.Node | None,
     return x, residual, [n for n in graph.nodes if n not in before]
 
 
+def ones_weight(graph: fx.Graph, site: Site) -> fx.Node:
+    """A ones weight of the site's hidden size in its activations' dtype and device, inserted
+    at the graph's insertion point: what the fused ops (and flashinfer's kernels), which take
+    a weight, read for a norm without one (``x * 1`` is exact)."""
+    like = site.x.meta["val"]
+    kwargs = {"dtype": site.dtype, "layout": torch.strided, "device": like.device, "pin_memory": False}
+    node = graph.call_function(torch.ops.aten.ones.default, ([site.hidden],), kwargs)
+    node.meta["val"] = _fake_call(torch.ops.aten.ones.default, ([site.hidden],), kwargs, like=like)
+    node.meta["stack_trace"] = site.out.meta.get("stack_trace")
+    return node
+
+
 def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Node, bool]:
     """Where the fused op goes: at the sum, when its inputs are all defined by then (the
     usual case: weights are graph inputs); else after its last input, and the users of
@@ -358,16 +379,19 @@ def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Nod
     return next(n for n in sorted(site.nodes, key=position.__getitem__) if position[n] > last_input), True
 
 
-def _fake_call(op: object, args: tuple[object, ...]) -> object:
-    """``op``'s outputs on the graph's fake tensors (its fake implementation)."""
+def _fake_call(
+    op: object, args: tuple[object, ...], kwargs: dict[str, Any] | None = None, like: object = None
+) -> object:
+    """``op``'s outputs on the graph's fake tensors (its fake implementation); ``like``: a
+    fake tensor of the graph, for an op that reads none (a factory)."""
     from torch._guards import detect_fake_mode
 
     vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
-    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    fake_mode = detect_fake_mode([v for v in (*vals, like) if isinstance(v, torch.Tensor)])
     if fake_mode is None:
         raise RuntimeError("allreduce_rmsnorm: the graph's tensors carry no fake values")
     with fake_mode:
-        return op(*vals)  # type: ignore[operator]
+        return op(*vals, **(kwargs or {}))  # type: ignore[operator]
 
 
 def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[str]:
@@ -389,9 +413,11 @@ def summarize(sites: list[Site], rejected: list[Rejection], impl: str) -> list[s
         summed = (
             f"; {merged} all-reduce(s) merged into a site's (AR(a) + AR(b) = AR(a + b))" if merged else ""
         )
+        plain = sum(1 for s in sites if s.weight is None)
         notes.append(
             f"{len(sites)} site(s) -> {impl} op: {with_res} with residual, {len(sites) - with_res} without"
-            f"{fp8}{_dialects(sites)}; plan {plan_fingerprint(sites)}{summed}"
+            + (f", {plain} RMSNorm(s) without weight (a ones weight)" if plain else "")
+            + f"{fp8}{_dialects(sites)}; plan {plan_fingerprint(sites)}{summed}"
         )
         if layers := notes_patterns.per_layer(s.module for s in sites):
             notes.append(layers)
@@ -418,6 +444,7 @@ def plan_fingerprint(sites: list[Site]) -> str:
         [s.group_name, s.world_size, s.hidden, str(s.dtype), s.residual is not None, s.eps, s.weight_bias]
         + ([s.quant.form, s.need_norm_out] if s.quant is not None else [])
         + ([len(s.merged)] if s.merged else [])
+        + (["no weight"] if s.weight is None else [])
         for s in sites
     ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]

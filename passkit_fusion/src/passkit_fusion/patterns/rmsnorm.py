@@ -8,11 +8,17 @@ node ``s``::
     n   = mul(c, rsqrt(add(var, eps)))        # or pow(add(var, eps), -0.5): Gemma-3n, Gemma-4
     out = mul(convert_element_type(n, dtype), W)     # weight after the downcast (Llama)
         | convert_element_type(mul(n, W), dtype)     # weight in fp32 (F.rms_norm, Gemma)
+        | convert_element_type(n, dtype)             # no weight (nanochat, F.rms_norm(x, (d,)))
+        | n                                          # no weight, fp32 activations
 
 where ``W`` is the weight, optionally upcast, optionally plus a constant (Gemma's
-``1 + weight``, returned as ``weight_bias``). Operands of commutative ops may come in
-either order; the epsilon, the weight bias, the dims and the dtypes are read from the
-graph. A norm the fused kernels would compute differently (over another dim, a weight in
+``1 + weight``, returned as ``weight_bias``). Without a weight (no learnable scale:
+nanochat's ``NanoChatRMSNorm``, ``F.rms_norm`` without ``weight``) the norm's output is the
+normalised product, or its downcast, and :attr:`RMSNorm.weight` is None: a rewrite whose
+op takes a weight passes a ones weight of the hidden size (the same value). That output
+may have any number of users (the q/k/v projections...). Operands of commutative ops may
+come in either order; the epsilon, the weight bias, the dims and the dtypes are read from
+the graph. A norm the fused kernels would compute differently (over another dim, a weight in
 another dtype than the activations, an intermediate used outside the norm) raises
 :class:`~passkit_fusion.patterns.graph.Mismatch` with the reason; nothing shaped like an
 RMSNorm raises :class:`NoNorm`. Used by ``allreduce_rmsnorm``'s matcher (after the
@@ -59,7 +65,9 @@ class NoNorm(Mismatch):
 class RMSNorm:
     """An RMSNorm found after a given node."""
 
-    weight: fx.Node
+    weight: fx.Node | None
+    """The weight as stored (before any upcast), or None: a norm without a weight (its
+    output is the normalised value; ``weight_bias`` is then 0)."""
     weight_bias: float
     eps: float
     out: fx.Node
@@ -115,7 +123,7 @@ def _norm_from_fp32(total: fx.Node, h: fx.Node, also: fx.Node | None = None) -> 
         else [h, square, mean, plus_eps, rsqrt, normed]
     )
     weight, bias, tail = _weight_tail(normed, dtype, val(total).shape[-1])
-    out = tail[-1]
+    out = tail[-1] if tail else normed  # fp32 without a weight: the normalised product
     if val(out).dtype != dtype or not same_shape(val(out).shape, val(total).shape):
         raise Mismatch(
             f"norm output is {dtype_str(val(out).dtype)} {shape_str(val(out).shape)}, not like its input"
@@ -134,14 +142,26 @@ def _check_mean(mean: fx.Node, ndim: int) -> None:
         raise Mismatch(f"RMSNorm over dims {list(dims)}, not the last (hidden) dim")
 
 
-def _weight_tail(normed: fx.Node, dtype: torch.dtype, hidden: int) -> tuple[fx.Node, float, list[fx.Node]]:
+def _weight_tail(
+    normed: fx.Node, dtype: torch.dtype, hidden: int
+) -> tuple[fx.Node | None, float, list[fx.Node]]:
     """From the normalised fp32 value to the output: the weight multiply and the downcast,
-    in either order. Returns ``(weight, weight_bias, nodes)``, the output last in ``nodes``."""
+    in either order, or the downcast alone (no weight), or nothing (no weight, fp32).
+    Returns ``(weight, weight_bias, nodes)``, the output last in ``nodes``; ``weight`` is
+    None without a weight (the output, ``nodes[-1]`` or ``normed`` itself when ``nodes`` is
+    empty, may then have many users)."""
+    if dtype == torch.float32:
+        muls = [u for u in normed.users if _is_weight_mul(u, normed)]
+        if not muls:  # no weight: the normalised product is the output
+            return None, 0.0, []
+        user = next_user(normed, lambda u: u is muls[0])  # the weight multiply is the output
+        weight, bias, prep = _weight(tensor_other(user, normed), dtype, hidden)  # type: ignore[arg-type]
+        return weight, bias, [*prep, user]
     user = next_user(normed, lambda u: True)
-    if dtype != torch.float32 and cast_dtype(user) == dtype:  # downcast, then weight
-        muls = [u for u in user.users if u.target is aten.mul.Tensor and tensor_other(u, user) is not None]
-        if not muls:
-            raise Mismatch("RMSNorm without a weight")
+    if cast_dtype(user) == dtype:  # downcast, then the weight (or no weight)
+        muls = [u for u in user.users if _is_weight_mul(u, user)]
+        if not muls:  # no weight: the downcast is the output
+            return None, 0.0, [user]
         mul = next_user(user, lambda u: u is muls[0])
         factor: fx.Node = tensor_other(mul, user)  # type: ignore[assignment]
         if val(factor).dtype != dtype:
@@ -151,15 +171,24 @@ def _weight_tail(normed: fx.Node, dtype: torch.dtype, hidden: int) -> tuple[fx.N
             )
         weight, bias, prep = _weight(factor, dtype, hidden)
         return weight, bias, [*prep, user, mul]
-    if user.target is aten.mul.Tensor and tensor_other(user, normed) is not None:  # weight in fp32
+    if _is_weight_mul(user, normed, one_dim=False):  # weight in fp32 (a misshapen one: its reason)
         weight, bias, prep = _weight(tensor_other(user, normed), dtype, hidden)  # type: ignore[arg-type]
-        if dtype == torch.float32:
-            return weight, bias, [*prep, user]
         down = next_user(user, lambda u: cast_dtype(u) == dtype)
         return weight, bias, [*prep, user, down]
-    if cast_dtype(user) == dtype or dtype == torch.float32:
-        raise Mismatch("RMSNorm without a weight")
     raise NoNorm(f"unexpected {user.target} after the normalisation")
+
+
+def _is_weight_mul(node: fx.Node, value: fx.Node, one_dim: bool = True) -> bool:
+    """``node`` multiplies ``value`` by another tensor: a norm weight, where it follows the
+    normalisation. With ``one_dim``, only by a 1-D tensor: where the norm may also have no
+    weight, a product with anything else is one of the output's users (the next norm's
+    ``mul(x, rsqrt(...))`` on an fp32 output, a gate), outside the norm."""
+    if node.target is not aten.mul.Tensor:
+        return False
+    other = tensor_other(node, value)
+    if other is None:
+        return False
+    return not one_dim or (isinstance(other.meta.get("val"), torch.Tensor) and val(other).dim() == 1)
 
 
 def _weight(factor: fx.Node, dtype: torch.dtype, hidden: int) -> tuple[fx.Node, float, list[fx.Node]]:

@@ -14,7 +14,7 @@ group)``, SGLang's ``sglang.outplace_all_reduce`` / functionalized
   and vLLM's native RMSNorm with a residual), to the native RMSNorm decomposition
   (:func:`passkit_fusion.patterns.rmsnorm.match_rmsnorm`: Llama's fp32 upcast,
   ``F.rms_norm``, Gemma's ``1 + weight``, ``x * x``, the weight on either side of the
-  downcast).
+  downcast, no weight at all: nanochat's).
 
 The group the graph names is resolved by the dialect to the torch process group the
 rewrites use (:attr:`Site.group_name`). Everything is decided from the graph and the
@@ -128,8 +128,10 @@ class Site:
     """The node whose value ``residual_out`` takes over: the residual add, or the all-reduce
     result without a residual; None when the host's fused add+norm op has a residual
     output nothing reads."""
-    weight: fx.Node
-    """The norm weight as stored (before any upcast); its dtype is the activations'."""
+    weight: fx.Node | None
+    """The norm weight as stored (before any upcast); its dtype is the activations'. None:
+    a norm without a weight (an RMSNorm without a learnable scale, nanochat's; a LayerNorm
+    without affine weight): a rewrite whose op takes a weight passes ones (the same value)."""
     weight_bias: float
     eps: float
     out: fx.Node

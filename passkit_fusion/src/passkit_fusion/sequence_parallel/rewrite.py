@@ -17,7 +17,9 @@ reduce-scatter, as eager scales after the all-reduce: the same numerics); terms 
 the residual (a shared expert's output) are sliced like a first site's residual.
 
 The residual's shard is the previous site's sharded sum when the residual is that site's
-sum (middle sites: the residual stream stays sharded between layers), else
+sum (middle sites: the residual stream stays sharded between layers), or that site's norm
+output on the shard when the residual is that norm's output (a norm without a weight whose
+output is the residual stream: nanochat's first norm, on the embedding), else
 ``token_shard(reshape(residual, [-1, H]), g)`` (first site: a replicated residual, sliced
 without communication). Users of a site's sum other than the next site (the model's
 output, a user outside any site: the last site) read an all-gather of the shard.
@@ -82,6 +84,8 @@ class Shard:
     shaped: fx.Node
     """A node with ``like``'s shape (the site's all-reduce input), for its symbolic dims
     when no graph input carries them."""
+    gathered: fx.Node | None = None
+    """For a norm output's shard: the node that replaced ``like`` (its gather)."""
 
 
 @dataclasses.dataclass
@@ -127,6 +131,11 @@ class Rewriter:
         vals = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         self.fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
         self.shards: dict[fx.Node, Shard] = {}
+        self.norm_shards: dict[fx.Node, Shard] = {}
+        """Each rewritten site's norm output on the shard, under the norm's output node and
+        the gathered node that replaced it: a later site whose residual (or added term) it is
+        reads the shard (a norm without a weight whose output is the residual stream:
+        nanochat's first norm, on the embedding)."""
         self.gathers: list[Gathered] = []
         self.dead: set[fx.Node] = set()
         self.bypassed: set[fx.Node] = set()
@@ -265,6 +274,9 @@ class Rewriter:
                 env[site.residual] = self._residual_shard(site.residual, g, w)
             for term in site.shared:
                 env[term] = self._term_shard(term, g)
+            for node in (site.residual, *site.shared):  # an earlier site's norm output,
+                if node in self.norm_shards:  # replaced by its gather, which the nodes read
+                    env[self.norm_shards[node].gathered] = env[node]  # type: ignore[index]
             position = {n: i for i, n in enumerate(self.graph.nodes)}
             for node in sorted(set(site.nodes) - skipped, key=position.__getitem__):
                 if node in views:
@@ -276,8 +288,11 @@ class Rewriter:
                 copy.meta = {k: v for k, v in node.meta.items() if k != "val"}
                 self._propagate(copy, node)
                 env[node] = copy
-            out = self._gather(Shard(env[site.out], g, w, x2, site.out, self._site, site.x))
+            normed = Shard(env[site.out], g, w, x2, site.out, self._site, site.x)
+            out = self._gather(normed)
         site.out.replace_all_uses_with(out)
+        normed.gathered = out
+        self.norm_shards[site.out] = self.norm_shards[out] = normed
         if site.total is not None:
             self.shards[site.total] = Shard(env[site.total], g, w, x2, site.total, self._site, site.x)
         self.dead.update(site.nodes)
@@ -285,11 +300,16 @@ class Rewriter:
 
     def _residual_shard(self, residual: fx.Node, group_name: str, world_size: int) -> fx.Node:
         source = residual  # a view of an earlier site's sum keeping H: the same rows
-        while source not in self.shards and is_view(source) and isinstance(source.args[0], fx.Node):
+        while (
+            source not in self.shards
+            and source not in self.norm_shards
+            and is_view(source)
+            and isinstance(source.args[0], fx.Node)
+        ):
             if source.args[0].meta["val"].shape[-1] != source.meta["val"].shape[-1]:
                 break
             source = source.args[0]
-        known = self.shards.get(source)
+        known = self.shards.get(source) or self.norm_shards.get(source)
         if known is not None and known.group_name == group_name:
             self.outcome.sharded += 1
             return known.node
@@ -299,7 +319,7 @@ class Rewriter:
     def _term_shard(self, term: fx.Node, group_name: str) -> fx.Node:
         """This rank's rows of a term added before the residual (a shared expert's output,
         computed alike on every rank): sliced without communication."""
-        known = self.shards.get(term)
+        known = self.shards.get(term) or self.norm_shards.get(term)
         if known is not None and known.group_name == group_name:
             return known.node
         self.outcome.shared += 1
