@@ -33,6 +33,7 @@ import json
 import platform
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def render(reports: list, args: argparse.Namespace, seconds: float, reused: int 
     per pass), then every family's full table (the reasons), grouped by norm kind."""
     import torch
     import transformers
-    from passkit_fusion.coverage.run import format_report
+    from passkit_fusion.coverage.run import format_report, versions
 
     lines = [
         f"Machine: {platform.machine()} CPU, {platform.system()}; torch {torch.__version__}, "
@@ -83,6 +84,11 @@ def render(reports: list, args: argparse.Namespace, seconds: float, reused: int 
         f"fp32, passkit mode {args.mode}; {seconds:.0f} s"
         + (f" (and {reused} families' reports read from the cache of earlier runs)." if reused else "."),
     ]
+    made = Counter(r.versions for r in reports)
+    if len(made) > 1 or (made and next(iter(made)) != versions()):
+        lines.append(
+            "Reports made with: " + "; ".join(f"{v} ({n} families)" for v, n in made.most_common()) + "."
+        )
     groups: dict[str, list] = {}
     for report in reports:  # by norm kind: RMSNorm families first
         groups.setdefault(report.norm, []).append(report)

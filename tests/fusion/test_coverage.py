@@ -467,3 +467,24 @@ def test_a_pass_that_fails_with_passkits_own_error_is_reported_in_its_row():
         in text
     )
     assert benchmark.progress_line(report) == "allreduce_rmsnorm 3/3, sequence_parallel failed"
+
+
+def test_a_table_gathered_from_several_runs_names_the_versions_of_each():
+    """``--cache`` gathers reports of earlier runs, maybe made on another machine with
+    another torch: the header says which versions made how many."""
+    from passkit_fusion.coverage.run import FamilyReport, versions
+
+    benchmark = _benchmark()
+    here = FamilyReport("A", "AConfig", 2, [], error="x")
+    assert here.versions == versions() and versions().startswith("torch ")
+    there = FamilyReport("B", "BConfig", 2, [], error="x", versions="torch 2.11.0+cu130, transformers 5.23.0")
+
+    class Args:
+        tp, tokens, mode = 2, 8, "eager"
+
+    assert "Reports made with" not in benchmark.render([here], Args(), 1.0)
+    text = benchmark.render([here, there, there], Args(), 1.0, reused=2)
+    assert (
+        f"Reports made with: torch 2.11.0+cu130, transformers 5.23.0 (2 families); {versions()} (1 families)."
+        in text
+    )

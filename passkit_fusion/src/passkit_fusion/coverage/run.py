@@ -75,6 +75,16 @@ class FamilyReport:
     """How the run differed from the defaults (eager attention where SDPA did not compile)."""
     norm: str = "?"
     """The kind of norm of its decoder layers: ``RMSNorm``, ``LayerNorm``, both, or ``?``."""
+    versions: str = dataclasses.field(default_factory=lambda: versions())
+    """The torch and transformers it was checked with (a table may gather reports of several
+    runs: ``benchmarks/coverage.py --cache``)."""
+
+
+def versions() -> str:
+    """``"torch 2.13.0+cpu, transformers 5.23.0"``: this process's."""
+    import transformers
+
+    return f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 def check_model(
