@@ -17,6 +17,7 @@ transformers say why.
     python benchmarks/coverage.py --families Glm4Moe,olmoe   # any family name or model_type
     python benchmarks/coverage.py --families Llama,Qwen3-MoE
     python benchmarks/coverage.py --write               # + benchmarks/results/coverage_cpu.md
+    python benchmarks/coverage.py --all --write         # + benchmarks/results/coverage_all.md
 
 The same check for one config a user brings: ``passkit explain-hf config.json --tp 2``.
 
@@ -57,9 +58,11 @@ follows."""
 def totals(reports: list) -> dict[str, dict[str, int]]:
     """Per pass: all-reduces, rewritten, and the all-reduces followed by the pass's norm (an
     RMSNorm; a LayerNorm for ``allreduce_layernorm``: all but those rejected because no such
-    norm follows them): the denominator."""
+    norm follows them, and none in a family without that kind of norm, whatever the reason
+    its sites were left): the denominator."""
     out: dict[str, dict[str, int]] = {}
     for report in reports:
+        kinds = set(report.norm.split("+"))
         for o in report.outcomes:
             if o.label.endswith("async_tp") or o.error:
                 continue
@@ -67,8 +70,13 @@ def totals(reports: list) -> dict[str, dict[str, int]]:
             no_norm = sum(n for reason, n in o.reasons.items() if any(r in reason for r in NOT_A_NORM))
             t["all_reduces"] += o.all_reduces
             t["rewritten"] += o.rewritten
-            t["followed_by_norm"] += o.all_reduces - no_norm
+            if PASS_NORMS.get(o.label, "RMSNorm") in kinds or report.norm == "?":
+                t["followed_by_norm"] += o.all_reduces - no_norm
     return out
+
+
+PASS_NORMS = {"allreduce_layernorm": "LayerNorm"}
+"""The norm each pass ends its sites in (the others: RMSNorm)."""
 
 
 def render(reports: list, args: argparse.Namespace, seconds: float, reused: int = 0) -> str:
@@ -280,8 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         help="write each family's report to CACHE/<family>.json as it finishes and reuse the reports found "
         "there (a long run stopped part way resumes; delete a file to rerun its family)",
     )
-    ap.add_argument("--write", action="store_true", help="write benchmarks/results/coverage_cpu.{md,json}")
-    ap.add_argument("--write-to", type=Path, help="write coverage_cpu.{md,json} into this folder instead")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="write benchmarks/results/coverage_cpu.{md,json} (--all: coverage_all.{md,json})",
+    )
+    ap.add_argument("--write-to", type=Path, help="write the files into this folder instead")
     ap.add_argument(
         "--decode",
         action="store_true",
@@ -307,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write or args.write_to:
         out = args.write_to or HERE / "results"
         out.mkdir(parents=True, exist_ok=True)
-        (out / "coverage_cpu.md").write_text("# Coverage on CPU (benchmarks/coverage.py)\n\n" + text + "\n")
-        (out / "coverage_cpu.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
+        stem, title = ("coverage_all", "every family with a TP plan, ") if args.all else ("coverage_cpu", "")
+        (out / f"{stem}.md").write_text(f"# Coverage on CPU, {title}benchmarks/coverage.py\n\n" + text + "\n")
+        (out / f"{stem}.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
     return 0
 
 

@@ -342,7 +342,7 @@ def test_every_family_with_a_tp_plan_runs_without_a_traceback(tmp_path: Path):
     either runs or says why in one line; the logits of those that run equal eager's."""
     benchmark = _benchmark()
     assert benchmark.main(["--all", "--write-to", str(tmp_path)]) == 0
-    data = json.loads((tmp_path / "coverage_cpu.json").read_text())
+    data = json.loads((tmp_path / "coverage_all.json").read_text())
     for report in data:
         assert "Traceback" not in (report["error"] or ""), report
         for outcome in report["outcomes"]:
@@ -488,3 +488,25 @@ def test_a_table_gathered_from_several_runs_names_the_versions_of_each():
         f"Reports made with: torch 2.11.0+cu130, transformers 5.23.0 (2 families); {versions()} (1 families)."
         in text
     )
+
+
+def test_a_pass_counts_no_sites_in_a_family_without_its_norm():
+    """Granite-hybrid's sites left by ``allreduce_layernorm`` for a scale (a reason that names
+    no norm kind) are not LayerNorm sites: the family has RMSNorms only."""
+    from passkit_fusion.coverage.run import FamilyReport, PassOutcome
+
+    benchmark = _benchmark()
+    scaled = {"x: a constant scale after the all-reduce's sum ...": 2}
+    report = FamilyReport(
+        "G",
+        "GConfig",
+        2,
+        [
+            PassOutcome("allreduce_rmsnorm", 3, 1, scaled, 0, 1, []),
+            PassOutcome("allreduce_layernorm", 3, 0, scaled, 0, 1, []),
+        ],
+        norm="RMSNorm",
+    )
+    got = benchmark.totals([report])
+    assert got["allreduce_rmsnorm"]["followed_by_norm"] == 3
+    assert got["allreduce_layernorm"]["followed_by_norm"] == 0
