@@ -160,6 +160,15 @@ def test_shrinking_fills_what_a_default_config_leaves_unset(family: str):
         assert model(torch.arange(8)[None] % small.vocab_size, use_cache=False).logits.shape[1] == 8
 
 
+def test_a_recurrent_stack_runs_one_layer_as_many_times_as_the_layers_asked():
+    """HRM runs ``num_layers_per_stack`` layers ``H_cycles * (L_cycles + 1)`` times: 128 layers
+    unrolled at its defaults (a compile that did not end in 9 minutes); shrunk, one layer
+    twice, like the other families' 2 layers."""
+    hrm = small_config(load_config("hrm_text"))
+    assert (hrm.num_layers_per_stack, hrm.H_cycles, hrm.L_cycles, hrm.num_hidden_layers) == (1, 1, 1, 2)
+    assert small_config(load_config("hrm_text"), layers=4).L_cycles == 3
+
+
 def test_a_none_routing_size_is_filled_only_in_an_moe_config():
     dots1 = small_config(load_config("dots1"))
     assert (dots1.n_routed_experts, dots1.num_experts_per_tok, dots1.n_shared_experts) == (4, 2, 1)

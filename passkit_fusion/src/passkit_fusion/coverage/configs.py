@@ -227,7 +227,8 @@ def small_config(config: Any, layers: int = 2) -> Any:
     (experts per token, expert groups) are kept within the shrunk expert count. What a
     family's default config leaves None or empty although its model needs it gets a small
     value: routing sizes of an MoE config (Dots1, DeepSeek-V2), one RoPE per layer type
-    (Cohere-Compass), and per family :data:`_UNSET_DEFAULTS` (LFM2-MoE, Qwen4-Exp)."""
+    (Cohere-Compass), and per family :data:`_UNSET_DEFAULTS` (LFM2-MoE, Qwen4-Exp). A recurrent
+    stack (HRM: a stack of layers run several cycles) runs one layer ``layers`` times."""
     values = {k: v for k, v in config.to_dict().items() if k not in _DERIVED}
     full = values.get("num_hidden_layers")
     for key, small in _UNSET_DEFAULTS.get(values.get("model_type", ""), {}).items():
@@ -271,6 +272,14 @@ def small_config(config: Any, layers: int = 2) -> Any:
         # None in an MoE config (Dots1's default): every model reading it multiplies its
         # shared expert's size by it, so one shared expert
         values["n_shared_experts"] = 1
+    if isinstance(values.get("num_layers_per_stack"), int) and isinstance(values.get("L_cycles"), int):
+        # a recurrent stack (HRM): the decoder runs num_layers_per_stack layers
+        # H_cycles * (L_cycles + 1) times (128 layers unrolled at its defaults): one layer, one
+        # high-level cycle of ``layers - 1`` low-level cycles and the high-level step
+        values["num_layers_per_stack"] = 1
+        values["H_cycles"] = 1
+        values["L_cycles"] = max(1, layers - 1)
+        values["L_bp_cycles"] = [1]
     if isinstance(values.get("num_dense_layers"), int) and values["num_dense_layers"] > 1:
         values["num_dense_layers"] = 1  # dense-then-MoE kept at small sizes (first_k_dense_replace's 1)
     _rope_per_layer_type(values)
