@@ -189,11 +189,9 @@ def chosen_variants(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys([*GATE, *(EXTRA[v] for v in args.variants)]))
 
 
-def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any, only: list[str]) -> None:
-    """One rank: compile and time the variants named in ``only``, hand rank 0's results to
-    ``queue``, then end as a program does (``dist.destroy_process_group()``)."""
-    import passkit
-
+def setup_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> tuple[torch.device, Any, int]:
+    """Join the world (NCCL on GPUs, gloo with ``--smoke``), build and shard the model:
+    ``(device, model, vocab size)``."""
     cuda = not args.smoke
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if cuda:
@@ -204,26 +202,42 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
     )
     model, vocab = build_model(args, device, torch.bfloat16 if cuda else torch.float32)
     shard(model, world, device)
-    impl = "auto" if cuda else "reference"
     register_ceiling_pass()
-    variants = {n: VARIANTS[n] for n in only}
+    return device, model, vocab
 
-    def forward(ids: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=ids, use_cache=False).logits
 
+def make_inputs(tokens: list[int], vocab: int, device: torch.device) -> dict[int, torch.Tensor]:
+    """One batch of token ids per count, the token dimension marked dynamic (above 1)."""
     inputs = {}
-    for t in args.tokens:
+    for t in tokens:
         ids = torch.randint(0, vocab, (1, t), generator=torch.Generator().manual_seed(t)).to(device)
         if t > 1:  # Dynamo specializes a size of 1 (its own recompile, for every backend)
             torch._dynamo.mark_dynamic(ids, 1)
         inputs[t] = ids
+    return inputs
+
+
+def compile_variants(
+    rank: int, args: argparse.Namespace, model: Any, inputs: dict[int, torch.Tensor], only: list[str]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, float], dict[str, dict[int, float]]]:
+    """Compile each variant in ``only`` and warm it at every token count (largest first):
+    ``(compiled functions, passkit backends, compile + warm-up seconds, error vs eager)``."""
+    import passkit
+
+    cuda = not args.smoke
+    impl = "auto" if cuda else "reference"
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, use_cache=False).logits
+
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.accumulated_cache_size_limit = 512
     compiled: dict[str, Any] = {}
     backends: dict[str, Any] = {}
     compile_s: dict[str, float] = {}
     diff: dict[str, dict[int, float]] = {}
-    for name, (kind, mode) in variants.items():
+    for name in only:
+        kind, mode = VARIANTS[name]
         passes = (
             pass_set(kind, impl)
             if cuda or kind == "ceiling"
@@ -235,11 +249,11 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
         if kind == "pdl":
             fused_runtime().configure(launch_with_pdl=True)
         with torch.no_grad():
-            for t in sorted(args.tokens, reverse=True):  # the dynamic graph first
+            for t in sorted(inputs, reverse=True):  # the dynamic graph first
                 for _ in range(3):  # compile, CUDA-graph warm-up and record
                     fn(inputs[t])
             diff[name] = {}
-            for t in args.tokens:  # against the eager model, one count at a time (memory)
+            for t in inputs:  # against the eager model, one count at a time (memory)
                 out, ref = fn(inputs[t]).float(), forward(inputs[t]).float()
                 diff[name][t] = float((out - ref).abs().max() / ref.abs().max())
                 del out, ref
@@ -251,11 +265,28 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
             backends[name] = backend
         if rank == 0:
             print(f"{name}: compiled and warm in {compile_s[name]:.1f} s", file=sys.stderr, flush=True)
-    if cuda:  # clocks up before timing
-        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-        for _ in range(50):
-            a @ a
-        torch.cuda.synchronize()
+    return compiled, backends, compile_s, diff
+
+
+def warm_clocks(device: torch.device) -> None:
+    """Matrix products until the GPU's clocks are up (nothing on a CPU)."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(50):
+        a @ a
+    torch.cuda.synchronize()
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any, only: list[str]) -> None:
+    """One rank: compile and time the variants named in ``only``, hand rank 0's results to
+    ``queue``, then end as a program does (``dist.destroy_process_group()``)."""
+    device, model, vocab = setup_rank(rank, world, port, args)
+    cuda = device.type == "cuda"
+    inputs = make_inputs(args.tokens, vocab, device)
+    compiled, backends, compile_s, diff = compile_variants(rank, args, model, inputs, only)
+    variants = {n: VARIANTS[n] for n in only}
+    warm_clocks(device)
     samples: dict[str, dict[int, list[float]]] = {n: {t: [] for t in args.tokens} for n in variants}
     with torch.no_grad():
         for i in range(args.rounds):
