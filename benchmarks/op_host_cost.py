@@ -190,9 +190,14 @@ def gpu_worker(rank: int, world: int, port: int, args: argparse.Namespace, queue
                 "profile": profile,
             }
         )
+    sync()
     dist.barrier()
     sys.stdout.flush()
-    os._exit(0)  # flashinfer's IPC workspaces make an orderly teardown slow
+    # the program's own end: the benchmark's workspace, then passkit's, then the group (the
+    # parent waits for each rank's exit)
+    workspace.destroy()
+    runtime.destroy_workspaces()
+    dist.destroy_process_group()
 
 
 def main() -> None:

@@ -232,3 +232,17 @@ def test_allreduce_layernorm_cpu_smoke_run(tmp_path):
     assert [r["tokens"] for r in result["rows"]] == [1, 8]
     assert all(r["residual_exact"] for r in result["rows"])
     assert (tmp_path / "aln.md").read_text().startswith("# All-reduce + residual add + LayerNorm")
+
+
+def test_no_benchmark_leaves_with_os_exit_outside_a_simulated_rank_failure():
+    """A benchmark ends as users' programs do (``destroy_process_group()``, the interpreter's
+    own exit): ``os._exit`` would hide a teardown that hangs. Only ``teardown.py`` kills a rank
+    on purpose (its ``rank_failed`` scenarios)."""
+    offenders = [
+        f"{path.name}:{n}"
+        for path in sorted((ROOT / "benchmarks").glob("*.py"))
+        if path.name != "teardown.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "os._exit(" in line
+    ]
+    assert offenders == []

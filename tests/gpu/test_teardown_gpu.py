@@ -18,7 +18,10 @@ if torch.cuda.device_count() < WORLD or importlib.util.find_spec("flashinfer") i
     pytest.skip(f"needs {WORLD} CUDA GPUs and flashinfer", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fusion"))
-from test_teardown import EXIT_WITHIN_S, teardown  # noqa: E402
+from test_teardown import teardown  # noqa: E402
+
+EXIT_WITHIN_S = 10.0
+"""The seconds a healthy rank may take from its last line to its exit on GPUs (issue 34's target)."""
 
 pytestmark = pytest.mark.gpu
 # peer_died (destroy_process_group behind a wedged GPU) hangs in NCCL by design: not here
