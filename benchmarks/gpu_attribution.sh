@@ -1,16 +1,26 @@
 #!/bin/bash
-# Issue 44's attribution run on the GPU machine: benchmarks/hf_tp_profile.py at each world size
-# in PROFILE_WORLDS (default "2"), time-boxed, results and a tarball of rank traces to $OUT.
-# From the repo root, with .whl/ and .gpu-carry/ carried (see benchmarks/README.md):
-#     PROFILE_WORLDS="2 4" PROFILE_ARGS_2="--only ..." bash benchmarks/gpu_attribution.sh
+# Issue 44's attribution runs on the GPU machine (benchmarks/hf_tp_profile.py), time-boxed,
+# results and a tarball of rank traces to $OUT. From the repo root, with .whl/ and .gpu-carry/
+# carried (see benchmarks/README.md). Each job is "GPUS:LIMIT_S:NAME:ARGS"; the jobs of one
+# PROFILE_JOBS entry (separated by "|") run at once on disjoint GPUs, the entries one after another:
+#     PROFILE_JOBS="0,1:300:w2:--world 2 --modes graph|2,3:300:w2_8l:--world 2 --layers 8;0,1,2,3:200:w4:--world 4 --modes graph" \
+#       bash benchmarks/gpu_attribution.sh
 LOG="${OUT:-/tmp/out}/attribution.log"
 STEP_TAIL=${STEP_TAIL:-45}
 source benchmarks/gpu_env.sh
 python3 -c "import torch, passkit, passkit_fusion, flashinfer, transformers; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'transformers', transformers.__version__, 'GPUs', torch.cuda.device_count())" | tee -a "$LOG"
-for W in ${PROFILE_WORLDS:-2}; do
-  extra_var="PROFILE_ARGS_$W"
-  limit_var="PROFILE_LIMIT_$W"
-  step "${!limit_var:-${PROFILE_LIMIT:-280}}" python3 benchmarks/hf_tp_profile.py --world "$W" --out "$OUT/profile_w$W" \
-    --trace-dir "/tmp/traces/w$W" ${PROFILE_ARGS:-} ${!extra_var:-}
+IFS=';' read -ra STAGES <<< "${PROFILE_JOBS:-0,1:280:w2:--world 2}"
+for stage in "${STAGES[@]}"; do
+  IFS='|' read -ra JOBS <<< "$stage"
+  for job in "${JOBS[@]}"; do
+    IFS=':' read -r gpus limit name args <<< "$job"
+    ( LOG="$OUT/$name.log" CUDA_VISIBLE_DEVICES=$gpus step "$limit" python3 benchmarks/hf_tp_profile.py \
+        --out "$OUT/profile_$name" --trace-dir "/tmp/traces/$name" $args ) &
+  done
+  wait
 done
-[ -d /tmp/traces ] && tar czf "$OUT/traces.tgz" -C /tmp traces && ls -la "$OUT"
+for f in "$OUT"/*.log; do [ "$f" = "$LOG" ] || { echo "=== $f"; tail -n 5 "$f"; } done
+[ -d /tmp/traces ] && tar czf "$OUT/traces.tgz" -C /tmp traces
+# at most 8 files come back: the tables stay, the JSON and the logs travel in one tarball
+(cd "$OUT" && tar czf results.tgz profile_*.json *.log && rm -f profile_*.json *.log)
+ls -la "$OUT"

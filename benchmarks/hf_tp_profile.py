@@ -50,9 +50,16 @@ import hf_tp  # noqa: E402  (benchmarks/ is this script's folder)
 MODES = {
     "ro": ["inductor reduce-overhead", "passkit reduce-overhead", "ceiling reduce-overhead"],
     "default": ["inductor", "passkit", "ceiling"],
+    "graph": ["inductor graph", "passkit graph", "ceiling graph"],
 }
-"""``--modes``: the three variants compared in each torch.compile mode (Inductor, passkit's
-serving config, the ceiling)."""
+"""``--modes``: the three variants compared in each way of running (Inductor, passkit's
+serving config, the ceiling): ``ro`` torch.compile's ``mode="reduce-overhead"`` (Inductor's
+CUDA-graph trees), ``default`` its default mode, ``graph`` the default mode captured whole
+into one CUDA graph per token count by the caller and replayed, as serving stacks run a
+decode step (vLLM's and SGLang's full-graph capture): no Dynamo guards, no runtime wrappers,
+no per-call input copies but the ids."""
+GRAPH = " graph"
+"""The suffix of a variant captured whole (``"passkit graph"``: ``hf_tp.py``'s ``passkit``)."""
 
 CATEGORIES = ("collective", "gemm", "attention", "triton", "copy", "other")
 _COLLECTIVE = ("nccl", "allreduce", "all_reduce", "lamport", "reduce_scatter", "reducescatter",
@@ -260,10 +267,74 @@ def profile_variants(args: argparse.Namespace, compiled: dict[str, Any], inputs:
     return out
 
 
+def capture_whole(fn: Any, inputs: dict[int, torch.Tensor]) -> tuple[Any, dict[int, str]]:
+    """``fn`` captured into one CUDA graph per token count (after a warm-up on a side
+    stream), and a function that copies the ids into the graph's input and replays it. A
+    count whose capture fails runs ``fn`` itself; its error is returned by count."""
+    graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, Any]] = {}
+    failed: dict[int, str] = {}
+    for t, ids in inputs.items():
+        static = ids.clone()
+        if t > 1:  # the compiled entry's dynamic token dimension, as for the ids themselves
+            torch._dynamo.mark_dynamic(static, 1)
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fn(static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = fn(static)
+            graphs[t] = (graph, static, out)
+        except Exception as e:  # noqa: BLE001 - reported in the results, the count runs uncaptured
+            failed[t] = f"{type(e).__name__}: {e}"[:300]
+            torch.cuda.synchronize()
+
+    def replay(ids: torch.Tensor) -> Any:
+        entry = graphs.get(ids.shape[1])
+        if entry is None:
+            return fn(ids)
+        graph, static, out = entry
+        static.copy_(ids)
+        graph.replay()
+        return out
+
+    return replay, failed
+
+
+def compile_all(rank: int, args: argparse.Namespace, model: Any, inputs: dict[int, torch.Tensor]) -> tuple[
+    dict[str, Any], dict[str, Any], dict[str, float], dict[str, dict[int, float]], dict[str, dict[int, str]]
+]:
+    """``hf_tp.compile_variants`` for the plain variants; a ``graph`` variant compiles its
+    base variant in its own ``torch.compile`` and captures it whole per token count."""
+    plain = [n for n in args.only if not n.endswith(GRAPH)]
+    captured = [n for n in args.only if n.endswith(GRAPH)]
+    compiled, backends, compile_s, diff = hf_tp.compile_variants(rank, args, model, inputs, plain)
+    failures: dict[str, dict[int, str]] = {}
+    if captured:
+        bases = [n[: -len(GRAPH)] for n in captured]
+        c2, b2, s2, d2 = hf_tp.compile_variants(rank, args, model, inputs, bases)
+        with torch.no_grad():
+            for name, base in zip(captured, bases):
+                t0 = time.perf_counter()
+                compiled[name], failures[name] = capture_whole(c2[base], inputs)
+                compile_s[name] = s2[base] + time.perf_counter() - t0
+                diff[name] = d2[base]
+                if base in b2:
+                    backends[name] = b2[base]
+                if failures[name] and rank == 0:
+                    print(f"{name}: not captured at {failures[name]}", file=sys.stderr, flush=True)
+    return compiled, backends, compile_s, diff, failures
+
+
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any) -> None:
     device, model, vocab = hf_tp.setup_rank(rank, world, port, args)
     inputs = hf_tp.make_inputs(args.tokens, vocab, device)
-    compiled, backends, compile_s, diff = hf_tp.compile_variants(rank, args, model, inputs, args.only)
+    if device.type != "cuda":  # a CPU has no CUDA graph to capture: the graph variants run plain
+        args.only = [n for n in args.only if not n.endswith(GRAPH)]
+    compiled, backends, compile_s, diff, not_captured = compile_all(rank, args, model, inputs)
     hf_tp.warm_clocks(device)
     with torch.no_grad():
         timings = time_variants(args, compiled, inputs, device)
@@ -294,6 +365,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
                 "rel_diff_vs_eager": diff,
                 "compile_and_warmup_s": compile_s,
                 "sites": sites,
+                "not_captured": not_captured,
             }
         )
     sys.stdout.flush()
@@ -366,7 +438,7 @@ def render(res: dict[str, Any]) -> str:
                 + " |"
             )
     for ceiling in [v for v in variants if v.startswith("ceiling")]:
-        ro = "reduce-overhead" in ceiling
+        way = ceiling[len("ceiling"):]
         lines += [
             "",
             f"## Each variant's excess over `{ceiling}` (aligned, us), split by cause, per rank",
@@ -380,7 +452,7 @@ def render(res: dict[str, Any]) -> str:
         ]
         for t in tokens:
             for n in variants:
-                if n.startswith("ceiling") or ("reduce-overhead" in n) != ro:
+                if n.startswith("ceiling") or not n.endswith(way) or (not way and n.endswith((GRAPH, "overhead"))):
                     continue
                 for rk in range(world):
                     a = attribution(res, n, ceiling, t, rk)
@@ -402,6 +474,8 @@ def render(res: dict[str, Any]) -> str:
                     + f" ({'; '.join(pm['collective_names'])[:200]})"
                 )
     lines += ["", "sites per compile: " + json.dumps(res["sites"])[:3000]]
+    if any(res.get("not_captured", {}).values()):
+        lines.append("not captured (ran uncaptured): " + json.dumps(res["not_captured"])[:2000])
     diffs = {n: max(v.values()) for n, v in res["rel_diff_vs_eager"].items()}
     lines.append("max |out - eager| / max |eager|: " + json.dumps({k: f"{v:.2e}" for k, v in diffs.items()}))
     lines.append("compile + warm-up s: " + json.dumps({k: round(v, 1) for k, v in res["compile_and_warmup_s"].items()}))
@@ -415,6 +489,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256, 2048, 8192])
     parser.add_argument("--modes", nargs="+", default=["ro"], choices=list(MODES), help="ro: reduce-overhead")
     parser.add_argument("--only", nargs="+", default=[], choices=list(hf_tp.VARIANTS), help="exactly these")
+    parser.add_argument(
+        "--variants", nargs="+", default=[], choices=list(hf_tp.EXTRA), help="hf_tp.py's extras, beside --modes'"
+    )
     parser.add_argument("--iters", type=int, default=10, help="aligned forwards per variant, size and round")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--chain", type=int, default=10, help="forwards per pipelined chain")
@@ -424,7 +501,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny Llama, few forwards")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args()
-    args.only = args.only or [v for m in args.modes for v in MODES[m]]
+    args.only = args.only or [v for m in args.modes for v in MODES[m]] + [hf_tp.EXTRA[v] for v in args.variants]
     if args.smoke:
         args.tokens, args.iters, args.rounds, args.layers, args.chain, args.profile_forwards = [1, 8], 2, 2, 1, 2, 2
     ctx = mp.get_context("spawn")
