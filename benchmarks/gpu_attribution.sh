@@ -2,7 +2,8 @@
 # Issue 44's attribution runs on the GPU machine (benchmarks/hf_tp_profile.py), time-boxed,
 # results and a tarball of rank traces to $OUT. From the repo root, with .whl/ and .gpu-carry/
 # carried (see benchmarks/README.md). Each job is "GPUS:LIMIT_S:NAME:ARGS"; the jobs of one
-# PROFILE_JOBS entry (separated by "|") run at once on disjoint GPUs, the entries one after another:
+# PROFILE_JOBS entry (separated by "|") run at once on disjoint GPUs, the entries one after another.
+# A job named suite* runs the whole GPU suite (pytest tests/gpu ARGS) at the world size of its GPUs:
 #     PROFILE_JOBS="0,1:300:w2:--world 2 --modes graph|2,3:300:w2_8l:--world 2 --layers 8;0,1,2,3:200:w4:--world 4 --modes graph" \
 #       bash benchmarks/gpu_attribution.sh
 LOG="${OUT:-/tmp/out}/attribution.log"
@@ -14,8 +15,14 @@ for stage in "${STAGES[@]}"; do
   IFS='|' read -ra JOBS <<< "$stage"
   for job in "${JOBS[@]}"; do
     IFS=':' read -r gpus limit name args <<< "$job"
-    ( LOG="$OUT/$name.log" CUDA_VISIBLE_DEVICES=$gpus step "$limit" python3 benchmarks/hf_tp_profile.py \
-        --out "$OUT/profile_$name" --trace-dir "/tmp/traces/$name" $args ) &
+    if [[ $name == suite* ]]; then
+      IFS=',' read -ra ids <<< "$gpus"
+      ( LOG="$OUT/$name.log" CUDA_VISIBLE_DEVICES=$gpus GPU_WORLD_SIZE=${#ids[@]} GPU_FAULT_WORLDS=${#ids[@]} \
+          step "$limit" python3 -m pytest -q -p no:cacheprovider tests/gpu $args ) &
+    else
+      ( LOG="$OUT/$name.log" CUDA_VISIBLE_DEVICES=$gpus step "$limit" python3 benchmarks/hf_tp_profile.py \
+          --out "$OUT/profile_$name" --trace-dir "/tmp/traces/$name" $args ) &
+    fi
   done
   wait
 done

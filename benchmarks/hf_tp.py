@@ -482,15 +482,19 @@ EXIT_LIMIT_S = 20.0
 """A rank still alive this long after its results is reported as hung (``None``) and killed."""
 
 
-def run_world(args: argparse.Namespace, only: list[str]) -> tuple[dict[str, Any], list[float | None], bool]:
-    """Rank processes that time ``only``: rank 0's results, each rank's seconds from the
-    results to its exit (``None``: still alive after a minute, then killed), and whether any
+def run_world(
+    args: argparse.Namespace, only: list[str], target: Any = None
+) -> tuple[dict[str, Any], list[float | None], bool]:
+    """Rank processes that time ``only`` (``target``: the rank's function, this script's
+    :func:`worker` by default): rank 0's results, each rank's seconds from the results to its
+    exit (``None``: still alive after :data:`EXIT_LIMIT_S`, then killed), and whether any
     rank failed."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=worker, args=(r, args.world, port, args, queue, only)) for r in range(args.world)
+        ctx.Process(target=target or worker, args=(r, args.world, port, args, queue, only))
+        for r in range(args.world)
     ]
     for p in procs:
         p.start()

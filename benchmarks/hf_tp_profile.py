@@ -31,6 +31,7 @@ Chrome traces (large).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -42,7 +43,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_tp  # noqa: E402  (benchmarks/ is this script's folder)
@@ -329,7 +329,10 @@ def compile_all(rank: int, args: argparse.Namespace, model: Any, inputs: dict[in
     return compiled, backends, compile_s, diff, failures
 
 
-def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any) -> None:
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any, only: list[str]) -> None:
+    """One rank: compile, time and profile ``only``, hand the ranks' results to ``queue``
+    (rank 0), drop the captured graphs, then end as a program does."""
+    args.only = only
     device, model, vocab = hf_tp.setup_rank(rank, world, port, args)
     inputs = hf_tp.make_inputs(args.tokens, vocab, device)
     if device.type != "cuda":  # a CPU has no CUDA graph to capture: the graph variants run plain
@@ -369,6 +372,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
             }
         )
     sys.stdout.flush()
+    # NCCL's communicator cannot be destroyed while a CUDA graph that captured it is alive
+    # (destroy_process_group() waits for ever): the graphs go first, as a server drops them
+    compiled.clear()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     dist.destroy_process_group()
 
 
@@ -479,6 +488,10 @@ def render(res: dict[str, Any]) -> str:
     diffs = {n: max(v.values()) for n, v in res["rel_diff_vs_eager"].items()}
     lines.append("max |out - eager| / max |eager|: " + json.dumps({k: f"{v:.2e}" for k, v in diffs.items()}))
     lines.append("compile + warm-up s: " + json.dumps({k: round(v, 1) for k, v in res["compile_and_warmup_s"].items()}))
+    lines.append(
+        "each rank's seconds from its results to its exit (None: hung, killed after "
+        f"{hf_tp.EXIT_LIMIT_S:.0f} s): {res.get('exit_s')}"
+    )
     return "\n".join(lines)
 
 
@@ -504,15 +517,8 @@ def main() -> None:
     args.only = args.only or [v for m in args.modes for v in MODES[m]] + [hf_tp.EXTRA[v] for v in args.variants]
     if args.smoke:
         args.tokens, args.iters, args.rounds, args.layers, args.chain, args.profile_forwards = [1, 8], 2, 2, 1, 2, 2
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = hf_tp.free_port()
-    procs = [ctx.Process(target=worker, args=(r, args.world, port, args, queue)) for r in range(args.world)]
-    for p in procs:
-        p.start()
-    res = queue.get(timeout=3000)
-    for p in procs:
-        p.join(timeout=60)
+    res, exits, failed = hf_tp.run_world(args, args.only, target=worker)
+    res["exit_s"] = exits
     res["skew_us"] = {n: {t: skew_us(res, n, t) for t in res["tokens"]} for n in res["variants"]}
     for r in res["ranks"]:  # the barrier clocks are summarised by the skew
         for per in r["timings"].values():
@@ -525,7 +531,7 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.with_suffix(".md").write_text(text + "\n")
-    if any(p.exitcode for p in procs):
+    if failed:
         sys.exit(1)
 
 
