@@ -56,12 +56,17 @@ VARIANTS = {
     "passkit pdl reduce-overhead": ("pdl", "reduce-overhead"),
     "ceiling reduce-overhead": ("ceiling", "reduce-overhead"),
     "ceiling": ("ceiling", None),
+    "passkit overlap": ("overlap2", None),
+    "passkit overlap reduce-overhead": ("overlap2", "reduce-overhead"),
+    "passkit overlap4": ("overlap4", None),
+    "passkit overlap4 reduce-overhead": ("overlap4", "reduce-overhead"),
 }
 """name -> (pass set, mode). ``serving``: the README's serving config; ``allreduce_rmsnorm``:
 that pass alone; ``sp4096`` / ``sp2048``: the serving config with sequence parallelism and
 async TP from 4096 / 2048 tokens; ``pdl``: the serving config, the fused kernel launched with
 programmatic dependent launch (``launch_with_pdl``, set while the variant compiles and records
-its CUDA graphs); ``ceiling``: every all-reduce removed (wrong output; the time a forward
+its CUDA graphs); ``overlap2`` / ``overlap4``: ``allreduce_overlap`` from 2048 tokens (2 or 4
+chunks), ``allreduce_rmsnorm`` below; ``ceiling``: every all-reduce removed (wrong output; the time a forward
 would take if the all-reduces cost nothing: no fusion of them can beat it). The first four
 are the gate's; ``--variants`` adds others."""
 GATE = list(VARIANTS)[:4]
@@ -74,6 +79,10 @@ EXTRA = {
     "pdl-ro": "passkit pdl reduce-overhead",
     "ceiling-ro": "ceiling reduce-overhead",
     "ceiling": "ceiling",
+    "overlap": "passkit overlap",
+    "overlap-ro": "passkit overlap reduce-overhead",
+    "overlap4": "passkit overlap4",
+    "overlap4-ro": "passkit overlap4 reduce-overhead",
 }
 """``--variants`` names for the variants beyond the gate's."""
 
@@ -92,6 +101,8 @@ def pass_set(kind: str, impl: str) -> list:
         ]
     if kind == "ceiling":
         return [CEILING, "cleanup"]
+    if kind.startswith("overlap"):
+        return [{"name": "allreduce_overlap", "min_tokens": 2048, "chunks": int(kind[7:])}, arn, "cleanup"]
     return [p if p != "allreduce_rmsnorm" else arn for p in SERVING]
 
 
@@ -126,7 +137,7 @@ def register_ceiling_pass() -> None:
     passkit.register(Plugin(), name="hf_tp_ceiling")
 
 
-PASSES = ("sequence_parallel", "async_tp", "allreduce_rmsnorm", CEILING)
+PASSES = ("sequence_parallel", "async_tp", "allreduce_rmsnorm", "allreduce_overlap", CEILING)
 
 
 def fused_runtime() -> Any:

@@ -59,6 +59,12 @@ into one CUDA graph per token count by the caller and replayed, as serving stack
 decode step (vLLM's and SGLang's full-graph capture): no Dynamo guards, no runtime wrappers,
 no per-call input copies but the ids."""
 GRAPH = " graph"
+GRAPH_EXTRA = {
+    "overlap-graph": "passkit overlap graph",
+    "overlap4-graph": "passkit overlap4 graph",
+    "arn-graph": "passkit allreduce_rmsnorm graph",
+}
+"""``--variants`` names of captured variants beyond ``hf_tp.py``'s extras."""
 """The suffix of a variant captured whole (``"passkit graph"``: ``hf_tp.py``'s ``passkit``)."""
 
 CATEGORIES = ("collective", "gemm", "attention", "triton", "copy", "other")
@@ -503,7 +509,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["ro"], choices=list(MODES), help="ro: reduce-overhead")
     parser.add_argument("--only", nargs="+", default=[], choices=list(hf_tp.VARIANTS), help="exactly these")
     parser.add_argument(
-        "--variants", nargs="+", default=[], choices=list(hf_tp.EXTRA), help="hf_tp.py's extras, beside --modes'"
+        "--variants", nargs="+", default=[], choices=[*hf_tp.EXTRA, *GRAPH_EXTRA], help="extras, beside --modes'"
     )
     parser.add_argument("--iters", type=int, default=10, help="aligned forwards per variant, size and round")
     parser.add_argument("--rounds", type=int, default=4)
@@ -514,7 +520,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny Llama, few forwards")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args()
-    args.only = args.only or [v for m in args.modes for v in MODES[m]] + [hf_tp.EXTRA[v] for v in args.variants]
+    args.only = args.only or [v for m in args.modes for v in MODES[m]] + [
+        hf_tp.EXTRA.get(v) or GRAPH_EXTRA[v] for v in args.variants
+    ]
     if args.smoke:
         args.tokens, args.iters, args.rounds, args.layers, args.chain, args.profile_forwards = [1, 8], 2, 2, 1, 2, 2
     res, exits, failed = hf_tp.run_world(args, args.only, target=worker)

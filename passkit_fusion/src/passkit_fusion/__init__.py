@@ -6,6 +6,8 @@
 * ``allreduce_layernorm`` (opt-in, off by default until measured to pay): the same for
   ``all_reduce -> (add residual) -> LayerNorm``, torch's symmetric-memory one-shot all-reduce
   then a Triton residual add + LayerNorm kernel;
+* ``allreduce_overlap`` (opt-in, long prompts): a row-parallel matmul and its all-reduce split
+  into token chunks, each chunk's all-reduce overlapping the next chunk's matmul;
 * ``sequence_parallel``: the residual stream between tensor-parallel layers sharded along
   tokens (reduce-scatter -> add -> RMSNorm on 1/W of the tokens -> all-gather);
 * ``async_tp``: all-gather -> matmul and matmul -> reduce-scatter become PyTorch's
@@ -27,6 +29,8 @@ _LAZY = {
     "AllReduceRMSNormOptions": "allreduce_rmsnorm",
     "AllReduceLayerNorm": "allreduce_layernorm",
     "AllReduceLayerNormOptions": "allreduce_layernorm",
+    "AllReduceOverlap": "allreduce_overlap",
+    "AllReduceOverlapOptions": "allreduce_overlap",
     "AsyncTP": "async_tp",
     "AsyncTPOptions": "async_tp",
     "SequenceParallel": "sequence_parallel",

@@ -16,6 +16,7 @@ from passkit import Pass, hookimpl
 
 from . import lazy_ops
 from .allreduce_layernorm import AllReduceLayerNorm
+from .allreduce_overlap import AllReduceOverlap
 from .allreduce_rmsnorm import AllReduceRMSNorm
 from .async_tp import AsyncTP
 from .sequence_parallel import SequenceParallel
@@ -25,7 +26,7 @@ lazy_ops.install()
 
 @hookimpl
 def passkit_register_passes() -> list[type[Pass]]:
-    return [AllReduceRMSNorm, AllReduceLayerNorm, SequenceParallel, AsyncTP]
+    return [AllReduceRMSNorm, AllReduceLayerNorm, AllReduceOverlap, SequenceParallel, AsyncTP]
 
 
 @hookimpl(optionalhook=True)  # optional: the plugin still loads where the hookspec entry point is missing

@@ -1,0 +1,135 @@
+"""Find ``mm -> (views) -> all_reduce -> wait_tensor`` and split it along the matmul's rows.
+
+``y = all_reduce(mm(a, b))`` becomes, for ``k`` chunks of ``a``'s rows (the tokens)::
+
+    y_i = all_reduce(mm(a[i*c : (i+1)*c], b))      # i = 0..k-1, c = rows // k (the last
+    y   = cat([wait(y_0), ..., wait(y_k-1)], 0)    #   chunk ends at the last row)
+
+with the ``k`` matmuls and all-reduces first, in chunk order, and the waits where the first
+reader of the old result was: chunk ``i``'s all-reduce (NCCL's stream) runs while chunk
+``i+1``'s matmul runs on the compute stream. Row ``r`` of ``y`` is the same sum of the same
+rows as before: only the matmul's work is split, not a reduction.
+
+Only torch's functional all-reduce (``_c10d_functional.all_reduce``, sum) is read: the
+graphs of plain ``torch.compile`` with DTensor or functional collectives. Hosts' own
+collectives are left with a reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.node import map_arg
+
+from ..patterns import marks
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+@dataclasses.dataclass
+class Site:
+    """One all-reduce of a matmul's output: ``mm`` -> ``views`` -> ``all_reduce`` -> ``wait``."""
+
+    mm: fx.Node
+    views: list[fx.Node]
+    all_reduce: fx.Node
+    wait: fx.Node
+
+
+def _single_user(node: fx.Node) -> bool:
+    return len(node.users) == 1
+
+
+def find(graph: fx.Graph) -> tuple[list[Site], list[str]]:
+    """The sites of ``graph``, and a reason for each all-reduce that is not one."""
+    sites: list[Site] = []
+    reasons: list[str] = []
+    for ar in graph.find_nodes(op="call_function", target=c10d.all_reduce.default):
+        waits = [u for u in ar.users if u.target is c10d.wait_tensor.default]
+        if len(ar.args) < 3 or ar.args[1] != "sum":
+            reasons.append(f"{ar.name}: not a sum")
+            continue
+        if len(waits) != 1 or len(ar.users) != 1:
+            reasons.append(f"{ar.name}: read other than through one wait_tensor")
+            continue
+        views: list[fx.Node] = []
+        src = ar.args[0]
+        while isinstance(src, fx.Node) and src.target in VIEWS and _single_user(src):
+            views.insert(0, src)
+            src = src.args[0]
+        if not isinstance(src, fx.Node) or src.target is not aten.mm.default:
+            what = src.target if isinstance(src, fx.Node) else type(src).__name__
+            reasons.append(f"{ar.name}: its input is not a matmul's output ({what})")
+            continue
+        if not _single_user(src):
+            reasons.append(f"{ar.name}: the matmul's output is also read elsewhere")
+            continue
+        sites.append(Site(src, views, ar, waits[0]))
+    return sites, reasons
+
+
+class Rewriter:
+    """Splits the sites of one graph (``chunks`` each)."""
+
+    def __init__(self, graph: fx.Graph, pass_name: str, chunks: int):
+        from torch._guards import detect_fake_mode
+
+        self.graph = graph
+        self.pass_name = pass_name
+        self.chunks = chunks
+        vals = [n.meta.get("val") for n in graph.nodes]
+        self.fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+        if self.fake_mode is None:
+            raise RuntimeError(f"{pass_name}: the graph's tensors carry no fake values")
+        self._index = 0
+
+    def _call(self, target: Any, args: tuple[Any, ...], like: fx.Node) -> fx.Node:
+        node = self.graph.call_function(target, args)
+        vals = map_arg(node.args, lambda a: a.meta["val"])
+        with self.fake_mode:
+            node.meta["val"] = target(*vals)
+        if "stack_trace" in like.meta:
+            node.meta["stack_trace"] = like.meta["stack_trace"]
+        marks.mark(node, self.pass_name, self._index)
+        return node
+
+    def split(self, site: Site) -> None:
+        """Replace ``site`` by its chunks."""
+        a, b = site.mm.args[0], site.mm.args[1]
+        rows = a.meta["val"].shape[0]
+        reduce_op, group = site.all_reduce.args[1], site.all_reduce.args[2]
+        with self.graph.inserting_before(site.mm):
+            if isinstance(rows, int):
+                size: Any = rows // self.chunks
+                total: Any = rows
+            else:
+                total = self._call(aten.sym_size.int, (a, 0), like=site.mm)
+                size = self._call(operator.floordiv, (total, self.chunks), like=site.mm)
+            reduced = []
+            for i in range(self.chunks):
+                start = 0 if i == 0 else (size * i if isinstance(size, int) else self._call(operator.mul, (size, i), like=site.mm))
+                end = total if i == self.chunks - 1 else (size * (i + 1) if isinstance(size, int) else self._call(operator.mul, (size, i + 1), like=site.mm))
+                part = self._call(aten.slice.Tensor, (a, 0, start, end), like=site.mm)
+                product = self._call(aten.mm.default, (part, b), like=site.mm)
+                reduced.append(self._call(c10d.all_reduce.default, (product, reduce_op, group), like=site.all_reduce))
+        first_reader = min(site.wait.users, key=_position(self.graph)) if site.wait.users else site.wait
+        with self.graph.inserting_before(first_reader):
+            waited = [self._call(c10d.wait_tensor.default, (r,), like=site.wait) for r in reduced]
+            out = self._call(aten.cat.default, (waited, 0), like=site.wait)
+            for view in site.views:  # the old views, on the whole sum
+                out = self._call(view.target, (out, *view.args[1:]), like=view)
+        site.wait.replace_all_uses_with(out)
+        for node in (site.wait, site.all_reduce, *reversed(site.views), site.mm):
+            self.graph.erase_node(node)
+        self._index += 1
+
+
+def _position(graph: fx.Graph) -> Any:
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: order[n]
