@@ -31,6 +31,8 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..tuning import decisions
+
 _HERE = Path(__file__).resolve().parent
 NAME = "allreduce_overlap"
 
@@ -46,6 +48,8 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
     """the smallest token count the pass rewrites: below it the all-reduce is short and the fused all-reduce + RMSNorm op wins"""
     max_tokens: int | None = pydantic.Field(None, ge=1)
     """the largest token count the pass rewrites (None: no bound)"""
+    restrict_tokens: bool = True
+    """apply min_tokens/max_tokens (the sizes outside compile apart, without the pass); False: every multiple of chunks"""
 
     @pydantic.model_validator(mode="after")
     def _bounds(self) -> AllReduceOverlapOptions:
@@ -54,7 +58,7 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
         return self
 
 
-class AllReduceOverlap(GraphPass):
+class AllReduceOverlap(decisions.Tunable, GraphPass):
     """Split each row-parallel matmul and its all-reduce into token chunks, each chunk's
     all-reduce overlapping the next chunk's matmul."""
 
@@ -71,10 +75,18 @@ class AllReduceOverlap(GraphPass):
     options: AllReduceOverlapOptions
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
-        """Multiples of ``chunks`` (equal chunks) from ``min_tokens`` to ``max_tokens``."""
-        return TokenConstraint(
-            min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens, multiple_of=self.options.chunks
-        )
+        """Multiples of ``chunks`` (equal chunks) from ``min_tokens`` to ``max_tokens``; a
+        measured or stored fuse decision for this graph (``passkit tune-model``) replaces
+        the bounds unless they are set."""
+        chunks = self.options.chunks
+        if (applied := self.decided(ctx, multiple_of=chunks)) is not None:
+            return applied.constraint
+        if not self.options.restrict_tokens:
+            return TokenConstraint(multiple_of=chunks)
+        return TokenConstraint(min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens, multiple_of=chunks)
+
+    def skip_reason(self, ctx: CompileContext) -> str | None:
+        return super().skip_reason(ctx) or self.nowhere_reason(ctx)
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         from .rewrite import Rewriter, find
@@ -93,4 +105,6 @@ class AllReduceOverlap(GraphPass):
             notes.append(f"{len(reasons)} all-reduce(s) left: " + ", ".join(reasons))
         if not sites and not reasons:
             notes.append("no functional all-reduce in the graph")
+        if decided := self.decision_note(ctx):
+            notes.append(decided)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
