@@ -380,11 +380,11 @@ class Backend:
         cache_key = report_cache.key(pipeline.uuid(), gm, key_inputs, patches)
         hit = _cache_hits() > hits_before
         if new and not hit:
-            report_cache.save(cache_key, new)
+            report_cache.save(cache_key, new, pipeline.names())
         elif hit:
             # served from a cache: the graphs whose passes did not run now (with a joint
             # stage, the joint graph may have run while its halves came from the cache)
-            restored = report_cache.load(cache_key) or []
+            restored = report_cache.load(cache_key, pipeline.names()) or []
             ran = {r.graph_kind for r in new}
             missing = [old for old in restored if old.graph_kind is None or old.graph_kind not in ran]
             if missing and len({old.graph_kind for old in missing}) == len(missing):
