@@ -54,7 +54,7 @@ class Baselines:
     def __init__(self, gm: torch.fx.GraphModule, *, recheck: bool = False):
         self.gm = gm
         self.recheck = recheck
-        self._graph_object: torch.fx.Graph = gm.graph
+        self.graph_object: torch.fx.Graph = gm.graph
         """The graph object the baseline was taken of (what a restore puts back)."""
         self._current: Baseline | None = None
         self.taken = 0
@@ -65,16 +65,16 @@ class Baselines:
         kept = self._current
         stale = (
             kept is not None
-            and (self.recheck or self.gm.graph is not self._graph_object)
+            and (self.recheck or self.gm.graph is not self.graph_object)
             and (
-                self.gm.graph is not self._graph_object
+                self.gm.graph is not self.graph_object
                 or graph_diff.measure(self.graph, kept.fingerprint, kept.saved).modified
             )
         )
         if stale:
             kept = None
         if kept is None:
-            self._graph_object = self.gm.graph
+            self.graph_object = self.gm.graph
             kept = self._current = Baseline.take(self.graph)
             self.taken += 1
         return kept
@@ -97,7 +97,7 @@ class Baselines:
         kept = self._current
         if kept is None:
             raise RuntimeError("passkit: no baseline to restore (before_pass was not called)")
-        graph = self._graph_object
+        graph = self.graph_object
         restore(graph, kept.saved)
         if self.gm.graph is not graph:
             self.gm.graph = graph  # the setter recompiles: the code that runs is the baseline's

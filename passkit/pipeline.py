@@ -38,7 +38,7 @@ from .context import CompileContext, Mode, graph_kind_of
 from .declined import warn_declined
 from .dump import Dumper
 from .errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
-from .graph_utils import count_nodes, graph_code
+from .graph_utils import carry_node_attributes, count_nodes, graph_code
 from .pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, PassResult, Stage, stage_phase
 from .pipeline_build import instantiate, order_passes, pass_relations, pipeline_identity, plugins_for
 from .pipeline_build import unknown_pass_message as unknown_pass_message  # re-exported: its old home
@@ -374,6 +374,8 @@ class Pipeline:
             record.ms = (time.perf_counter() - start) * 1e3
             # the graph the module holds now: a pass may have installed a new one
             graph = gm.graph
+            if graph is not baselines.graph_object:
+                carry_node_attributes(graph, saved)  # Dynamo's node attributes, which it lacks
             change = graph_diff.measure(graph, baseline.fingerprint, saved)  # never the pass's own flag
             if change.dangling:
                 raise VerificationError(

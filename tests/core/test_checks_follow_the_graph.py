@@ -357,3 +357,35 @@ def test_a_post_grad_pass_that_mutates_an_input_fails_named(compiler):
     torch.testing.assert_close(x, kept)
     (record,) = _records(backend, "mutates_input_post")
     assert record.status == "failed" and "input" in record.reason, record
+
+
+class CopySwapPreGrad(passkit.GraphPass):
+    """Pre-grad: installs a plain copy of Dynamo's graph (``graph_copy`` keeps no node
+    attributes: Dynamo's ``_dynamo_source``, which AOTAutograd asserts, is lost)."""
+
+    name = "copy_swap_pre_grad"
+    stage = Stage.PRE_GRAD
+
+    def run(self, gm, ctx):
+        new = torch.fx.Graph()
+        new.output(new.graph_copy(gm.graph, {}))
+        gm.graph = new
+        return passkit.PassResult(modified=True)
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+@pytest.mark.parametrize("training", [False, True])
+def test_a_pre_grad_swap_keeps_dynamos_node_attributes(compiler, training):
+    class P:
+        @passkit.hookimpl
+        def passkit_register_passes(self):
+            return [CopySwapPreGrad]
+
+    passkit.register(P(), name="copy-swap-pre-grad")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=training)
+    backend = passkit.backend(passes=["copy_swap_pre_grad"], compiler=compiler)
+    torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x))
+    record = next(r["copy_swap_pre_grad"] for r in backend.reports if "copy_swap_pre_grad" in r)
+    assert record.status == "ran", record
