@@ -49,7 +49,8 @@ class GraphDiff:
     dangling: list[str] = dataclasses.field(default_factory=list)
     """``"user -> erased"`` for nodes of the graph that use a node no longer in it."""
     prior: dict[torch.fx.Node, torch.fx.Node] = dataclasses.field(default_factory=dict)
-    """For the changed nodes that existed before the pass: their copy in the snapshot."""
+    """For the changed nodes that existed before the pass: their copy in the snapshot (in a
+    graph a pass installed in place of the one it got, the snapshot's node of the same name)."""
 
 
 @dataclasses.dataclass
@@ -109,6 +110,11 @@ def measure(graph: torch.fx.Graph, before: Fingerprint, saved: torch.fx.Graph) -
     rewired = sorted(rewired_set)
     old_nodes = list(saved.nodes)
     prior = {kept[k]: old_nodes[k if old_index is None else old_index[k]] for k in rewired}
+    if added and not kept:  # a new graph object (``gm.graph = new``): its nodes' priors by name
+        by_name = {n.name: n for n in old_nodes}
+        prior.update(
+            (n, old) for n in added if (old := by_name.get(n.name)) is not None and old.op == n.op
+        )
     changed_set = {*prior, *added}
     in_order = compress(nodes, map(changed_set.__contains__, nodes)) if changed_set else ()
     changed = [n for n in in_order if n.op in CALLS]
