@@ -125,7 +125,8 @@ class MutatesInput(passkit.GraphPass):
         x = next(n for n in gm.graph.nodes if n.op == "placeholder")
         out = _output(gm.graph)
         with gm.graph.inserting_before(out):
-            gm.graph.call_method("add_", (x, 100))
+            node = gm.graph.call_method("add_", (x, 100))
+        node.meta["example_value"] = x.meta["example_value"]  # honest: lint and fake runs agree
         return passkit.PassResult(modified=True, matches=1)
 
 
@@ -284,22 +285,31 @@ def test_a_method_node_that_changes_an_output_is_caught_with_verify_off(name, co
 # -- 3. joint passes that change gradients -------------------------------------------------------
 
 
-def _grads(f, x):
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+
+
+def _grads(f, model, x):
     x = x.detach().clone().requires_grad_(True)
+    model.zero_grad()
     out = f(x)
     out.sum().backward()
-    return out.detach(), x.grad
+    return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("compiler", COMPILERS)
 @pytest.mark.parametrize("name", ["scale_tangent", "scale_grad_output"])
 def test_numeric_verify_compares_the_gradients_of_a_joint_graph(name, compiler):
+    """A module with parameters: AOTAutograd's joint graph takes ``(primals, tangents)``."""
     x = torch.randn(8, 16)
-    f, backend = compiled(name, compiler, verify="numeric")
-    out, grad = _grads(f, x)
-    want_out, want_grad = _grads(fn, x)
+    model = _model()
+    f, backend = compiled(name, compiler, fn=model, verify="numeric")
+    out, grad, params = _grads(f, model, x)
+    want_out, want_grad, want_params = _grads(model, model, x)
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(grad, want_grad)
+    torch.testing.assert_close(params, want_params)
     (record,) = [r for r in _records(backend, name) if r.status != "skipped" or r.matches]
     assert record.status == "failed", record
     assert f"after pass {name!r}: output" in record.reason and "numeric" in record.reason, record.reason
