@@ -1,7 +1,10 @@
 """One rank of a 2-rank gloo program (``passkit_testing.run_world_program``): a TP=2
 TinyLlama compiled through passkit's backend with a fusion pass (reference op) and a
 compiler, its result printed, then the interpreter's exit (``--destroy``: after
-``dist.destroy_process_group()``). Used by test_exit.py: every rank must exit with rc 0."""
+``dist.destroy_process_group()``; ``--trace-exit``: the threads' Python stacks every 3 s while
+it exits). Run it with ``passkit_testing.run_world_program(["tests/fusion/exit_probe.py",
+...], 2, timeout=300)``: every rank must exit with rc 0 (issue 45's exit abort, not reproduced
+here: see the issue's report)."""
 
 from __future__ import annotations
 
