@@ -10,6 +10,7 @@ from .config import Config, PassEntry, load_config
 from .context import CompileContext
 from .environment import EnvironmentCheck
 from .errors import (
+    CompilerError,
     ConfigError,
     ConfigWarning,
     OrderError,
@@ -36,6 +37,7 @@ from .tokens import TokenConstraint, TokenRange
 __all__ = [
     "Backend",
     "CompileContext",
+    "CompilerError",
     "Config",
     "ConfigError",
     "ConfigWarning",

@@ -12,6 +12,11 @@ pass that follows a change. A pass then costs one measurement of what it changed
 Plugin hooks run between passes (``passkit_before_pass``, ``passkit_after_pass``) may touch
 the graph too: when any is implemented, a kept baseline is checked against the graph (one
 more measurement) before it is used again.
+
+The baseline follows the :class:`~torch.fx.GraphModule`, not a graph object: a pass may
+install a new graph (``gm.graph = new_graph``, a normal FX idiom), and then its change is
+measured on the graph the module now holds (every node new), and a restore puts the
+baseline's graph object back into the module, with its nodes and its code.
 """
 
 from __future__ import annotations
@@ -39,15 +44,18 @@ class Baseline:
 
 
 class Baselines:
-    """The baseline of one graph through one stage's passes (see the module docstring).
+    """The baseline of one module's graph through one stage's passes (see the module
+    docstring).
 
     ``recheck``: something other than the passes may change the graph between passes (a
     plugin hook): a kept baseline is measured against the graph before it is reused.
     """
 
-    def __init__(self, graph: torch.fx.Graph, *, recheck: bool = False):
-        self.graph = graph
+    def __init__(self, gm: torch.fx.GraphModule, *, recheck: bool = False):
+        self.gm = gm
         self.recheck = recheck
+        self.graph_object: torch.fx.Graph = gm.graph
+        """The graph object the baseline was taken of (what a restore puts back)."""
         self._current: Baseline | None = None
         self.taken = 0
         """How many baselines were taken (a snapshot each): for tests and benchmarks."""
@@ -57,15 +65,24 @@ class Baselines:
         kept = self._current
         stale = (
             kept is not None
-            and self.recheck
-            and graph_diff.measure(self.graph, kept.fingerprint, kept.saved).modified
+            and (self.recheck or self.gm.graph is not self.graph_object)
+            and (
+                self.gm.graph is not self.graph_object
+                or graph_diff.measure(self.graph, kept.fingerprint, kept.saved).modified
+            )
         )
         if stale:
             kept = None
         if kept is None:
+            self.graph_object = self.gm.graph
             kept = self._current = Baseline.take(self.graph)
             self.taken += 1
         return kept
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        """The graph the module holds now (a pass may have installed another)."""
+        return self.gm.graph
 
     def after_pass(self, change: graph_diff.GraphDiff) -> None:
         """The pass kept its change: the baseline no longer describes the graph."""
@@ -73,13 +90,20 @@ class Baselines:
             self._current = None
 
     def restore(self) -> None:
-        """Undo the last pass: the graph holds the baseline's nodes again (new node objects,
-        so the fingerprint is retaken; the snapshot still describes the graph)."""
+        """Undo the last pass: the module holds the baseline's graph object again (a pass
+        may have installed another), with the baseline's nodes (new node objects, so the
+        fingerprint is retaken; the snapshot still describes the graph), and its code is
+        regenerated from it."""
         kept = self._current
         if kept is None:
             raise RuntimeError("passkit: no baseline to restore (before_pass was not called)")
-        restore(self.graph, kept.saved)
-        kept.fingerprint = graph_diff.fingerprint(self.graph)
+        graph = self.graph_object
+        restore(graph, kept.saved)
+        if self.gm.graph is not graph:
+            self.gm.graph = graph  # the setter recompiles: the code that runs is the baseline's
+        else:
+            self.gm.recompile()
+        kept.fingerprint = graph_diff.fingerprint(graph)
 
 
 __all__ = ["Baseline", "Baselines"]

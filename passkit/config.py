@@ -277,8 +277,14 @@ def _names(name: str, value: str) -> list[str]:
 def _pass_entries(name: str, value: str) -> list[Any]:
     """``a,b:key=value:key2=value2`` -> ``["a", {"name": "b", "key": value, ...}]``.
 
-    Values are read as JSON where they parse (``4096``, ``true``), else as strings."""
+    Values are read as JSON where they parse (``4096``, ``true``), else as strings. Commas
+    and spaces only (``",,,"``: a list that lost its names) are an error, not "no passes"."""
     entries: list[Any] = []
+    if value.strip() and not _split(value):
+        raise ConfigError(
+            f"environment variable {name}={cut_repr(value)} names no pass (only separators): give "
+            f"pass names ({name}=cleanup,mul_to_scale), or leave {name} unset for the config files' passes"
+        )
     for item in _split(value):
         pass_name, *pairs = item.split(":")
         if pairs and "=" not in pairs[0]:  # a qualified name: acme-passes:my_pass

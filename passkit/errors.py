@@ -108,6 +108,12 @@ class PassCodeError(PasskitError):
         self.pass_name, self.method = pass_name, method
 
 
+class CompilerError(PasskitError):
+    """The compiler passkit's backend hands its graphs to (``compiler=``, config key
+    ``compiler``) raised, or returned something that is not a callable. Names the compiler and
+    the graph; its exception is the ``__cause__``."""
+
+
 class VerificationError(PasskitError):
     """A pass left a graph that fails lint or fake-tensor re-propagation."""
 

@@ -31,6 +31,10 @@ _KWARGS = operator.attrgetter("_kwargs")
 _META = operator.attrgetter("meta")
 _INPUTS = operator.attrgetter("_input_nodes")
 
+CALLS = frozenset({"call_function", "call_method", "call_module"})
+"""The node kinds that compute something (what a rewrite's checks re-run): a pre-grad graph
+calls tensor methods (``x.narrow(0, 0, 4)``) and modules as well as functions."""
+
 
 @dataclasses.dataclass
 class GraphDiff:
@@ -38,13 +42,15 @@ class GraphDiff:
     """Whether anything changed: a node added, removed, reordered, retargeted, rewired, or its
     recorded value replaced."""
     changed: list[torch.fx.Node]
-    """The ``call_function`` nodes that are new or whose target or arguments changed."""
+    """The call nodes (:data:`CALLS`: functions, methods, modules) that are new or whose target
+    or arguments changed."""
     removed: list[str]
     """Names of the snapshot's nodes that are gone (only filled when the graph changed)."""
     dangling: list[str] = dataclasses.field(default_factory=list)
     """``"user -> erased"`` for nodes of the graph that use a node no longer in it."""
     prior: dict[torch.fx.Node, torch.fx.Node] = dataclasses.field(default_factory=dict)
-    """For the changed nodes that existed before the pass: their copy in the snapshot."""
+    """For the changed nodes that existed before the pass: their copy in the snapshot (in a
+    graph a pass installed in place of the one it got, the snapshot's node of the same name)."""
 
 
 @dataclasses.dataclass
@@ -104,9 +110,14 @@ def measure(graph: torch.fx.Graph, before: Fingerprint, saved: torch.fx.Graph) -
     rewired = sorted(rewired_set)
     old_nodes = list(saved.nodes)
     prior = {kept[k]: old_nodes[k if old_index is None else old_index[k]] for k in rewired}
+    if added and not kept:  # a new graph object (``gm.graph = new``): its nodes' priors by name
+        by_name = {n.name: n for n in old_nodes}
+        prior.update(
+            (n, old) for n in added if (old := by_name.get(n.name)) is not None and old.op == n.op
+        )
     changed_set = {*prior, *added}
     in_order = compress(nodes, map(changed_set.__contains__, nodes)) if changed_set else ()
-    changed = [n for n in in_order if n.op == "call_function"]
+    changed = [n for n in in_order if n.op in CALLS]
     removed: list[str] = []
     dangling: list[str] = []
     if not same_nodes:
@@ -139,7 +150,7 @@ def diff(graph: torch.fx.Graph, before: torch.fx.Graph) -> GraphDiff:
             prior = by_name.get(node.name)
         if prior is None or prior.op != node.op:
             modified = True
-            if node.op == "call_function":
+            if node.op in CALLS:
                 changed.append(node)
             continue
         if (
@@ -151,7 +162,7 @@ def diff(graph: torch.fx.Graph, before: torch.fx.Graph) -> GraphDiff:
             or (bool(prior.kwargs or node.kwargs) and not same(prior.kwargs, node.kwargs))
         ):
             modified = True
-            if node.op == "call_function":
+            if node.op in CALLS:
                 changed.append(node)
         elif prior.meta.get("val") is not node.meta.get("val"):
             modified = True
@@ -200,4 +211,4 @@ def same(old: Any, new: Any) -> bool:
         return False
 
 
-__all__ = ["Fingerprint", "GraphDiff", "diff", "fingerprint", "measure", "same"]
+__all__ = ["CALLS", "Fingerprint", "GraphDiff", "diff", "fingerprint", "measure", "same"]

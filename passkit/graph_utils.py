@@ -45,6 +45,26 @@ def _copy_nodes(src: torch.fx.Graph, dst: torch.fx.Graph) -> None:
                     setattr(copied, name, value)
 
 
+def carry_node_attributes(graph: torch.fx.Graph, before: torch.fx.Graph) -> None:
+    """Give the nodes of ``graph`` (a graph a pass installed in place of the one it got) the
+    attributes a tracer set on the nodes of ``before`` (Dynamo's ``_dynamo_source`` on its
+    placeholders, which AOTAutograd asserts) that they lack: placeholders by position (they
+    are the inputs, in order), other nodes by name."""
+
+    def extras(node: torch.fx.Node) -> dict[str, object]:
+        return dict(getattr(node, "__dict__", None) or {})
+
+    old_inputs = list(before.find_nodes(op="placeholder"))
+    new_inputs = list(graph.find_nodes(op="placeholder"))
+    pairs = list(zip(new_inputs, old_inputs))
+    by_name = {n.name: n for n in before.nodes if n.op != "placeholder"}
+    pairs += [(n, by_name[n.name]) for n in graph.nodes if n.op != "placeholder" and n.name in by_name]
+    for new, old in pairs:
+        for name, value in extras(old).items():
+            if name not in extras(new):
+                setattr(new, name, value)
+
+
 def graph_code(gm_or_graph: torch.fx.GraphModule | torch.fx.Graph) -> str:
     """Readable Python for a graph (no strides/devices noise)."""
     graph = gm_or_graph.graph if isinstance(gm_or_graph, torch.fx.GraphModule) else gm_or_graph

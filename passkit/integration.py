@@ -36,7 +36,7 @@ from . import (
 )
 from .config import Config
 from .context import Mode, graph_kind_scope
-from .errors import ConfigError, PasskitError
+from .errors import CompilerError, ConfigError, PassFailedError, PasskitError, describe
 from .inductor_options import ComposedPass
 from .pass_base import STAGE_ORDER, Stage
 from .pipeline import Pipeline, build_pipeline
@@ -85,8 +85,10 @@ class Backend:
         if pipeline is not None and (config is not None or overrides):
             raise TypeError("give either a pipeline or a config, not both")
         built: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
+        compiler_key: str | None = None
         if compiler is None and mode == "inductor":  # Python said nothing: the config says
             compiler = resolve_compiler(built.config.compiler)
+            compiler_key = built.config.compiler
         if compiler is None:
             compiler = "aot_eager"
         elif isinstance(compiler, str):
@@ -119,8 +121,11 @@ class Backend:
             import torch._inductor.compile_fx  # noqa: F401
         self.mode: Mode = mode
         self.compiler: str | Callable[..., Any] = compiler
-        self.compiler_name = _compiler_name(compiler)
-        """``"inductor"``, ``"aot_eager"`` or the custom compiler's name (passes' context)."""
+        self.compiler_name = compiler_key or _compiler_name(compiler)
+        """``"inductor"``, ``"aot_eager"``, the config's ``"package.module:name"`` or the custom
+        compiler's name (passes' context, and errors)."""
+        self.__name__ = f"passkit(compiler={self.compiler_name})"
+        """What Dynamo calls this backend in its errors (not ``<Backend object at 0x...>``)."""
         self.pipeline: Pipeline = built
         self.pipeline.driven, self.pipeline.host = STAGE_ORDER, "passkit's backend"
         self.inductor_config = dict(inductor_config or {})
@@ -380,11 +385,11 @@ class Backend:
         cache_key = report_cache.key(pipeline.uuid(), gm, key_inputs, patches)
         hit = _cache_hits() > hits_before
         if new and not hit:
-            report_cache.save(cache_key, new)
+            report_cache.save(cache_key, new, pipeline.names())
         elif hit:
             # served from a cache: the graphs whose passes did not run now (with a joint
             # stage, the joint graph may have run while its halves came from the cache)
-            restored = report_cache.load(cache_key) or []
+            restored = report_cache.load(cache_key, pipeline.names()) or []
             ran = {r.graph_kind for r in new}
             missing = [old for old in restored if old.graph_kind is None or old.graph_kind not in ran]
             if missing and len({old.graph_kind for old in missing}) == len(missing):
@@ -419,15 +424,42 @@ class Backend:
                         if kind == "inference" and Stage.JOINT in pipeline.stages:
                             pipeline.run_stage(fx_g, Stage.JOINT, mode, graph_kind=kind, compiler=name)
                         pipeline.run(fx_g, mode=mode, graph_kind=kind, compiler=name)
-                return cast(CompiledFn, final(fx_g, list(inputs)))
+                if final is boxed_nop:
+                    return cast(CompiledFn, final(fx_g, list(inputs)))
+                return _call_compiler(final, name, kind, fx_g, inputs)
 
             compile_graph.__name__ = f"passkit_{kind}_compiler"
             return compile_graph
 
         def partition_fn(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
-            if pipeline.enabled and Stage.JOINT in pipeline.stages:
-                pipeline.run_stage(joint, Stage.JOINT, mode, graph_kind="joint", compiler=name)
-            return default_partition(joint, joint_inputs, **kwargs)
+            if not (pipeline.enabled and Stage.JOINT in pipeline.stages):
+                return default_partition(joint, joint_inputs, **kwargs)
+            from .graph_utils import restore, snapshot
+
+            before = snapshot(joint.graph)
+            report = pipeline.run_stage(joint, Stage.JOINT, mode, graph_kind="joint", compiler=name)
+            changed = [r for r in report.records if r.stage == Stage.JOINT.value and r.modified]
+            if not changed:
+                return default_partition(joint, joint_inputs, **kwargs)
+            try:
+                return default_partition(joint, joint_inputs, **kwargs)
+            except Exception as exc:
+                # as Inductor's compile does (passkit.inductor_failures): name the passes that
+                # changed the joint graph, and partition it again as it was before them
+                why = (
+                    f"AOTAutograd's partitioner failed on the joint graph it changed: {describe(exc)[:600]}; "
+                    f"compiled without it (compiler {name!r})"
+                )
+                for record in changed:
+                    record.status, record.reason, record.modified = "failed", why, False
+                    logs.log.warning("passkit: pass %s failed: %s", record.name, why)
+                    if pipeline.config.on_error == "raise":
+                        raise PassFailedError(
+                            f"pass {record.name!r} failed: {why}", pass_name=record.name, ran_before=[]
+                        ) from exc
+                restore(joint.graph, before)
+                joint.recompile()
+                return default_partition(joint, joint_inputs, **kwargs)
 
         return aot_autograd(
             fw_compiler=compiler_for("forward"),
@@ -437,6 +469,27 @@ class Backend:
             decompositions=select_decomp_table(),
             keep_inference_input_mutations=True,
         )(gm, list(example_inputs))
+
+
+def _call_compiler(
+    compiler: Callable[..., Any], name: str, kind: str, gm: torch.fx.GraphModule, inputs: Sequence[Any]
+) -> CompiledFn:
+    """A custom compiler's compile of one graph: what it raises, or a result that is not a
+    callable (``None``: a ``'NoneType' object is not callable`` at the first call otherwise),
+    is a :class:`CompilerError` naming it by its config key."""
+    try:
+        compiled = compiler(gm, list(inputs))
+    except Exception as exc:
+        raise CompilerError(
+            f"compiler {name!r} raised compiling the {kind} graph: {describe(exc)}"
+        ) from exc
+    if not callable(compiled):
+        raise CompilerError(
+            f"compiler {name!r} returned {type(compiled).__name__} for the {kind} "
+            "graph, not a callable: an AOTAutograd compiler returns the function that runs the graph "
+            "(gm.forward, for one that only inspects it)"
+        )
+    return cast(CompiledFn, compiled)
 
 
 COMPILERS = ("inductor", "aot_eager")
@@ -460,7 +513,9 @@ def resolve_compiler(spec: str) -> str | Callable[..., Any]:
         found: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             found = getattr(found, part)
-    except Exception as exc:  # a missing module or name: the config's mistake, said as such
+    except BaseException as exc:  # a missing module or name, sys.exit() at import: the config's
+        if isinstance(exc, KeyboardInterrupt):  # mistake, said as such
+            raise
         raise ConfigError(
             f"config key compiler: cannot import {spec!r} ({type(exc).__name__}: {exc})"
         ) from None

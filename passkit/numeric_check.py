@@ -9,11 +9,18 @@ booleans exactly). A difference is :class:`~passkit.errors.VerificationError` na
 pass and the output. It costs two runs of the graph per pass that changed it: on in
 passkit-testing's harness, opt-in for users (``verify = "numeric"``, ``PASSKIT_VERIFY=numeric``).
 
+A joint graph (the ``joint`` stage) is called with its ``(primals, tangents)`` signature:
+its outputs are the forward outputs and the gradients, so a pass that changes a gradient only
+is caught too. Inputs are compared as well: a graph that writes to an input the graph before
+the pass left alone (the caller's tensor would change), or writes other values into one, is a
+difference.
+
 A graph with collectives (all-reduce, all-gather, reduce-scatter, of torch, symmetric
 memory or a host) is not compared: in a fake or single-process world they compute nothing
 comparable, and in a real one each rank would run extra collectives out of step. Neither is
 a graph that cannot run here before the pass (an op that needs a device this process
-lacks): the check says nothing rather than guess.
+lacks, an input without a recorded value): :func:`check` then returns why
+(``numeric: not run: ...``), which the pipeline adds to the pass's notes, rather than guess.
 """
 
 from __future__ import annotations
@@ -36,13 +43,15 @@ _DEFAULT_FLOAT = (0.125, 0.0625)
 SEED = 20261126
 
 
-def check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> None:
+def check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> str | None:
     """Raise :class:`VerificationError` naming ``pass_name`` when ``gm`` (after the pass)
-    computes other values than ``before`` (the graph before it) on the same random inputs."""
+    computes other values than ``before`` (the graph before it) on the same random inputs;
+    return why when the check could not run (``"numeric: not run: ..."``), else None."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():  # Inductor runs passes under its fake mode: run for real
-        _check(gm, before, pass_name)
+        why = _check(gm, before, pass_name)
+    return f"numeric: not run: {why}" if why else None
 
 
 _COLLECTIVE_WORDS = (
@@ -67,28 +76,44 @@ def has_collectives(graph: torch.fx.Graph) -> bool:
     return False
 
 
-def _check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> None:
+def _check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> str | None:
     if has_collectives(before) or has_collectives(gm.graph):
-        return
-    inputs = random_inputs(gm.graph)
+        return "the graph has collectives (nothing comparable in one process)"
+    inputs, why = _inputs(before)
     if inputs is None:
-        return
+        return why
     from .graph_utils import snapshot
 
     old = torch.fx.GraphModule(gm, snapshot(before))
     try:
-        expected = _run(old, inputs)
-    except Exception:  # cannot run here (see the module docstring): no comparison
-        return
+        expected, wrote_before = _run_inputs(old, inputs)
+    except Exception as exc:  # cannot run here (see the module docstring): say so
+        return f"the graph before the pass does not run here ({describe(exc)[:200]})"
     try:
         gm.recompile()  # the code of the graph as the pass left it
-        got = _run(gm, inputs)
+        got, wrote_after = _run_inputs(gm, inputs)
     except Exception as exc:
         raise VerificationError(
             f"after pass {pass_name!r}: the graph no longer runs on inputs the graph before the "
             f"pass ran on: {describe(exc)}"
         ) from exc
     compare(expected, got, pass_name)
+    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    for i in sorted(set(wrote_after) - set(wrote_before)):
+        name = names[i] if i < len(names) else str(i)
+        raise VerificationError(
+            f"after pass {pass_name!r}: the graph writes to its input {name!r}, which the graph "
+            'before the pass left alone (the caller\'s tensor would change; verify = "numeric")'
+        )
+    for i in sorted(wrote_before):
+        why = _differs(wrote_before[i], wrote_after.get(i, inputs[i]))
+        if why:
+            name = names[i] if i < len(names) else str(i)
+            raise VerificationError(
+                f"after pass {pass_name!r}: the graph writes other values into its input {name!r} "
+                f'than before the pass: {why} (verify = "numeric")'
+            )
+    return None
 
 
 def compare(expected: list[Any], got: list[Any], pass_name: str) -> None:
@@ -128,13 +153,41 @@ def _differs(a: Any, b: Any) -> str | None:
 
 
 def _run(gm: torch.fx.GraphModule, inputs: list[Any]) -> list[Any]:
+    return _run_inputs(gm, inputs)[0]
+
+
+def _run_inputs(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[list[Any], dict[int, Any]]:
+    """The flat outputs of ``gm`` on copies of ``inputs``, and the inputs it wrote to (by
+    position: their values after the run). A graph whose code takes structured arguments
+    (a joint graph: ``(primals, tangents)``) gets them in that structure."""
     args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    versions = [x._version if isinstance(x, torch.Tensor) else None for x in args]
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(SEED)
-        out = gm(*args)
+        out = gm(*_structured(gm, args))
     flat: list[Any] = []
     _flatten(out, flat)
-    return flat
+    wrote = {
+        i: x
+        for i, (x, v) in enumerate(zip(args, versions))
+        if isinstance(x, torch.Tensor) and x._version != v
+    }
+    return flat, wrote
+
+
+def _structured(gm: torch.fx.GraphModule, flat: list[Any]) -> list[Any]:
+    """``flat`` (one value per placeholder) as the arguments ``gm``'s code takes: a graph made
+    with a pytree signature (AOTAutograd's joint graph) takes ``(primals, tangents)``."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    spec = getattr(info, "in_spec", None)
+    if spec is None:
+        return flat
+    import torch.utils._pytree as pytree
+
+    args = pytree.tree_unflatten(flat, spec)
+    if isinstance(args, tuple) and len(args) == 2 and isinstance(args[1], dict) and not args[1]:
+        args = args[0]  # a spec of (args, kwargs)
+    return list(args) if isinstance(args, (tuple, list)) else [args]
 
 
 def _flatten(value: Any, into: list[Any]) -> None:
@@ -148,15 +201,20 @@ def _flatten(value: Any, into: list[Any]) -> None:
 def random_inputs(graph: torch.fx.Graph) -> list[Any] | None:
     """Real random inputs shaped like the placeholders' recorded values (None: a placeholder
     records none, or a size has no hint)."""
+    return _inputs(graph)[0]
+
+
+def _inputs(graph: torch.fx.Graph) -> tuple[list[Any] | None, str]:
+    """:func:`random_inputs`, and why there are none."""
     gen = torch.Generator().manual_seed(SEED)
     out: list[Any] = []
     for node in graph.find_nodes(op="placeholder"):
         val = node.meta.get("val", node.meta.get("example_value"))
         try:
             out.append(_real(val, gen))
-        except _NoInput:
-            return None
-    return out
+        except _NoInput as exc:
+            return None, f"input {node.name!r}: {exc}"
+    return out, ""
 
 
 class _NoInput(Exception):
@@ -169,15 +227,17 @@ def _hint(value: Any) -> int:
     if isinstance(value, torch.SymInt):
         hint = value.node.hint
         if hint is None:
-            raise _NoInput
+            raise _NoInput("a size without a hint")
         return int(hint)
-    raise _NoInput
+    raise _NoInput(f"a size of type {type(value).__name__}")
 
 
 def _real(val: Any, gen: torch.Generator) -> Any:
+    if val is None:
+        raise _NoInput("no recorded value to make an input from")
     if isinstance(val, torch.Tensor):
         if val.device.type != "cpu":
-            raise _NoInput  # the check runs the graph on the CPU only
+            raise _NoInput(f"on {val.device.type}; the check runs graphs on the CPU only")
         shape = [_hint(s) for s in val.shape]
         dtype = val.dtype
         if dtype == torch.bool:
@@ -191,7 +251,7 @@ def _real(val: Any, gen: torch.Generator) -> Any:
         return _hint(val)
     if isinstance(val, (bool, float)):
         return val
-    raise _NoInput
+    raise _NoInput(f"a recorded value of type {type(val).__name__}")
 
 
 __all__ = ["TOLERANCES", "check", "compare", "has_collectives", "random_inputs"]

@@ -270,18 +270,42 @@ class _Inference:
 
         with mode, _no_guards(mode), _quiet_fake_errors():
             for node in self.order:  # not the whole graph: a pass rewrites a few nodes of many
-                if not callable(node.target):
-                    continue
                 missing = False
                 args = torch.fx.node.map_arg(node.args, load)
                 kwargs = torch.fx.node.map_arg(node.kwargs, load)
                 if missing:
                     continue
                 try:
-                    self.memo[node] = node.target(*args, **kwargs)
+                    call = self._callable(node, args)
+                except Exception:  # a module or method not found: nothing to tell from
+                    continue
+                if call is None:
+                    continue
+                if node.op == "call_method":
+                    args = args[1:]
+                try:
+                    self.memo[node] = call(*args, **kwargs)
                 except Exception as exc:
-                    if not _cannot_tell(exc):  # the op rejects its inputs: so would a real run
-                        self.errors.append((node, exc))
+                    # a module holds real parameters a fake run may refuse: only its value is unknown
+                    if node.op != "call_module" and not _cannot_tell(exc):
+                        self.errors.append((node, exc))  # the op rejects its inputs: so would a real run
+
+
+    def _callable(self, node: torch.fx.Node, args: Any) -> Any:
+        """What ``node`` calls: its function, the method of its first argument
+        (``call_method``: pre-grad graphs call ``x.narrow(...)``, ``x.to(...)``) or the
+        submodule of the graph's module (``call_module``); None: nothing to call."""
+        if node.op == "call_function":
+            return node.target if callable(node.target) else None
+        if node.op == "call_method":
+            return getattr(args[0], node.target) if args and isinstance(node.target, str) else None
+        if node.op == "call_module":
+            owner = self.graph.owning_module
+            module = owner.get_submodule(node.target) if owner is not None else None
+            if module is None or next(module.buffers(), None) is not None:
+                return None  # a module with state (running statistics) is not run for a check
+            return module
+        return None
 
 
 def _cannot_tell(exc: Exception) -> bool:

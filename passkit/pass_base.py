@@ -173,6 +173,12 @@ class Pass:
             ``"forward"``, ``"backward"``, ``"inference"``; ``None``: every graph its stage
             sees). On another kind it is skipped, the report saying why
             (``skip_graph_kinds_reason`` added to it).
+        environment_modules: modules whose presence decides whether the pass skips or what it
+            writes (a kernel library: ``("flashinfer",)``). Whether each is importable, from
+            where and at what version is part of the pass's cache identity
+            (:meth:`environment`), so a compile cached while one was missing (the pass skipped)
+            is not served once it is installed. Override :meth:`environment` for anything else
+            a decision reads from the process (an environment variable, a driver version).
     """
 
     name: ClassVar[str] = ""
@@ -188,6 +194,7 @@ class Pass:
     shares_sites_with: ClassVar[Sequence[str]] = ()
     graph_kinds: ClassVar[Sequence[str] | None] = None
     skip_graph_kinds_reason: ClassVar[str] = ""
+    environment_modules: ClassVar[Sequence[str]] = ()
 
     def __init__(self, options: pydantic.BaseModel | dict[str, Any] | None = None, **kwargs: Any):
         if options is not None and kwargs:
@@ -308,6 +315,12 @@ class Pass:
     def options_json(self) -> str:
         return json.dumps(self.options.model_dump(mode="json"), sort_keys=True)
 
+    def environment(self) -> dict[str, Any]:
+        """What this pass's decisions read from the process, for its cache identity (JSON
+        values). Default: per module of :attr:`environment_modules`, whether it is importable,
+        its version and where it is (:func:`module_state`; nothing is imported)."""
+        return {name: module_state(name) for name in self.environment_modules}
+
     def identity(self) -> dict[str, Any]:
         """Everything that determines what this pass does, for cache keys and plans."""
         return {
@@ -320,7 +333,19 @@ class Pass:
             "depends_on": list(self.depends_on),
             "shares_sites_with": list(self.shares_sites_with),
             **({"graph_kinds": list(self.graph_kinds)} if self.graph_kinds is not None else {}),
+            **({"environment": environment} if (environment := self._checked_environment()) else {}),
         }
+
+    def _checked_environment(self) -> dict[str, Any] | None:
+        """:meth:`environment`, isolated: one that raises is the pass's code failure (it then
+        runs nowhere, as when :meth:`skip_reason` raises)."""
+        try:
+            environment = self.environment()
+            json.dumps(environment, sort_keys=True)
+        except Exception as exc:
+            failure = self._code_failed(f"environment() raised or returned no JSON: {describe(exc)}", exc)
+            return {"failed": str(failure)}
+        return environment or None
 
     def __repr__(self) -> str:
         return f"<pass {self.name} {self.options_json()}>"
@@ -328,6 +353,25 @@ class Pass:
 
 class GraphPass(Pass):
     """A pass written by hand against the FX graph: implement :meth:`run`."""
+
+
+def module_state(name: str) -> dict[str, Any]:
+    """Whether module ``name`` is importable here, where from and its distribution's version
+    (found without importing it; a module that cannot be looked up counts as absent)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return {"found": False}
+    try:
+        version: str | None = importlib.metadata.version(name.partition(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        version = None
+    return {"found": True, "version": version, "origin": str(spec.origin)}
 
 
 def validate_options(cls: type[Pass], raw: dict[str, Any], origin: str | None = None) -> pydantic.BaseModel:

@@ -22,14 +22,23 @@ from typing import Any
 
 import torch.fx
 
-from . import graph_diff, hooks, inductor_state, logs, numeric_check, output_check, schema_check
+from . import (
+    graph_diff,
+    hooks,
+    inductor_state,
+    input_mutation,
+    logs,
+    numeric_check,
+    output_check,
+    schema_check,
+)
 from .baseline import Baselines
 from .config import Config, load_config
 from .context import CompileContext, Mode, graph_kind_of
 from .declined import warn_declined
 from .dump import Dumper
 from .errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
-from .graph_utils import count_nodes, graph_code
+from .graph_utils import carry_node_attributes, count_nodes, graph_code
 from .pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, PassResult, Stage, stage_phase
 from .pipeline_build import instantiate, order_passes, pass_relations, pipeline_identity, plugins_for
 from .pipeline_build import unknown_pass_message as unknown_pass_message  # re-exported: its old home
@@ -113,7 +122,7 @@ class Pipeline:
         """Added to the reports of the graphs compiled next (set by the backend)."""
         self.reports: list[Report] = reports if reports is not None else []
         self._uuid = self._compute_uuid()
-        self._open: tuple[weakref.ref[torch.fx.Graph], Report] | None = None
+        self._open: tuple[weakref.ref[torch.fx.GraphModule], Report] | None = None
         stages = [p.stage for p in self.passes]
         self.stages = [s for s in STAGE_ORDER if s in stages]
         self.driven: tuple[Stage, ...] = POST_GRAD_STAGES
@@ -221,7 +230,7 @@ class Pipeline:
         if report is None and not any(p.stage not in self.driven for p in self.passes):
             return Report(mode=mode, graph_kind=graph_kind)  # no post-grad pass, nothing to say
         if report is None:  # only passes at stages the host does not run: say so
-            report = self._report_for(gm.graph, Stage.POST, mode, graph_kind or graph_kind_of(gm))
+            report = self._report_for(gm, Stage.POST, mode, graph_kind or graph_kind_of(gm))
             self._not_driven(report)
             self._finish(report, None)
         return report
@@ -242,7 +251,7 @@ class Pipeline:
         phase = stage_phase(stage)
         if graph_kind is None:
             graph_kind = "torch" if phase == "pre_grad" else graph_kind_of(gm, joint=phase == "joint")
-        report = self._report_for(gm.graph, stage, mode, graph_kind)
+        report = self._report_for(gm, stage, mode, graph_kind)
         fields: dict[str, Any] = {"graph_kind": graph_kind, "stage": stage.value}
         fields["compiler"] = compiler or ("inductor" if mode == "inductor" else "aot_eager")
         if example_inputs is not None:
@@ -253,7 +262,7 @@ class Pipeline:
         self._hook("passkit_configure_pipeline", report, None, plan.checkpoint, plan=plan, context=ctx)
         dumper = Dumper(self.config.dump_dir, report.graph_id) if self.config.dump_dir else None
         skipped = self._range_skips(ctx)
-        baselines = Baselines(gm.graph, recheck=self._hooks_between_passes())
+        baselines = Baselines(gm, recheck=self._hooks_between_passes())
         for p in plan.passes:
             record = self._run_one(p, gm, ctx, plan, report, dumper, skipped, baselines)
             report.records.append(record)
@@ -277,10 +286,13 @@ class Pipeline:
                     )
                 )
 
-    def _report_for(self, graph: torch.fx.Graph, stage: Stage, mode: Mode, graph_kind: str | None) -> Report:
+    def _report_for(self, gm: torch.fx.GraphModule, stage: Stage, mode: Mode, graph_kind: str | None) -> Report:
+        """The report of this compile of ``gm``: the one a stage before ``stage`` of the same
+        phase opened (keyed by the module: a pass may have installed a new graph in it), else
+        a new one."""
         phase_stages = self.stages_of(stage_phase(stage))
         first = phase_stages[0] if phase_stages else stage
-        if stage != first and self._open is not None and self._open[0]() is graph:
+        if stage != first and self._open is not None and self._open[0]() is gm:
             return self._open[1]
         report = Report(
             graph_id=next(_graph_ids),
@@ -290,7 +302,7 @@ class Pipeline:
             token_range=self._range_label(),
             notes=[self.note] if self.note else [],
         )
-        self._open = (weakref.ref(graph), report)
+        self._open = (weakref.ref(gm), report)
         inductor_state.opened(report)
         return report
 
@@ -351,8 +363,7 @@ class Pipeline:
         if veto and veto[0]:
             record.status, record.reason = "vetoed", str(veto[0])
             return record
-        graph = gm.graph
-        record.nodes_before = count_nodes(graph)
+        record.nodes_before = count_nodes(gm.graph)
         baseline = baselines.before_pass()  # kept from the last pass if it changed nothing
         saved = baseline.saved
         before_code = graph_code(gm) if dumper else ""
@@ -361,6 +372,10 @@ class Pipeline:
         try:
             result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
+            # the graph the module holds now: a pass may have installed a new one
+            graph = gm.graph
+            if graph is not baselines.graph_object:
+                carry_node_attributes(graph, saved)  # Dynamo's node attributes, which it lacks
             change = graph_diff.measure(graph, baseline.fingerprint, saved)  # never the pass's own flag
             if change.dangling:
                 raise VerificationError(
@@ -370,18 +385,20 @@ class Pipeline:
             if change.modified:  # cheap: the nodes it changed and the outputs only
                 schema_check.check(graph, saved, p.name, change.changed)
                 output_check.check(graph, baseline.outputs, change, p.name)
+                input_mutation.check(graph, saved, change.changed, p.name)
             if self.config.verify:
                 verified = time.perf_counter()
                 verify_graph(gm, p.name)
                 if self.config.verify == "numeric" and change.modified:
-                    numeric_check.check(gm, saved, p.name)
+                    not_run = numeric_check.check(gm, saved, p.name)
+                    if not_run:  # never silence: the report says the check did not run
+                        result.notes.append(not_run)
                 record.verify_ms = (time.perf_counter() - verified) * 1e3
         except BaseException as exc:  # SystemExit too: a pass must not end the process
             if isinstance(exc, KeyboardInterrupt):
                 raise
             record.ms = record.ms or (time.perf_counter() - start) * 1e3
-            baselines.restore()
-            gm.recompile()
+            baselines.restore()  # the graph object and the code that runs
             return self._failed(p, gm, exc, record, report, dumper, index, before_code)
         baselines.after_pass(change)
         if change.modified:

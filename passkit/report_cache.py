@@ -11,10 +11,18 @@ versions; Inductor's and AOTAutograd's config). Two environments that share a ca
 (two torch versions, say) therefore never read each other's reports: a restored report
 describes the code that runs. Failing to read or write it only loses the restored report,
 never a compile.
+
+Each file is an envelope: the passkit version that wrote it, the pass set it was made with
+(the pipeline's pass names), its key and a SHA-256 checksum of all of it and the reports.
+Anything else (another passkit's entry, a pass set that is not this pipeline's, a record of a
+pass not in that set, an edited entry, bytes that are not UTF-8 JSON) is a miss with a
+:class:`~passkit.ConfigWarning`, never a restored report that is not what the passes did,
+and never a failed compile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -68,8 +76,8 @@ class _Entry(pydantic.BaseModel):
 
     graph_id: int = 0
     pipeline_uuid: str = ""
-    mode: str = "inductor"
-    graph_kind: str | None = None
+    mode: Literal["inductor", "eager"] = "inductor"
+    graph_kind: Literal["torch", "joint", "forward", "backward", "inference"] | None = None
     cache_hit: bool = False
     token_range: str | None = None
     restored: bool = False
@@ -79,7 +87,30 @@ class _Entry(pydantic.BaseModel):
     passes: list[_Record] = pydantic.Field(default_factory=list)
 
 
+class _Envelope(pydantic.BaseModel):
+    """A cache file: who wrote it, for which passes and key, its checksum, the reports."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+
+    passkit: str
+    passes: list[str]
+    key: str
+    checksum: str
+    reports: list[dict[str, Any]]
+
+
 _ENTRIES = pydantic.TypeAdapter(list[_Entry])
+
+
+def _checksum(version: str, passes: Sequence[str], cache_key: str, reports: Any) -> str:
+    blob = json.dumps([version, list(passes), cache_key, reports], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _passkit_version() -> str:
+    from ._version import __version__
+
+    return __version__
 
 
 def cache_dir() -> Path:
@@ -161,39 +192,87 @@ def in_use(inductor_patches: Mapping[str, Any] | None = None) -> bool:
     return inductor or autograd
 
 
-def save(cache_key: str, reports: Sequence[Report]) -> None:
+def save(cache_key: str, reports: Sequence[Report], passes: Sequence[str] | None = None) -> None:
+    """Store ``reports`` under ``cache_key``; ``passes``: the pipeline's pass names (else the
+    passes the reports name). Written whole or not at all: a failed write (a full disk)
+    leaves no partial file behind."""
     if not reports:
         return
     path = cache_dir() / f"{cache_key}.json"
+    data = [r.to_dict() for r in reports]
+    names = list(passes) if passes is not None else sorted({p["name"] for r in data for p in r["passes"]})
+    version = _passkit_version()
+    envelope = {
+        "passkit": version,
+        "passes": names,
+        "key": cache_key,
+        "checksum": _checksum(version, names, cache_key, data),
+        "reports": data,
+    }
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps([r.to_dict() for r in reports]))
+        tmp.write_text(json.dumps(envelope))
         tmp.replace(path)
     except OSError as exc:
         logs.log.debug("passkit: could not write the report cache %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
-def load(cache_key: str) -> list[Report] | None:
+def load(cache_key: str, passes: Sequence[str] | None = None) -> list[Report] | None:
     """The reports stored under ``cache_key``, or None: no entry (a miss), or one that cannot
-    be read or is not of the shape passkit writes (a miss with a warning)."""
+    be read, is not of the shape passkit writes, was written by another passkit version, for
+    another pass set than ``passes`` (the pipeline's pass names), or does not match its
+    checksum (a miss with a warning)."""
     path = cache_dir() / f"{cache_key}.json"
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         logs.log.debug("passkit: no report cache entry %s: %s", path, exc)
         return None
     try:
-        entries = _ENTRIES.validate_json(text)
-        return [Report.from_dict(e.model_dump()) for e in entries]
-    except (pydantic.ValidationError, ValueError, TypeError, RecursionError) as exc:
+        return _decode(raw, cache_key, passes)
+    except _Miss as exc:
         why: Any = exc
-        if isinstance(exc, pydantic.ValidationError) and exc.errors():
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "the file"
-            why = f"{where}: {first['msg']}"
-        warn_config(
-            f"report cache entry {path} is not a passkit report ({cut(str(why), 200)}): ignored "
-            "(the compile goes on; its report is not restored)"
+    except (pydantic.ValidationError, ValueError, TypeError, RecursionError) as exc:
+        # (UnicodeDecodeError and json's errors are ValueErrors)
+        why = f"not a passkit report: {_why(exc)}"
+    warn_config(
+        f"report cache entry {path} is {cut(str(why), 300)}: ignored (the compile goes on; its "
+        "report is not restored)"
+    )
+    return None
+
+
+class _Miss(Exception):
+    """An entry passkit wrote, but not for this compile (the message says why)."""
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, pydantic.ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the file"
+        return cut(f"{where}: {first['msg']}", 200)
+    return cut(f"{type(exc).__name__}: {exc}", 200)
+
+
+def _decode(raw: bytes, cache_key: str, passes: Sequence[str] | None) -> list[Report]:
+    envelope = _Envelope.model_validate_json(raw.decode("utf-8"))
+    version = _passkit_version()
+    if envelope.passkit != version:
+        raise _Miss(f"from passkit {cut(envelope.passkit, 40)} (this is passkit {version})")
+    if envelope.key != cache_key:
+        raise _Miss(f"the entry of another key ({cut(envelope.key, 40)})")
+    if envelope.checksum != _checksum(envelope.passkit, envelope.passes, envelope.key, envelope.reports):
+        raise _Miss("edited or damaged (its checksum does not match what passkit wrote)")
+    if passes is not None and list(passes) != envelope.passes:
+        raise _Miss(
+            f"for passes {cut(repr(envelope.passes), 120)} (this compile runs {cut(repr(list(passes)), 120)})"
         )
-        return None
+    entries = _ENTRIES.validate_python(envelope.reports)
+    known = set(envelope.passes)
+    strays = sorted({p.name for e in entries for p in e.passes} - known)
+    if strays:
+        raise _Miss(f"holding records of pass(es) {cut(repr(strays), 120)} outside its pass set")
+    return [Report.from_dict(e.model_dump()) for e in entries]

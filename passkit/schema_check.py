@@ -59,6 +59,37 @@ def problem(node: torch.fx.Node) -> str | None:
     return f"{_call(node)}: {why} (schema {target._schema})" if why else None
 
 
+_CPU_KEYS = (
+    "CPU",
+    "CompositeExplicitAutograd",
+    "CompositeImplicitAutograd",
+    "CompositeExplicitAutogradNonFunctional",
+)
+
+
+def no_kernel(node: torch.fx.Node) -> str | None:
+    """Why ``node``'s op cannot run where the graph's tensors are: an op without a CPU
+    kernel (one for CUDA only, or a fake implementation only) called on CPU tensors, which
+    compiles and then fails at the first call, naming no pass. None when the op has one, or
+    the tensors are not (known to be) on the CPU."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    values = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    devices = {v.device.type for v in values if isinstance(v, torch.Tensor)}
+    if devices != {"cpu"}:
+        return None
+    name = op.name()
+    try:
+        has = [torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _CPU_KEYS]
+    except RuntimeError:  # not a dispatcher op after all
+        return None
+    python = {str(key) for key in getattr(op, "py_kernels", {})}
+    if any(has) or any(key.rpartition(".")[2] in _CPU_KEYS for key in python):
+        return None
+    return f"{_call(node)}: {op} has no CPU kernel, and the graph's tensors are on the CPU (it would fail at the first call)"
+
+
 def check(
     graph: torch.fx.Graph,
     before: torch.fx.Graph,
@@ -70,7 +101,7 @@ def check(
     its op's schema."""
     if changed is None:
         changed = changed_nodes(graph, before)
-    problems = [why for node in changed if (why := problem(node))]
+    problems = [why for node in changed if (why := problem(node) or no_kernel(node))]
     if not problems:
         return
     more = (
@@ -116,4 +147,4 @@ def _call(node: torch.fx.Node) -> str:
     return f"{node.name} = {node.target}({', '.join(args)})"
 
 
-__all__ = ["changed_nodes", "check", "problem"]
+__all__ = ["changed_nodes", "check", "no_kernel", "problem"]

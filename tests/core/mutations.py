@@ -25,10 +25,27 @@ from passkit.plugins import PluginInfo, PluginSet
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
-MUTATION_KINDS = ("delete", "retarget", "drop_arg", "add_arg", "shape", "dtype", "output", "value")
+MUTATION_KINDS = (
+    "delete",
+    "retarget",
+    "drop_arg",
+    "add_arg",
+    "shape",
+    "dtype",
+    "output",
+    "value",
+    "swap",
+    "method",
+    "input_mutation",
+)
 STRUCTURAL = frozenset(MUTATION_KINDS) - {"value"}
 """Kinds that change the graph's structure (one may still happen to change values only:
-``relu`` retargeted to ``neg``); ``value`` changes values only (``add`` -> ``sub``)."""
+``relu`` retargeted to ``neg``); ``value`` changes values only (``add`` -> ``sub``).
+``swap`` installs a new graph object (``gm.graph = new``) holding a copy with one structural
+mutation of another kind; ``method`` routes a node's users through a tensor method inserted as
+a ``call_method`` node (``narrow``, ``to``, ``transpose``, ``unsqueeze``), its recorded value
+copied from the node; ``input_mutation`` writes to one of the graph's inputs after its last
+use (every output unchanged, the caller's tensor changed)."""
 
 UNARY = [aten.relu.default, aten.neg.default, aten.sigmoid.default, aten.exp.default, aten.t.default]
 BINARY = [aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.mm.default, aten.bmm.default]
@@ -84,8 +101,11 @@ def _models() -> list[tuple[str, torch.nn.Module, tuple[torch.Tensor, ...]]]:
 
 
 def capture_graphs() -> list[tuple[str, torch.fx.GraphModule]]:
-    """The post-grad graphs of :func:`_models` (one compile each), as passes see them."""
+    """The post-grad graphs of :func:`_models` (one compile each), as passes see them, and
+    the joint graph of the transformer block in training (``block_joint``: forward and
+    backward, called with ``(primals, tangents)``; its outputs hold the gradients)."""
     captured: list[torch.fx.GraphModule] = []
+    joints: list[torch.fx.GraphModule] = []
 
     class Capture(passkit.GraphPass):
         name = "capture_graph"
@@ -94,10 +114,19 @@ def capture_graphs() -> list[tuple[str, torch.fx.GraphModule]]:
             captured.append(torch.fx.GraphModule(gm, snapshot(gm.graph)))
             return passkit.PassResult.unchanged()
 
+    class CaptureJoint(passkit.GraphPass):
+        name = "capture_joint"
+        stage = passkit.Stage.JOINT
+
+        def run(self, gm, ctx):
+            if ctx.graph_kind == "joint":
+                joints.append(torch.fx.GraphModule(gm, snapshot(gm.graph)))
+            return passkit.PassResult.unchanged()
+
     class Plugin:
         @passkit.hookimpl
         def passkit_register_passes(self):
-            return [Capture]
+            return [Capture, CaptureJoint]
 
     import torch._functorch.config
     import torch._inductor.config
@@ -114,6 +143,12 @@ def capture_graphs() -> list[tuple[str, torch.fx.GraphModule]]:
             with torch.no_grad():
                 torch.compile(model, backend=passkit.backend(passes=["capture_graph"]))(*inputs)
             out.append((name, captured[-1]))
+        torch._dynamo.reset()
+        _, block, (x,) = _models()[0]
+        block = block.train()
+        compiled = torch.compile(block, backend=passkit.backend(passes=["capture_joint"], compiler="aot_eager"))
+        compiled(x.requires_grad_(True))
+        out.append(("block_joint", joints[-1]))
     torch._dynamo.reset()
     return out
 
@@ -129,6 +164,9 @@ def _tensor_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     ]
 
 
+METHODS = ("narrow", "to", "transpose", "unsqueeze")
+
+
 def mutate(gm: torch.fx.GraphModule, kind: str, rng: random.Random) -> bool:
     """Mutate one node of ``gm`` in a way of ``kind``; False: no node to mutate that way."""
     graph = gm.graph
@@ -136,6 +174,43 @@ def mutate(gm: torch.fx.GraphModule, kind: str, rng: random.Random) -> bool:
     if not nodes:
         return False
     node = rng.choice(nodes)
+    if kind == "swap":  # a new graph object, with a structural mutation of another kind
+        new = torch.fx.Graph()
+        new.output(new.graph_copy(graph, {}))
+        gm.graph = new
+        return mutate(gm, rng.choice(sorted(STRUCTURAL - {"swap"})), rng)
+    if kind == "method":
+        val = node.meta["val"]
+        method = rng.choice(METHODS)
+        if method == "narrow" and val.dim() and int(val.shape[0]) > 1:
+            args: tuple[Any, ...] = (0, 0, int(val.shape[0]) - 1)
+        elif method == "transpose" and val.dim() >= 2:
+            args = (0, val.dim() - 1)
+        elif method == "to":
+            args = (rng.choice([d for d in DTYPES if d != val.dtype]),)
+        else:
+            method, args = "unsqueeze", (0,)
+        with graph.inserting_after(node):
+            call = graph.call_method(method, (node, *args))
+        call.meta = dict(node.meta)  # the recorded value is the old node's: a lie
+        node.replace_all_uses_with(call, delete_user_cb=lambda user: user is not call)
+        return True
+    if kind == "input_mutation":
+        inputs = [
+            n
+            for n in graph.find_nodes(op="placeholder")
+            if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dtype.is_floating_point
+        ]
+        if not inputs:
+            return False
+        target = rng.choice(inputs)
+        out = next(n for n in reversed(graph.nodes) if n.op == "output")
+        with graph.inserting_before(out):
+            if rng.random() < 0.5:
+                graph.call_function(aten.add_.Tensor, (target, 1.0))
+            else:
+                graph.call_method("mul_", (target, 2.0))
+        return True
     if kind == "delete":
         inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
         if not inputs:
@@ -199,9 +274,9 @@ def mutate(gm: torch.fx.GraphModule, kind: str, rng: random.Random) -> bool:
     return True
 
 
-def mutation_pass(kind: str, rng: random.Random) -> type[passkit.Pass]:
-    """A pass class mutating one node in a way of ``kind`` (its choices from ``rng``); it
-    returns a random ``modified`` (passkit measures the change)."""
+def mutation_pass(kind: str, rng: random.Random, stage: passkit.Stage = passkit.Stage.POST) -> type[passkit.Pass]:
+    """A pass class at ``stage`` mutating one node in a way of ``kind`` (its choices from
+    ``rng``); it returns a random ``modified`` (passkit measures the change)."""
     seed = rng.randrange(2**31)
 
     class Mutation(passkit.GraphPass):
@@ -213,6 +288,7 @@ def mutation_pass(kind: str, rng: random.Random) -> type[passkit.Pass]:
             type(self).applied = mutate(gm, kind, pick)
             return passkit.PassResult(modified=pick.random() < 0.5, matches=int(type(self).applied))
 
+    Mutation.stage = stage
     Mutation.__qualname__ = f"Mutation[{kind}, {seed}]"
     return Mutation
 
@@ -225,7 +301,9 @@ class Outcome:
     what: str
     """``caught`` (failed, named, restored), ``harmless`` (ran, output as before),
     ``no_site``, ``value_only`` (ran, every shape and dtype as recorded, values differ), or a
-    bad one: ``not_restored``, ``wrong_structure``, ``crash``, ``unnamed``."""
+    bad one: ``not_restored``, ``wrong_structure``, ``crash``, ``unnamed``, ``mutated_input``
+    (ran, and the graph writes to its inputs). On a joint graph the outputs compared are the
+    forward outputs and the gradients."""
     detail: str = ""
     values_only: bool = False
 
@@ -244,7 +322,11 @@ def outcome(captured: torch.fx.GraphModule, cls: type[passkit.Pass], verify: Any
     assert inputs is not None
     expected = _run(captured, inputs)
     try:
-        report = Pipeline(cfg, plugins, instantiate(cfg, plugins)).run(gm)
+        pipeline = Pipeline(cfg, plugins, instantiate(cfg, plugins))
+        if cls.stage is passkit.Stage.JOINT:
+            report = pipeline.run_stage(gm, passkit.Stage.JOINT, graph_kind="joint")
+        else:
+            report = pipeline.run(gm)
     except BaseException as exc:
         return Outcome("unnamed", f"{type(exc).__name__}: {exc}"[:500])
     record = report[cls.name]
@@ -257,9 +339,11 @@ def outcome(captured: torch.fx.GraphModule, cls: type[passkit.Pass], verify: Any
     if not cls.applied:
         return Outcome("no_site")
     try:
-        got, shapes_ok = _run_checked(gm, inputs)
+        got, shapes_ok, wrote = _run_checked(gm, inputs)
     except Exception as exc:
         return Outcome("crash", f"{type(exc).__name__}: {exc}"[:300] + f" | {record}")
+    if wrote:
+        return Outcome("mutated_input", f"inputs {wrote} written | {record}")
     if len(got) != len(expected):
         return Outcome("wrong_structure", f"{len(got)} outputs, {len(expected)} before")
     bad = [why for a, b in zip(expected, got) if (why := _differs(a, b))]
@@ -276,9 +360,10 @@ def outcome(captured: torch.fx.GraphModule, cls: type[passkit.Pass], verify: Any
     return Outcome("value_only", bad[0], values_only=True)
 
 
-def _run_checked(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[list[Any], bool]:
-    """The outputs of ``gm`` on ``inputs``, and whether every node's result has the shape and
-    dtype its recorded value says (a structural change that slipped through would not)."""
+def _run_checked(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[list[Any], bool, list[int]]:
+    """The outputs of ``gm`` on ``inputs`` (flat), whether every node's result has the shape
+    and dtype its recorded value says (a structural change that slipped through would not),
+    and the positions of the inputs it wrote to."""
     ok = True
 
     class Checked(torch.fx.Interpreter):
@@ -297,8 +382,13 @@ def _run_checked(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[list[Any]
     args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     with torch.no_grad():
         out = Checked(gm).run(*args)
-    flat = list(out) if isinstance(out, (list, tuple)) else [out]
-    return flat, ok
+    flat = torch.utils._pytree.tree_leaves(out)
+    wrote = [
+        i
+        for i, (a, x) in enumerate(zip(args, inputs))
+        if isinstance(a, torch.Tensor) and not torch.equal(a, x)
+    ]
+    return flat, ok, wrote
 
 
 def compile_case(cls: type[passkit.Pass]) -> None:

@@ -456,12 +456,14 @@ def test_generated_invalid_rewrites_compile():
 # -- mutations of real graphs: never a wrong output, never an unnamed abort -------------------
 #
 # A pass applies one random single-node mutation to a graph Inductor handed to its post-grad
-# passes (a transformer block, an MLP with a norm). Structural mutations (delete or retarget a
-# node, drop or add an argument, change a shape, a dtype, an output) must end either with the
-# pass recorded ``failed`` (named, the graph restored: it computes what eager does) or with a
-# graph that still computes what eager does (the mutation was harmless, e.g. on a dead node).
-# Value-only mutations (``add`` -> ``sub``) keep every shape: only ``verify = "numeric"``
-# sees them, and it must.
+# passes (a transformer block, an MLP with a norm) or to its joint passes (the block in
+# training: forward outputs and gradients compared). Structural mutations (delete or retarget a
+# node, drop or add an argument, change a shape, a dtype, an output; install a new graph object
+# holding such a mutation; route a node through a method call; write to an input) must end
+# either with the pass recorded ``failed`` (named, the graph restored: it computes what eager
+# does) or with a graph that still computes what eager does (the mutation was harmless, e.g.
+# on a dead node). Value-only mutations (``add`` -> ``sub``) keep every shape: only
+# ``verify = "numeric"`` sees them, and it must.
 
 from .mutations import MUTATION_KINDS, STRUCTURAL, capture_graphs, mutation_pass, outcome  # noqa: E402
 
@@ -483,7 +485,8 @@ def _check_mutations(real_graphs, count: int, seed: int) -> dict[str, int]:
     seen: dict[str, int] = {}
     for case, kind, verify, pick in _mutation_cases(count, seed):
         name, captured = real_graphs[int(pick * len(real_graphs))]
-        cls = mutation_pass(kind, random.Random(seed * 1000 + case))
+        stage = passkit.Stage.JOINT if name.endswith("_joint") else passkit.Stage.POST
+        cls = mutation_pass(kind, random.Random(seed * 1000 + case), stage)
         result = outcome(captured, cls, verify)
         key = f"{kind}:{result.what}"
         seen[key] = seen.get(key, 0) + 1

@@ -69,6 +69,7 @@ class AllReduceLayerNorm(GraphPass):
     stage = Stage.POST
     Options = AllReduceLayerNormOptions
     requires = Requirements(min_world_size=2)
+    environment_modules = ("triton",)  # its skip reads it: part of the cache identity
     source_files = tuple(
         str(_PACKAGE / f)
         for f in (

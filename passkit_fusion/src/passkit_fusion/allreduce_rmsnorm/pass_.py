@@ -80,6 +80,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
     stage = Stage.POST
     Options = AllReduceRMSNormOptions
     requires = Requirements(min_world_size=2)
+    environment_modules = ("flashinfer",)  # its skip reads it: part of the cache identity
     graph_kinds = ("inference",)
     skip_graph_kinds_reason = (
         "in training the forward graph outputs each residual sum and norm input for the "
