@@ -602,3 +602,97 @@ def test_vllm_cpu_platforms_maybe_inplace_norm_after_torchs_all_reduce() -> None
     assert "vllm_ir::fused_add_rms_norm" not in after
     assert VllmDialect().schema_problems(result.graph_before.graph) == {}
     result.assert_close()
+
+
+# -- the model's final norm: its residual output unused (issue 48) -------------------------
+
+
+def torch_final_norm(group: str):
+    """torch's functional all-reduce, HF's bf16 residual add, then the model's final norm,
+    whose residual sum nothing else reads."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        h = funcol.all_reduce(x @ w2, "sum", group) + r
+        out = native_norm(h, w)
+        return native_norm(funcol.all_reduce(out @ w2, "sum", group) + h, w)
+
+    return fn
+
+
+def torch_fp32_final_norm(group: str):
+    """torch's all-reduce, vLLM's/SGLang's native fp32 residual add; the final norm's
+    rounded residual is never computed (``x, _ = self.norm(x, residual)``)."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        out, r = native_add_norm(funcol.all_reduce(x @ w2, "sum", group), r, w)
+        out, _ = native_add_norm(funcol.all_reduce(out @ w2, "sum", group), r, w)
+        return out
+
+    return fn
+
+
+def vllm_final_norm(group: str):
+    """vLLM IR: ``x, _ = self.norm(x, residual)`` at the end of the model (issue 48: the
+    fused_add_rms_norm's residual output unused made the matcher fail on ``total``)."""
+
+    def fn(x, r, w, w2):
+        out, r = vllm_ir.fused_add_rms_norm(vllm.all_reduce(x @ w2, group), r, w, EPS)
+        out, _ = vllm_ir.fused_add_rms_norm(vllm.all_reduce(out @ w2, group), r, w, EPS)
+        return out
+
+    return fn
+
+
+def vllm_cpu_final_norm(group: str):
+    """vLLM's CPU platform: torch's all-reduce, the ``maybe_inplace`` norm functionalized,
+    the final one's residual output unused."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        out, r = vllm_ir.fused_add_rms_norm.maybe_inplace(funcol.all_reduce(x @ w2, "sum", group), r, w, EPS)
+        out, _ = vllm_ir.fused_add_rms_norm.maybe_inplace(
+            funcol.all_reduce(out @ w2, "sum", group), r, w, EPS
+        )
+        return out
+
+    return fn
+
+
+def sglang_final_norm(group: str):
+    """SGLang: forward_native's fp32 residual add, the final norm's residual unused."""
+
+    def fn(x, r, w, w2):
+        out, r = native_add_norm(sglang.outplace_all_reduce(x @ w2, group, "auto"), r, w)
+        z = out @ w2
+        sglang.inplace_all_reduce(z, group)
+        out, _ = native_add_norm(z, r, w)
+        return out
+
+    return fn
+
+
+FINAL_NORMS = [
+    torch_final_norm,
+    torch_fp32_final_norm,
+    vllm_final_norm,
+    vllm_cpu_final_norm,
+    sglang_final_norm,
+]
+
+
+@pytest.mark.parametrize(
+    "block", FINAL_NORMS, ids=["torch", "torch-fp32-residual", "vllm-ir", "vllm-cpu-maybe-inplace", "sglang"]
+)
+def test_final_norm_with_its_residual_unused_is_fused(block) -> None:
+    """Issue 48: every dialect fuses the model's last site, whose norm's residual output
+    nothing reads, and the one before it: 2 of 2, no rejection, outputs equal eager's."""
+    with fake_world(2) as world:
+        result = run_passes(block(world.group_name), *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 2)
+    after = op_counts(result.graph_after)
+    assert after[FUSED] == 2
+    left = [op for op in after if op != FUSED and ("all_reduce" in op or "allreduce" in op)]
+    assert not left, after
+    assert "rejected" not in notes(result, "allreduce_rmsnorm")
