@@ -11,7 +11,10 @@ used to fail the whole pass, leaving every other site unfused. Now:
   the graph (only inserted new ones), the new nodes are removed and the site is declined
   with the error as its reason; if it already changed the graph, the graph may be
   inconsistent and the pass fails as before (:class:`SiteRewriteError`; passkit restores
-  the graph as it was before the pass).
+  the graph as it was before the pass). ``allreduce_rmsnorm`` and ``allreduce_layernorm``
+  guard each site's rewrite; ``sequence_parallel`` does not (its sites share residual shards
+  and a final gather): an error in its rewrite still fails that pass, while an error
+  matching one of its sites rejects that site only.
 
 The reason names the exception, its message and where it was raised, and each distinct
 reason is warned about once per process: it is passkit's bug, to be reported.
