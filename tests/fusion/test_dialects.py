@@ -723,9 +723,11 @@ def vllm_cpu_build_block(handle: int = SHM_HANDLE):
 def test_vllm_cpu_builds_shared_memory_all_reduce_is_fused() -> None:
     """The vllm_cpu dialect reads ``_C.shm_allreduce`` (functionalized), resolves its handle
     to the torch group of the vLLM coordinator holding it, and both sites fuse."""
-    with fake_world(2) as world:
-        with host_ops.host_registry("vllm", {"tp:0": world.group}, handles={"tp:0": SHM_HANDLE}):
-            result = run_passes(vllm_cpu_build_block(), *inputs(), passes=[REFERENCE])
+    with (
+        fake_world(2) as world,
+        host_ops.host_registry("vllm", {"tp:0": world.group}, handles={"tp:0": SHM_HANDLE}),
+    ):
+        result = run_passes(vllm_cpu_build_block(), *inputs(), passes=[REFERENCE])
     before = [node_op(n)[1] for n in result.graph_before.graph.nodes]
     assert before.count("_C::shm_allreduce") == 2, before
     result.assert_matches("allreduce_rmsnorm", 2)
@@ -735,13 +737,15 @@ def test_vllm_cpu_builds_shared_memory_all_reduce_is_fused() -> None:
 
 
 def test_a_shared_memory_handle_no_vllm_group_holds_is_rejected_with_the_reason() -> None:
-    with fake_world(2) as world:
-        with host_ops.host_registry("vllm", {"tp:0": world.group}, handles={"tp:0": SHM_HANDLE}):
-            graph = run_passes(vllm_cpu_build_block(), *inputs(), passes=["cleanup"]).graph_after.graph
-            for node in graph.nodes:
-                if node_op(node)[1] == "_C::shm_allreduce":
-                    node.kwargs = {**node.kwargs, "handle": 11}  # a handle no vLLM group holds
-            found, rejected = find_sites(graph)
+    with (
+        fake_world(2) as world,
+        host_ops.host_registry("vllm", {"tp:0": world.group}, handles={"tp:0": SHM_HANDLE}),
+    ):
+        graph = run_passes(vllm_cpu_build_block(), *inputs(), passes=["cleanup"]).graph_after.graph
+        for node in graph.nodes:
+            if node_op(node)[1] == "_C::shm_allreduce":
+                node.kwargs = {**node.kwargs, "handle": 11}  # a handle no vLLM group holds
+        found, rejected = find_sites(graph)
     assert not found
     assert [r.reason for r in rejected] == [
         "vllm_cpu dialect: group 'shm:11' cannot be resolved (no vLLM group holds the shared-memory "
