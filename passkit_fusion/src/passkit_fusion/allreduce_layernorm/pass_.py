@@ -74,6 +74,7 @@ class AllReduceLayerNorm(GraphPass):
         str(_PACKAGE / f)
         for f in (
             "patterns/sites.py",
+            "patterns/isolation.py",
             "patterns/lead.py",
             "patterns/layernorm.py",
             "patterns/rmsnorm.py",
@@ -113,6 +114,7 @@ class AllReduceLayerNorm(GraphPass):
         return "reference" if self.options.implementation == "reference" else "symm_mem"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        from ..patterns.isolation import SiteRewrite
         from ..patterns.sites import (
             LAYER,
             Rejection,
@@ -137,7 +139,14 @@ class AllReduceLayerNorm(GraphPass):
             if isinstance(found, Rejection):
                 rejected.append(found)
                 continue
-            needs_sort |= self._replace(gm.graph, found, position)
+            guard = SiteRewrite(gm.graph, found.nodes)
+            try:
+                needs_sort |= self._replace(gm.graph, found, position)
+            except Exception as exc:  # undone and declined, or the pass fails (graph restored)
+                rejected.append(
+                    Rejection(found.all_reduce, guard.decline(exc, self.name, found.all_reduce.name))
+                )
+                continue
             sites.append(found)
         if needs_sort:
             from torch._inductor.pattern_matcher import stable_topological_sort

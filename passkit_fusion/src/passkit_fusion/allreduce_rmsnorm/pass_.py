@@ -91,6 +91,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         str(_PACKAGE / f)
         for f in (
             "patterns/sites.py",
+            "patterns/isolation.py",
             "patterns/lead.py",
             "allreduce_rmsnorm/ops.py",
             "patterns/rmsnorm.py",
@@ -149,6 +150,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         return "reference" if self.options.implementation == "reference" else "flashinfer"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        from ..patterns.isolation import SiteRewrite
         from ..patterns.sites import (
             Rejection,
             Site,
@@ -176,7 +178,14 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             if isinstance(found, Rejection):
                 rejected.append(found)
                 continue
-            needs_sort |= self._replace(gm.graph, found, position)
+            guard = SiteRewrite(gm.graph, (*found.nodes, *(found.quant.nodes if found.quant else ())))
+            try:
+                needs_sort |= self._replace(gm.graph, found, position)
+            except Exception as exc:  # undone and declined, or the pass fails (graph restored)
+                rejected.append(
+                    Rejection(found.all_reduce, guard.decline(exc, self.name, found.all_reduce.name))
+                )
+                continue
             sites.append(found)
         if needs_sort:
             from torch._inductor.pattern_matcher import stable_topological_sort
@@ -374,7 +383,8 @@ def _insertion_point(site: Site, position: dict[fx.Node, float]) -> tuple[fx.Nod
         if n is not None
     ]
     last_input = max(position[n] for n in inputs)
-    anchor = site.total if site.total is not None else site.host_norm.node  # type: ignore[union-attr]
+    # no residual output read: at the host's norm op, else at the norm's output
+    anchor = site.total or (site.host_norm.node if site.host_norm is not None else site.out)
     if last_input < position[anchor]:
         return anchor, False
     return next(n for n in sorted(site.nodes, key=position.__getitem__) if position[n] > last_input), True

@@ -1,10 +1,11 @@
 """Host op dialects: the collectives and norms of torch, vLLM and SGLang, for the passes.
 
 * :mod:`.base`: the :class:`Dialect` interface and what dialects return.
-* :mod:`.torch`, :mod:`.vllm`, :mod:`.sglang`: the three shipped dialects.
+* :mod:`.torch`, :mod:`.vllm`, :mod:`.vllm_cpu` (vLLM's CPU build), :mod:`.sglang`: the
+  shipped dialects.
 * :mod:`.hookspecs`: the ``passkit_fusion_dialects`` hook a third party implements.
 
-:func:`registered` lists the dialects every plugin declared (passkit-fusion's own three
+:func:`registered` lists the dialects every plugin declared (passkit-fusion's own
 first); :func:`check_schemas` compares a dialect's expected schemas with the ops this
 process registered (``nox -s hosts`` runs it against the real vLLM and SGLang).
 Importing this package imports no host.
@@ -38,8 +39,9 @@ def builtin() -> list[type[Dialect]]:
     from .sglang import SGLangDialect
     from .torch import TorchDialect
     from .vllm import VllmDialect
+    from .vllm_cpu import VllmCpuDialect
 
-    return [TorchDialect, VllmDialect, SGLangDialect]
+    return [TorchDialect, VllmDialect, VllmCpuDialect, SGLangDialect]
 
 
 def registered(plugins: Any = None) -> list[Dialect]:

@@ -43,7 +43,10 @@ def check(hosts: list[str]) -> int:
         hosts = [
             n
             for n, d in dialects.items()
-            if n != "torch" and d.PACKAGE and importlib.util.find_spec(d.PACKAGE)
+            if n != "torch"
+            and d.PACKAGE
+            and importlib.util.find_spec(d.PACKAGE)
+            and getattr(d, "build_installed", lambda: True)()  # vllm_cpu: vLLM's CPU build only
         ]
     status = 0
     for host in hosts:

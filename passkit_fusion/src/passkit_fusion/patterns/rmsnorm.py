@@ -93,13 +93,17 @@ def match_rmsnorm(total: fx.Node) -> RMSNorm:
     raise first
 
 
-def match_rmsnorm_fp32(h: fx.Node, like: fx.Node) -> RMSNorm:
+def match_rmsnorm_fp32(h: fx.Node, like: fx.Node, *, rounded: bool = True) -> RMSNorm:
     """The RMSNorm of ``h``, an fp32 value whose rounding ``like`` (a conversion of ``h``
     to the activation dtype) is read elsewhere: the form of a residual added in fp32
     (SGLang's and vLLM's native ``RMSNorm(x, residual)``: ``h = x.float() +
     residual.float()``, ``residual = h.to(dtype)``, the norm on ``h``). ``h``'s users must
-    be ``like`` and the norm; the returned nodes start at the norm's first own node."""
-    return _norm_from_fp32(like, h, also=like)
+    be ``like`` and the norm; the returned nodes start at the norm's first own node.
+
+    ``rounded=False``: the graph has no rounding of ``h`` (nothing reads the new residual:
+    the model's final norm); ``like`` is then a node of the activations' dtype and shape
+    (the sum) and ``h``'s only users must be the norm's."""
+    return _norm_from_fp32(like, h, also=like if rounded else None)
 
 
 def _norm_from_fp32(total: fx.Node, h: fx.Node, also: fx.Node | None = None) -> RMSNorm:

@@ -55,6 +55,7 @@ from .graph import (
     sole_user,
     val,
 )
+from .isolation import error_reason
 from .layernorm import LayerNorm, match_layernorm
 from .lead import describe_chain, is_lead_op, is_view, walk_lead
 from .rmsnorm import NoNorm, RMSNorm, cast_dtype, match_rmsnorm, match_rmsnorm_fp32
@@ -223,7 +224,9 @@ def candidates(
     """Match each all-reduce of ``graph``, dialect by dialect and in graph order within
     one, lazily: the caller may replace a site before taking the next item (sites are
     disjoint, and a later site sees the earlier one's outputs where it used its nodes,
-    e.g. as its residual). ``dialects``: default every registered one.
+    e.g. as its residual). ``dialects``: default every registered one. An unexpected error
+    matching one all-reduce rejects it with the error as the reason
+    (:func:`.isolation.error_reason`); the others are still matched.
     ``kernel_limits``, ``fp8``, ``norm``: see :func:`match_site`."""
     present = _present(graph, dialects)
     for dialect in present:
@@ -249,6 +252,8 @@ def candidates(
                 yield site
             except (Mismatch, Declined) as exc:
                 later.append(Rejection(found.anchor, str(exc)))
+            except Exception as exc:  # passkit's bug at this site: the others still match
+                later.append(Rejection(found.anchor, error_reason("matching", exc)))
         # an all-reduce rejected on its own but summed into a later site (a gated shared
         # expert's, before the routed experts' in graph order) is that site's, not left
         yield from (r for r in later if r.all_reduce not in merged)
@@ -539,10 +544,18 @@ def _match_site(
             except Mismatch:
                 raise Mismatch("residual added in fp32 before the norm (not a LayerNorm form)") from None
             raise Mismatch(RMSNORM_NOT_HERE)
-        norm = match_rmsnorm_fp32(rest[-1], total)  # type: ignore[arg-type]
+        # the rounded sum (``residual = h.to(dtype)``) is absent where nothing reads it (the
+        # model's final ``x, _ = norm(x, residual)``): the norm's dtype and shape are the sum's
+        norm = match_rmsnorm_fp32(rest[-1], total if total is not None else start, rounded=total is not None)
     else:
         norm = _match_norm(total, after_all_reduce=residual is None, kind=kind)  # type: ignore[arg-type]
-    if residual is not None and not rest and total.target is aten.add.Tensor and residual in total.args[:2]:
+    if (
+        residual is not None
+        and not rest
+        and total is not None  # None: a host's fused add+norm op whose residual output is unused
+        and total.target is aten.add.Tensor
+        and residual in total.args[:2]
+    ):
         # what the residual is added to: the chain before the last add (its views included)
         _check_residual(start, residual, val(_other_operand(total, residual)).shape)
     else:
@@ -560,7 +573,7 @@ def _match_site(
     # the all-reduce, the lead, then the residual add(s) (in fp32: the upcasts, the add, the
     # rounding); a host's fused add+norm op adds the residual itself (its nodes are the norm's)
     if not (host_norm is not None and host_norm.kind == "fused_add"):
-        adds = (*rest, *adds, total)  # type: ignore[assignment]
+        adds = (*rest, *adds, *((total,) if total is not None else ()))  # type: ignore[assignment]
     merged_nodes = [n for m in merged for n in (*m.nodes, *m.views)]
     head = tuple(dict.fromkeys((*ar.nodes, *lead, *merged_nodes, *adds)))
     quant, quant_skipped = None, None
@@ -628,7 +641,9 @@ def _residual_add(
       expert's output joins the residual);
     * ``(rounded, residual, (upcast, residual_upcast, h), (), ())`` when it is added in fp32:
       ``h = add(result.float(), residual.float())`` read by ``rounded = h.to(dtype)`` and
-      the norm (SGLang's and vLLM's native RMSNorm with a residual);
+      the norm (SGLang's and vLLM's native RMSNorm with a residual); ``rounded`` is None
+      when the graph does not compute it (nothing reads the new residual: the model's
+      final ``x, _ = norm(x, residual)``);
     * else ``(result, None, (), (), ())``: the norm must then start at the result itself."""
     add = sole_user(result)
     if add is not None and cast_dtype(add) == torch.float32 and val(result).dtype != torch.float32:
@@ -914,9 +929,11 @@ def _fp32_residual_add(result: fx.Node, up: fx.Node) -> tuple[fx.Node, fx.Node, 
         return None
     dtype = val(result).dtype
     rounded = [u for u in h.users if cast_dtype(u) == dtype]
-    if len(rounded) != 1:
+    if len(rounded) > 1:
         return None
-    return rounded[0], residual, (up, other, h)
+    if not rounded and not same_shape(val(residual).shape, val(result).shape):
+        return None  # without the rounding, nothing else shows the sum's shape: no broadcast
+    return (rounded[0] if rounded else None), residual, (up, other, h)
 
 
 def _row_parallel_bias(result: fx.Node, term: fx.Node, after: Sequence[fx.Node]) -> bool:

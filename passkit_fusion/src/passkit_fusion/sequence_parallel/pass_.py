@@ -81,6 +81,7 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         str(_PACKAGE / f)
         for f in (
             "patterns/sites.py",
+            "patterns/isolation.py",
             "patterns/lead.py",
             "sequence_parallel/rewrite.py",
             "sequence_parallel/ops.py",
