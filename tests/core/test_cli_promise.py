@@ -98,7 +98,9 @@ def run(monkeypatch, capsys, tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "passkit.toml").write_text('passes = ["noop_elimination"]\n')
     (tmp_path / "empty").mkdir()
+    (tmp_path / "lamma.json").write_text('{"model_type": "lamma"}')
     paths = {
+        "lamma": tmp_path / "lamma.json",
         "good": tmp_path / "good.toml",
         "bad": tmp_path / "bad.toml",
         "missing": tmp_path / "missing",
@@ -202,6 +204,8 @@ def test_bad_positionals_print_one_line_and_exit_2(run):
         (["explain", "tests.core.explain_target:make", "--dump", "{good}"], "a file is in its place"),
         (["list", "--jsn"], "passkit list: error: unrecognized arguments: --jsn (see `passkit list --help`)"),
         (["check", "{good}", "extra"], "(see `passkit check --help`)"),
+        (["explain-hf", "{empty_folder}"], "a folder with no config.json in it"),  # not "no such file"
+        (["explain-hf", "{lamma}"], "model_type 'lamma' is not known to transformers"),
     ],
 )
 def test_the_mistakes_of_the_issue_are_named(run, argv, expected):
@@ -210,6 +214,12 @@ def test_the_mistakes_of_the_issue_are_named(run, argv, expected):
     # one line (a config's field errors continue it, indented, one per field)
     assert len([line for line in err.rstrip().splitlines() if not line.startswith(" ")]) == 1, err
     assert err.startswith("passkit"), err
+
+
+def test_an_unknown_model_type_is_one_short_line(run):
+    """Issue 46: transformers' message, quoted whole, listed every model_type (2,003 characters)."""
+    code, _out, err = run(["explain-hf", "{lamma}"])
+    assert code == 2 and "did you mean 'llama'" in err and len(err) < 300, err
 
 
 def test_check_reads_a_folder_and_the_environment(run, monkeypatch):
