@@ -122,7 +122,7 @@ def docs(session: nox.Session) -> None:
         # the built site: every link of every page resolves to a file (site/index.html opens
         # from the file system), the results navigation is titled and grouped
         session.run(
-            "python", "-m", "pytest", "-q", "tests/test_docs_render.py", env={"PASSKIT_DOCS_SITE": "site"}
+            "python", "-m", "pytest", "-q", "tests/test_docs_render.py", env={"DOCS_SITE_DIR": "site"}
         )
 
 

@@ -241,10 +241,10 @@ def broken_links(site: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def site() -> Path:
-    """The built site: ``$PASSKIT_DOCS_SITE`` (``nox -s docs`` sets it after building)."""
+    """The built site: ``$DOCS_SITE_DIR`` (``nox -s docs`` sets it after building)."""
     import os
 
-    where = os.environ.get("PASSKIT_DOCS_SITE")
+    where = os.environ.get("DOCS_SITE_DIR")
     if not where:
         pytest.skip("the site is not built here: `nox -s docs` builds it and runs these tests")
     path = Path(where) if Path(where).is_absolute() else ROOT / where
