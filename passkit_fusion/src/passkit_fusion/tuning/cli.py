@@ -176,7 +176,9 @@ def run_tune_model(args: argparse.Namespace) -> int:
     if args.cpu:
         world_size = _world_size(args.world_size, 1 << 16)
     else:
-        world_size = _world_size(args.world_size, torch.cuda.device_count(), " (--cpu runs gloo ranks instead)")
+        world_size = _world_size(
+            args.world_size, torch.cuda.device_count(), " (--cpu runs gloo ranks instead)"
+        )
     import torch.multiprocessing as mp
 
     del factory
