@@ -2,9 +2,12 @@
 
 * a bad value for any option (or positional) prints one line on stderr, ``passkit CMD:
   error: ...``, and exits 2, without a traceback; a value the command accepts runs it (here
-  the expensive part is stopped at its door);
+  the expensive part is stopped at its door). Positionals include module targets that are
+  paths or relative names (``../mymodel:make``), options folders that cannot be written
+  (``--dump /proc/nope``), and unknown flags name their subcommand's ``--help``;
 * output into a pipe whose reader went away (``passkit schema | head``) ends quietly;
-* ``passkit check`` refuses the ``PASSKIT_*`` environment exactly when a compile would.
+* ``passkit check`` refuses the ``PASSKIT_*`` environment exactly when a compile would
+  (``passkit.backend()``: the ``compiler`` key resolved too).
 
 The subcommands and their options are read from the parser itself, plugins' included: a new
 command without an entry in :data:`VALID` fails the test.
