@@ -114,11 +114,16 @@ def docs(session: nox.Session) -> None:
     warnings as errors: a broken link or reference fails. ``nox -s docs -- serve`` serves it
     while you edit. passkit is installed for the config's JSON schema, generated at build
     time; the API reference reads the sources without importing them."""
-    install(session, *DOCS_DEPS)
+    install(session, *DOCS_DEPS, "pytest>=8")
     if session.posargs[:1] == ["serve"]:
         session.run("mkdocs", "serve", *session.posargs[1:])
     else:
         session.run("mkdocs", "build", "--strict", *session.posargs)
+        # the built site: every link of every page resolves to a file (site/index.html opens
+        # from the file system), the results navigation is titled and grouped
+        session.run(
+            "python", "-m", "pytest", "-q", "tests/test_docs_render.py", env={"DOCS_SITE_DIR": "site"}
+        )
 
 
 TORCH_VERSIONS = ["2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.14.1"]

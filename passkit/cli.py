@@ -22,11 +22,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from .cli_hooks import call_hook
 from .environment import environment_checks
-from .errors import PasskitError, PluginHookError
+from .errors import PasskitError, PluginHookError, cut, cut_repr
 from .options_docs import documented
 
 Handler = Callable[[argparse.Namespace], int]
@@ -204,7 +204,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     with no argument, the files a compile in this folder reads), then the ``PASSKIT_*``
     environment over it."""
     from .config import ENV_ORIGIN, env_source, file_source, merge, sources
-    from .pipeline_build import instantiate, order_passes, plugins_for
+    from .integration import Backend
+    from .pipeline import Pipeline
+    from .pipeline_build import instantiate, plugins_for
 
     if args.file is None:
         layers = sources()
@@ -216,12 +218,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         if env := env_source(os.environ):  # as at compile time: the environment wins
             layers.append((ENV_ORIGIN, env))
     cfg = merge(layers)
-    passes = order_passes(instantiate(cfg, plugins_for(cfg)))
+    plugins = plugins_for(cfg)
+    # the checks a compile runs, by the code that runs them: the passes built and ordered,
+    # then passkit's backend made (the `compiler` key resolved: imported when it names one)
+    pipeline = Pipeline(cfg, plugins, instantiate(cfg, plugins))
+    Backend(pipeline=pipeline)
+    passes = pipeline.passes
     names = ", ".join(f"{p.name} ({p.stage.value})" for p in passes) or "(no pass enabled)"
     print(f"{label}: OK — {len(passes)} pass(es): {names}")
     for origin, _data in layers:
         print(f"  read: {origin}")
-    plugins = plugins_for(cfg)
+    if cfg.compiler != "inductor":
+        print(f"  compiler: {cfg.compiler}")
     for mistake in plugins.mistakes:
         print(f"  PLUGIN MISTAKE: {mistake}")
     checks = environment_checks(plugins)
@@ -262,19 +270,45 @@ def _working_directory_importable() -> None:
         sys.path.insert(0, cwd)
 
 
-def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """Resolve ``module:function``; the function returns ``(model_or_fn, example_args)``."""
+def import_target(target: str, expected: str = "function") -> Any:
+    """The object ``package.module:name`` names, imported as ``python -m`` would (the working
+    directory first on ``sys.path``). A target that is no importable name (a path, a
+    relative module, nothing before or after ``:``) or that cannot be imported is one
+    :class:`PasskitError` naming it and what to write instead."""
+    example = f"'package.module:{expected}'"
     if ":" not in target:
-        raise PasskitError(f"target {target!r} must look like 'package.module:function'")
+        raise PasskitError(f"target {cut_repr(target)} must look like {example}")
     mod_name, _, attr = target.partition(":")
+    if not mod_name or not attr:
+        missing = "module name before" if not mod_name else f"{expected} name after"
+        raise PasskitError(f"target {cut_repr(target)} has no {missing} ':' (expected {example})")
+    path_like = any(c in mod_name for c in "/\\") or mod_name.startswith(".") or mod_name.endswith(".py")
+    if path_like or not all(part.isidentifier() for part in mod_name.split(".")):
+        stem = Path(mod_name.replace("\\", "/")).name.removesuffix(".py").lstrip(".") or "module"
+        why = (
+            "is a path or a relative name, not a module name: run passkit from the folder "
+            f"holding {stem}.py and give '{stem}:{attr}'"
+            if path_like
+            else "is not a module name (dotted Python identifiers, e.g. package.module)"
+        )
+        raise PasskitError(f"target {cut_repr(target)}: {cut_repr(mod_name)} {why}")
     _working_directory_importable()
     try:
-        module = importlib.import_module(mod_name)
+        found: Any = importlib.import_module(mod_name)
     except ImportError as exc:
         raise PasskitError(f"cannot import {mod_name!r} for target {target!r}: {exc}") from None
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise PasskitError(f"module {mod_name!r} has no attribute {attr!r}")
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise PasskitError(f"module {mod_name!r} has no attribute {attr!r}")
+        found = getattr(found, part)
+    return found
+
+
+def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """Resolve ``module:function``; the function returns ``(model_or_fn, example_args)``."""
+    factory = import_target(target)
+    if not callable(factory):
+        raise PasskitError(f"{target} is a {type(factory).__name__}, not a function")
     made = factory()
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
         raise PasskitError(
@@ -301,6 +335,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
             layers.append((flag, {field: value}))  # a mistake is named by its flag
     # upfront: one call, a report for every token range
     b = backend(merge(layers), mode=args.mode, compile_at="upfront")
+    dump_dir = b.pipeline.config.dump_dir
+    if dump_dir is not None:  # refused now, not warned about midway and then claimed written
+        _writable_folder(dump_dir, "--dump" if args.dump is not None else "dump_dir")
     if not b.pipeline.enabled:
         print("no pass is enabled (set `passes` in passkit.toml, PASSKIT_PASSES or --passes)")
         return 0
@@ -309,9 +346,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
         torch.compile(fn, backend=b, dynamic=True if args.dynamic else None)(*example)
     for report in b.reports:  # one per specialization when the compile is split by token range
         print(report.format())
-    if args.dump:
-        print(f"graphs, diffs and report.json written under {args.dump}")
+    if dump_dir is not None:
+        from .dump import _unwritable
+
+        if str(dump_dir) in _unwritable:  # it went away or filled up during the compile
+            print(f"{dump_dir}: the dumps could not all be written (see the warning above)", file=sys.stderr)
+            return 1
+        print(f"graphs, diffs and report.json written under {dump_dir}")
     return 0
+
+
+def _writable_folder(path: Path, name: str) -> None:
+    """Create ``path`` (parents too) and check a file can be written in it; a
+    :class:`PasskitError` naming ``name`` (the flag or config key) otherwise."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        why = "a file is in its place" if isinstance(exc, FileExistsError) else (exc.strerror or str(exc))
+        raise PasskitError(f"{name} {cut(str(path))}: cannot be written ({why})") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -459,7 +515,11 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         parser, handlers = build_parser()
         try:
-            args = parser.parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
+            if extra:  # named by the subcommand that does not know them (its --help lists its own)
+                _subparser(parser, getattr(args, "command", None)).error(
+                    f"unrecognized arguments: {' '.join(extra)}"
+                )
         except SystemExit as exc:  # --help, --version
             return int(exc.code or 0) if not isinstance(exc.code, str) else 2
         if not args.command:
@@ -475,6 +535,14 @@ def _run(argv: Sequence[str] | None) -> int:
     except PasskitError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of subcommand ``command`` (``parser`` itself when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return cast(argparse.ArgumentParser, action.choices[command])
+    return parser
 
 
 def _discard_stdout() -> None:

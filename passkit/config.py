@@ -171,6 +171,22 @@ class Config(pydantic.BaseModel):
             raise ValueError(f"pass(es) {cut(both)} are both enabled (passes) and disabled (disable)")
         return self
 
+    _origins: dict[str, str] = pydantic.PrivateAttr(default_factory=dict)
+    """The source that set each field (:func:`merge`), for errors found after validation."""
+
+    def source_of(self, field: str) -> str:
+        """How an error names where ``field`` was set: ``PASSKIT_COMPILER (compiler)``,
+        ``passkit.toml: config key compiler``, or ``config key compiler`` (Python, a
+        default, or not known)."""
+        origin = self._origins.get(field)
+        if origin == ENV_ORIGIN:
+            variable = next((s for s, (f, _) in _ENV_FIELDS.items() if f == field), None)
+            if variable is not None:
+                return f"{ENV_PREFIX}{variable} ({field})"
+        if origin and origin != "Python config":
+            return f"{cut(origin)}: config key {field}"
+        return f"config key {field}"
+
     @property
     def passes_from(self) -> str | None:
         """The source that set ``passes`` (None: not known, e.g. a Config built directly)."""
@@ -421,12 +437,14 @@ _NOT_NULLABLE = frozenset(
 def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
     """Merge config layers (lowest precedence first) into one validated :class:`Config`."""
     merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     disabled: dict[str, tuple[int, str]] = {}  # name -> (level, source) that disabled it first
     passes_from = (-1, "")
     for level, (origin, data) in enumerate(layers):
         layer = _validate(data, origin)  # each layer must be valid on its own
         for field in layer.model_fields_set:
             merged[field] = getattr(layer, field)
+            origins[field] = origin
         if "passes" in layer.model_fields_set:
             passes_from = (level, origin)
         for name in layer.disable:
@@ -449,6 +467,7 @@ def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
     merged["passes"] = passes
     merged["disable"] = list(disabled)
     config = Config.model_validate(merged)
+    config._origins = origins
     if passes_from[1]:
         config._passes_from = f"{ENV_PREFIX}PASSES" if passes_from[1] == ENV_ORIGIN else passes_from[1]
     return config
@@ -476,4 +495,6 @@ def load_config(
     merged = merge(layers)
     if isinstance(config, Config) and config.passes_from and "passes" not in overrides:
         merged._passes_from = config.passes_from  # a resolved config: its passes' source stays
+    if isinstance(config, Config):  # and so do its other fields' sources
+        merged._origins.update({f: o for f, o in config._origins.items() if f not in overrides})
     return merged

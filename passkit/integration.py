@@ -36,7 +36,7 @@ from . import (
 )
 from .config import Config
 from .context import Mode, graph_kind_scope
-from .errors import CompilerError, ConfigError, PassFailedError, PasskitError, describe
+from .errors import CompilerError, ConfigError, PassFailedError, PasskitError, cut_repr, describe, suggest
 from .inductor_options import ComposedPass
 from .pass_base import STAGE_ORDER, Stage
 from .pipeline import Pipeline, build_pipeline
@@ -87,7 +87,7 @@ class Backend:
         built: Pipeline = pipeline if pipeline is not None else build_pipeline(config, **overrides)
         compiler_key: str | None = None
         if compiler is None and mode == "inductor":  # Python said nothing: the config says
-            compiler = resolve_compiler(built.config.compiler)
+            compiler = resolve_compiler(built.config.compiler, built.config.source_of("compiler"))
             compiler_key = built.config.compiler
         if compiler is None:
             compiler = "aot_eager"
@@ -496,16 +496,18 @@ COMPILERS = ("inductor", "aot_eager")
 """The compilers :class:`Backend` knows by name (any AOTAutograd compiler callable works too)."""
 
 
-def resolve_compiler(spec: str) -> str | Callable[..., Any]:
+def resolve_compiler(spec: str, where: str = "config key compiler") -> str | Callable[..., Any]:
     """The compiler the config's ``compiler`` names: ``"inductor"`` / ``"aot_eager"`` as is,
-    ``"package.module:name"`` imported (a callable, else a :class:`ConfigError` naming the key)."""
+    ``"package.module:name"`` imported (a callable, else a :class:`ConfigError` naming
+    ``where`` it was set: :meth:`passkit.Config.source_of`, e.g. ``PASSKIT_COMPILER
+    (compiler)``). A compile and ``passkit check`` both call it."""
     if spec in COMPILERS:
         return spec
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(
-            f"config key compiler: {spec!r} is neither one of {list(COMPILERS)} nor "
-            "'package.module:name' (an AOTAutograd compiler callable)"
+            f"{where}: {cut_repr(spec)} is neither one of {list(COMPILERS)} nor "
+            f"'package.module:name' (an AOTAutograd compiler callable){suggest(spec, COMPILERS)}"
         )
     import importlib
 
@@ -516,12 +518,10 @@ def resolve_compiler(spec: str) -> str | Callable[..., Any]:
     except BaseException as exc:  # a missing module or name, sys.exit() at import: the config's
         if isinstance(exc, KeyboardInterrupt):  # mistake, said as such
             raise
-        raise ConfigError(
-            f"config key compiler: cannot import {spec!r} ({type(exc).__name__}: {exc})"
-        ) from None
+        raise ConfigError(f"{where}: cannot import {cut_repr(spec)} ({type(exc).__name__}: {exc})") from None
     if not callable(found):
         raise ConfigError(
-            f"config key compiler: {spec!r} is a {type(found).__name__}, not a compiler callable "
+            f"{where}: {cut_repr(spec)} is a {type(found).__name__}, not a compiler callable "
             "(gm, example_inputs) -> callable"
         )
     return cast(Callable[..., Any], found)

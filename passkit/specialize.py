@@ -18,6 +18,7 @@ shape environment's knowledge of the sizes restored afterwards.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import dataclasses
 import threading
@@ -207,6 +208,11 @@ class Dispatcher:
         first: int | None = None,
         guards: LateGuards | None = None,
     ):
+        self._context = contextvars.copy_context()
+        """The context of the backend call (Inductor's, AOTAutograd's and Dynamo's config:
+        torch keeps a patch or assignment per thread, in context variables): every late
+        compile runs in a copy of it, so a range that compiles at its first use in another
+        thread compiles as the ranges compiled here do, not with that thread's config."""
         self._arg, self._dim = plan.token_dim.arg, plan.token_dim.dim
         self.plan = plan
         self._guards = guards
@@ -276,7 +282,11 @@ class Dispatcher:
         for check, fn in entries:
             if check(args):
                 return fn
-        compile_now = self._make_fallback if index < 0 else (lambda: self._compile_one(index))
+        make = self._make_fallback if index < 0 else (lambda: self._compile_one(index))
+
+        def compile_now() -> CompiledFn:
+            return self._context.copy().run(make)
+
         self.late_compiles += 1
         holds: _Holds | None
         if self._guards is None:

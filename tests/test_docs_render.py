@@ -181,7 +181,7 @@ def test_the_result_pages_the_docs_link_to_are_on_the_site():
         linked |= set(re.findall(r"\((?:\.\./)*(benchmarks/results/[\w.-]+\.md)(?:#[\w-]*)?\)", text))
         linked |= {"benchmarks/" + m for m in re.findall(r"\((results/[\w.-]+\.md)(?:#[\w-]*)?\)", text)}
     assert linked, "no result page linked: the test reads links wrongly"
-    nav = {path for entry in hooks.results_nav() for path in entry.values()}
+    nav = {p for item in hooks.results_nav() for entries in item.values() for e in entries for p in e.values()}
     for path in sorted(linked):
         assert (ROOT / path).is_file(), path
         assert path in hooks.RESULT_PAGES, f"{path} is linked but is no page of the site"
@@ -189,3 +189,79 @@ def test_the_result_pages_the_docs_link_to_are_on_the_site():
     # the link becomes a link to the page, not plain text
     rewritten = hooks._links("[coverage](benchmarks/results/coverage_cpu.md)", "README.md", "index.md")
     assert rewritten == "[coverage](results/coverage_cpu.md)", rewritten
+
+
+def test_result_pages_are_titled_by_what_and_where_and_grouped():
+    """Issue 46: 46 entries in one list, truncated near-identical titles (five "HF Llama
+    8B-shaped ... NVIDIA H100 80GB HBM"), one titled by a raw table row."""
+    hooks = _hooks()
+    nav = hooks.results_nav()
+    groups = {group: [next(iter(entry)) for entry in entries] for item in nav for group, entries in item.items()}
+    titles = [t for entries in groups.values() for t in entries]
+    assert len(titles) == len(hooks.RESULT_PAGES), "a result page is missing from the navigation"
+    assert len(set(titles)) == len(titles), sorted(t for t in titles if titles.count(t) > 1)
+    assert {"Model level", "Op level"} <= set(groups) and "Other" not in groups, list(groups)
+    assert all(len(entries) <= 20 for entries in groups.values()), {g: len(e) for g, e in groups.items()}
+    for path, site_path in hooks.RESULT_PAGES.items():
+        title = next(t for item in nav for entries in item.values() for e in entries for t, p in e.items() if p == site_path)
+        assert not title.startswith("|") and len(title) <= 80, title
+        if re.search(r"h100|h200", path) or re.search(r"NVIDIA H\d00", (ROOT / path).read_text()[:400]):
+            assert re.search(r"H100|H200", title), (path, title)  # which GPU
+    assert "HF Llama 8B-shaped, DTensor TP, 2x H100 (run 1)" in titles
+    assert "All-reduce + RMSNorm + FP8 quant, 2x H200" in titles  # the one titled by a table row
+
+
+def test_mkdocs_serves_pages_as_files():
+    """Issue 46: directory URLs (``install/``) open a directory listing from ``file://``."""
+    text = (ROOT / "mkdocs.yml").read_text()
+    assert re.search(r"^use_directory_urls: false$", text, re.M)
+
+
+HREF = re.compile(r"""\b(?:href|src)=["']([^"']*)["']""")
+
+
+def broken_links(site: Path) -> list[str]:
+    """Links of the built site that do not open a file from ``file://``: a missing file, a
+    folder (a directory URL: a listing, not a page) or a root-absolute path."""
+    broken = []
+    for page in sorted(site.rglob("*.html")):
+        for target in HREF.findall(page.read_text(errors="replace")):
+            if not target or re.match(r"^[a-z][a-z0-9+.-]*:|^#|^//", target):
+                continue  # external, an anchor of the page itself, data:, mailto:
+            path = target.split("#")[0].split("?")[0]
+            where = f"{page.relative_to(site)}: {target}"
+            if path.startswith("/"):
+                broken.append(f"{where} (root-absolute)")
+                continue
+            resolved = (page.parent / path).resolve()
+            if resolved.is_dir() or not resolved.exists():
+                broken.append(f"{where} ({'a folder' if resolved.is_dir() else 'no such file'})")
+    return broken
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    """The built site: ``$DOCS_SITE_DIR`` (``nox -s docs`` sets it after building)."""
+    import os
+
+    where = os.environ.get("DOCS_SITE_DIR")
+    if not where:
+        pytest.skip("the site is not built here: `nox -s docs` builds it and runs these tests")
+    path = Path(where) if Path(where).is_absolute() else ROOT / where
+    assert (path / "index.html").is_file(), f"{path}: no built site"
+    return path
+
+
+def test_every_link_of_the_built_site_opens_a_file(site):
+    broken = broken_links(site)
+    assert not broken, f"{len(broken)} broken link(s), e.g.: " + "; ".join(broken[:10])
+
+
+def test_the_link_checker_finds_what_the_issue_found(tmp_path):
+    (tmp_path / "install").mkdir()
+    (tmp_path / "index.html").write_text('<a href="install/">x</a><a href="/install.html">y</a><a href="a.html#z">')
+    (tmp_path / "a.html").write_text('<a href="https://x.org/"><a href="#top"><img src="index.html">')
+    assert broken_links(tmp_path) == [
+        "index.html: install/ (a folder)",
+        "index.html: /install.html (root-absolute)",
+    ]

@@ -52,14 +52,98 @@ FILE_FENCE = re.compile(r"^```(\w+) file=(\S+)$", re.M)
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 
 
-def results_nav() -> list[dict[str, str]]:
-    """The navigation entries of :data:`RESULT_PAGES`, titled by each file's first line."""
-    out = []
+RESULT_KINDS = (
+    # (file name prefix, group, what the file measures); the longest matching prefix wins
+    ("hf_tp", "Model level", "HF Llama 8B-shaped, DTensor TP"),
+    ("fusion_e2e_fp8", "Model level", "Llama 8B-shaped stack, FP8 fusion"),
+    ("fusion_e2e", "Model level", "Llama 8B-shaped stack, fusion passes"),
+    ("coverage_decode", "Model level", "Qwen3-MoE-shaped decode"),
+    ("allreduce_layernorm", "Op level", "All-reduce + add + LayerNorm"),
+    ("fusion_op_fp8", "Op level", "All-reduce + RMSNorm + FP8 quant"),
+    ("fusion_op", "Op level", "All-reduce + add + RMSNorm"),
+    ("async_tp_op", "Op level", "MLP: TP, sequence parallel, async TP"),
+    ("op_host_cost", "Op level", "Host time per fused call"),
+    ("compile_modes", "Compile time", "torch.compile modes"),
+    ("compile_bill", "Compile time", "Compile time bill"),
+    ("coverage_all", "Coverage on CPU", "Every family with a TP plan"),
+    ("coverage_cpu_layernorm", "Coverage on CPU", "LayerNorm families"),
+    ("coverage_cpu", "Coverage on CPU", "RMSNorm families"),
+    ("core_overhead", "passkit overhead (CPU)", "Core overhead"),
+    ("output_check", "passkit overhead (CPU)", "Checks after each pass"),
+    ("range_dispatch", "passkit overhead (CPU)", "Token-range dispatch"),
+    ("torch_versions", "Test runs", "Fusion tests on each torch"),
+)
+"""How the navigation groups and titles ``benchmarks/results/*.md``: by what they measure
+and where (a new result file with a known prefix needs nothing here)."""
+VARIANTS = {
+    "sp4096": "SP from 4096 tokens",
+    "with_torch_async_tp": "with torch's async TP",
+    "fresh": "fresh processes",
+    "issue28": "issue 28",
+    "gc": "GC paused",
+    "tiny": "tiny model",
+    "warm": "warm",
+    "warm3": "3 warm runs",
+    "models": "two models",
+    "pool": "compile worker pool",
+    "best": "minimum",
+    "quiet": "quiet machine",
+}
+"""Words of a result file's name after its hardware, spelled out in its title."""
+GPU = re.compile(r"\b(?:NVIDIA )?(H100|H200|A100|B200|L40S?)\b")
+
+
+def result_title(stem: str, text: str) -> tuple[str, str]:
+    """``(group, title)`` of the result file ``stem``: what it measures (:data:`RESULT_KINDS`),
+    then where (``2x H200``, ``CPU``), then its variant (``run 3``)."""
+    kind = max((k for k in RESULT_KINDS if stem.startswith(k[0])), key=lambda k: len(k[0]), default=None)
+    if kind is None:  # an unknown kind: its first line, unless that is a table row
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        title = first.lstrip("#").strip().split(" — ")[0]
+        return "Other", (title[:60] if title and not title.startswith("|") else stem.replace("_", " "))
+    prefix, group, what = kind
+    words = [w for w in stem[len(prefix) :].split("_") if w]
+    gpu = count = None
+    head = "\n".join(text.splitlines()[:3])
+    if found := GPU.search(head):
+        gpu = found.group(1)
+    rest: list[str] = []
+    for word in words:
+        if m := re.fullmatch(r"(h100|h200)(?:x(\d+))?", word):
+            gpu, count = m.group(1).upper(), count or m.group(2)
+        elif m := re.fullmatch(r"[wx](\d+)", word):
+            count = m.group(1)  # the world size: the GPUs this run used
+        elif word == "cpu":
+            gpu = "CPU"
+        elif m := re.fullmatch(r"(?:run|r)(\d+)", word):
+            rest.append(f"run {m.group(1)}")
+        elif m := re.fullmatch(r"tp(\d+)", word):
+            rest.append(f"TP={m.group(1)}")
+        else:
+            rest.append(word)
+    joined = "_".join(w for w in rest if not w.startswith(("run ", "TP=")))
+    if joined in VARIANTS:  # a variant of several words (with_torch_async_tp)
+        rest = [*(w for w in rest if w.startswith(("run ", "TP="))), VARIANTS[joined]]
+    rest = [VARIANTS.get(w, w) for w in rest]
+    if gpu and gpu != "CPU" and count is None and (m := re.search(rf"{gpu}[^,;)]*? x(\d+)|(\d+)x (?:NVIDIA )?{gpu}", head)):
+        count = m.group(1) or m.group(2)
+    if gpu is None and group in ("passkit overhead (CPU)", "Coverage on CPU", "Test runs"):
+        gpu = "CPU"
+    where = "CPU" if gpu == "CPU" else f"{count}x {gpu}" if gpu and count else gpu
+    title = what + (f", {where}" if where else "") + (f" ({', '.join(rest)})" if rest else "")
+    return group, title
+
+
+def results_nav() -> list[dict[str, list[dict[str, str]]]]:
+    """The navigation of :data:`RESULT_PAGES`: grouped (:data:`RESULT_KINDS`), each page titled
+    by what it measures and on which hardware."""
+    groups: dict[str, list[dict[str, str]]] = {g: [] for _, g, _ in RESULT_KINDS}
+    groups["Other"] = []
     for repo_path, site_path in RESULT_PAGES.items():
-        first = (ROOT / repo_path).read_text().lstrip().splitlines()[:1] or [site_path]
-        title = first[0].lstrip("#").strip() or site_path
-        out.append({title.split(" — ")[0][:80]: site_path})
-    return out
+        path = ROOT / repo_path
+        group, title = result_title(path.stem, path.read_text())
+        groups[group].append({title: site_path})
+    return [{group: sorted(pages, key=lambda p: next(iter(p)))} for group, pages in groups.items() if pages]
 
 
 def on_config(config: Any) -> Any:
@@ -67,6 +151,17 @@ def on_config(config: Any) -> Any:
     at = next(i for i, item in enumerate(nav) if isinstance(item, dict) and "Benchmarks" in item)
     nav.insert(at + 1, {"Benchmark results": results_nav()})
     return config
+
+
+def on_post_build(config: Any) -> None:
+    """404.html links root-absolute (``/install.html``), as mkdocs renders it for a web
+    server's root: relative ones work there too (the page is at the root) and from the file
+    system (``file://.../site/404.html``)."""
+    page = Path(config["site_dir"]) / "404.html"
+    if page.is_file():
+        text = page.read_text()
+        text = re.sub(r'((?:href|src)=")/(?!/)', r"\1./", text)
+        page.write_text(text.replace('"base": "/"', '"base": "."'))  # the theme's scripts too
 
 
 def on_files(files: Files, config: Any) -> Files:

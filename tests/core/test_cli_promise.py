@@ -2,9 +2,12 @@
 
 * a bad value for any option (or positional) prints one line on stderr, ``passkit CMD:
   error: ...``, and exits 2, without a traceback; a value the command accepts runs it (here
-  the expensive part is stopped at its door);
+  the expensive part is stopped at its door). Positionals include module targets that are
+  paths or relative names (``../mymodel:make``), options folders that cannot be written
+  (``--dump /proc/nope``), and unknown flags name their subcommand's ``--help``;
 * output into a pipe whose reader went away (``passkit schema | head``) ends quietly;
-* ``passkit check`` refuses the ``PASSKIT_*`` environment exactly when a compile would.
+* ``passkit check`` refuses the ``PASSKIT_*`` environment exactly when a compile would
+  (``passkit.backend()``: the ``compiler`` key resolved too).
 
 The subcommands and their options are read from the parser itself, plugins' included: a new
 command without an entry in :data:`VALID` fails the test.
@@ -48,10 +51,22 @@ BAD_POSITIONALS = {
         "nope:make",
         "tests.core.explain_target:nope",
         "tests.core.explain_target:not_a_pair",
+        # module targets that are no module name (issue 46: tracebacks before)
+        "../mymodel:make",
+        ".mymodel:make",
+        ":make",
+        "mymodel.py:make",
+        "tests.core.explain_target:",
+        "my-model:make",
+        "tests/core/explain_target.py:make",
     ],
-    "tune-model": ["nope", "nope:x"],
+    "tune-model": ["nope", "nope:x", ".mymodel:make", "../mymodel:make", ":make", "nope:"],
     "explain-hf": ["Lama", "{missing}.json", "{folder}"],
 }
+
+
+BAD_OPTION_VALUES = {"--dump": ["/proc/nope", "{good}", "/proc/nope/deeper"]}
+"""Values an option refuses although they look like its type (folders that cannot be written)."""
 
 
 class Accepted(BaseException):
@@ -86,7 +101,9 @@ def run(monkeypatch, capsys, tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "passkit.toml").write_text('passes = ["noop_elimination"]\n')
     (tmp_path / "empty").mkdir()
+    (tmp_path / "lamma.json").write_text('{"model_type": "lamma"}')
     paths = {
+        "lamma": tmp_path / "lamma.json",
         "good": tmp_path / "good.toml",
         "bad": tmp_path / "bad.toml",
         "missing": tmp_path / "missing",
@@ -146,6 +163,19 @@ def test_bad_option_values_print_one_line_and_exit_2(run):
                 _assert_kept(argv, code, err)
 
 
+def test_unwritable_dump_folders_print_one_line_and_exit_2(run):
+    """Issue 46: ``--dump /proc/nope`` warned twice, exited 0 and said the dumps were written."""
+    for command, parser in _subcommands().items():
+        for action in _valued_options(parser):
+            for value in BAD_OPTION_VALUES.get(action.option_strings[-1], []):
+                argv = [command, *VALID[command], action.option_strings[-1], value]
+                code, out, err = run(argv)
+                assert code == 2, (argv, code, out, err)
+                _assert_kept(argv, code, err)
+                assert f"{action.option_strings[-1]} " in err and "cannot be written" in err, err
+                assert "written under" not in out, out
+
+
 def test_bad_positionals_print_one_line_and_exit_2(run):
     for command, values in BAD_POSITIONALS.items():
         for value in values:
@@ -168,6 +198,17 @@ def test_bad_positionals_print_one_line_and_exit_2(run):
         (["explain-hf", "Llama", "--tokens", "0"], "argument --tokens: 0 is not >= 1"),
         (["show", "cleanpu"], "did you mean 'cleanup'"),
         (["nope"], "invalid choice: 'nope'"),
+        (["explain", "../mymodel:make"], "run passkit from the folder holding mymodel.py and give 'mymodel:make'"),
+        (["explain", ".mymodel:make"], "is a path or a relative name, not a module name"),
+        (["explain", ":make"], "has no module name before ':'"),
+        (["explain", "mymodel.py:make"], "give 'mymodel:make'"),
+        (["tune-model", "--cpu", ".mymodel:make"], "give 'mymodel:make'"),
+        (["explain", "tests.core.explain_target:make", "--dump", "/proc/nope"], "--dump /proc/nope: cannot be written"),
+        (["explain", "tests.core.explain_target:make", "--dump", "{good}"], "a file is in its place"),
+        (["list", "--jsn"], "passkit list: error: unrecognized arguments: --jsn (see `passkit list --help`)"),
+        (["check", "{good}", "extra"], "(see `passkit check --help`)"),
+        (["explain-hf", "{empty_folder}"], "a folder with no config.json in it"),  # not "no such file"
+        (["explain-hf", "{lamma}"], "model_type 'lamma' is not known to transformers"),
     ],
 )
 def test_the_mistakes_of_the_issue_are_named(run, argv, expected):
@@ -176,6 +217,12 @@ def test_the_mistakes_of_the_issue_are_named(run, argv, expected):
     # one line (a config's field errors continue it, indented, one per field)
     assert len([line for line in err.rstrip().splitlines() if not line.startswith(" ")]) == 1, err
     assert err.startswith("passkit"), err
+
+
+def test_an_unknown_model_type_is_one_short_line(run):
+    """Issue 46: transformers' message, quoted whole, listed every model_type (2,003 characters)."""
+    code, _out, err = run(["explain-hf", "{lamma}"])
+    assert code == 2 and "did you mean 'llama'" in err and len(err) < 300, err
 
 
 def test_check_reads_a_folder_and_the_environment(run, monkeypatch):
@@ -198,6 +245,11 @@ ENV_CASES = [
     ("PASSKIT_DISABLE", "cleanup"),
     ("PASSKIT_CONFIG", "/nonexistent.toml"),
     ("PASSKIT_PASES", "cleanup"),
+    ("PASSKIT_COMPILER", "aot_eagr"),  # issue 46: check said OK, the compile refused
+    ("PASSKIT_COMPILER", "nosuchpkg.mod:fn"),
+    ("PASSKIT_COMPILER", "passkit:__version__"),  # not callable
+    ("PASSKIT_COMPILER", "aot_eager"),
+    ("PASSKIT_COMPILER", "tests.core.explain_target:make"),  # a callable: accepted
 ]
 
 
@@ -205,7 +257,7 @@ ENV_CASES = [
 def test_check_refuses_the_environment_exactly_when_a_compile_would(run, monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
     try:
-        passkit.build_pipeline()
+        passkit.backend()  # what torch.compile(backend="passkit") makes first
         compile_refuses = False
     except passkit.PasskitError:
         compile_refuses = True
@@ -215,6 +267,40 @@ def test_check_refuses_the_environment_exactly_when_a_compile_would(run, monkeyp
     if variable != "PASSKIT_CONFIG":  # (a named file replaces the argument's)
         code, _out, err = run(["check", "{good}"])
         assert (code == 2) == compile_refuses, (variable, value, code, err)
+
+
+@pytest.mark.parametrize(
+    ("toml", "variable", "expected"),
+    [
+        ('compiler = "aot_eagr"\n', None, ["good.toml: config key compiler: 'aot_eagr'", "did you mean 'aot_eager'"]),
+        ('compiler = "nosuchpkg.mod:fn"\n', None, ["good.toml: config key compiler: cannot import"]),
+        ("", "aot_eagr", ["PASSKIT_COMPILER (compiler): 'aot_eagr'", "did you mean 'aot_eager'"]),
+    ],
+)
+def test_check_and_a_compile_name_a_bad_compiler_alike(run, monkeypatch, tmp_path, toml, variable, expected):
+    """Issue 46: ``passkit check`` passed a compiler key the compile refused, and the compile's
+    error named neither the variable nor the close spelling. Both now run one function."""
+    (tmp_path / "good.toml").write_text('passes = ["cleanup"]\n' + toml)
+    if variable:
+        monkeypatch.setenv("PASSKIT_COMPILER", variable)
+    code, _out, err = run(["check", "{good}"])
+    assert code == 2, err
+    for text in expected:
+        assert text in err, err
+    _assert_kept(["check"], code, err)
+    monkeypatch.setenv("PASSKIT_CONFIG", str(tmp_path / "good.toml"))
+    with pytest.raises(passkit.ConfigError) as raised:
+        passkit.backend()
+    for text in expected:
+        assert text in str(raised.value)
+
+
+def test_tune_model_imports_from_the_working_directory_as_explain_does(run, tmp_path):
+    (tmp_path / "my_tuning_target.py").write_text("def target(rank, world_size, device):\n    return None\n")
+    try:
+        assert run(["tune-model", "my_tuning_target:target", "--cpu"])[0] is None  # reached its spawn
+    finally:
+        sys.modules.pop("my_tuning_target", None)
 
 
 class _ClosedPipe(io.TextIOBase):

@@ -547,7 +547,39 @@ def test_threads_arriving_at_a_range_not_compiled_yet_compile_it_once():
     assert not errors, errors
     assert b.last_dispatcher.late_compiles == 1
     late = [r for r in b.reports if r.token_range and "17" in r.token_range]
-    assert len(late) == 1 and late[0].records
+    # compiled, not served from Inductor's on-disk cache: the threads compile under this
+    # test's config (no FX-graph cache), see the test below (issue 46: flaky before)
+    assert len(late) == 1 and late[0].records and not late[0].cache_hit, late
+
+
+def test_a_range_compiled_late_in_another_thread_compiles_under_the_backend_calls_config():
+    """Issue 46: torch keeps Inductor's config per thread (a patch or an assignment is a
+    context variable), so a range compiled at its first use in a server's worker thread
+    compiled with that thread's config, not the one the graph's first range compiled with:
+    the suite's ``fx_graph_cache=False`` did not reach it, it hit Inductor's on-disk cache of
+    an earlier run, and its report said ``cache_hit`` with no records. The late compile now
+    runs in the context of the backend call."""
+    import torch._inductor.config as inductor_config
+
+    from .test_ranges import Everywhere, SmallRelu, backend, compiled
+
+    seen: list[bool] = []
+
+    class Watching(Everywhere):
+        def run(self, gm, ctx):
+            seen.append(inductor_config.fx_graph_cache)
+            return super().run(gm, ctx)
+
+    b = backend(SmallRelu(), Watching())
+    f = compiled(b)
+    with inductor_config.patch(fx_graph_cache=False):  # (the conftest's too) not the default
+        f(torch.randn(4, 3))  # 1..16 compiles now
+    assert seen == [False]
+    thread = threading.Thread(target=f, args=(torch.randn(20, 3),))  # > 16: compiles there
+    thread.start()
+    thread.join()
+    assert b.last_dispatcher.late_compiles == 1
+    assert seen == [False, False], seen
 
 
 # -- quietly ignored: now loud ---------------------------------------------------------------

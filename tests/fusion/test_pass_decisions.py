@@ -76,4 +76,26 @@ def test_tune_command_is_registered_and_refuses_without_gpus(capsys):
 
     assert main(["tune", "--world-size", "2"]) == 2
     err = capsys.readouterr().err
-    assert "passkit tune: error: needs 2 to 0 local CUDA GPUs" in err
+    assert "passkit tune: error: needs 2 or more local CUDA GPUs; this machine has 0" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        # issue 46: "needs 2 to 0 local CUDA GPUs (this machine has 0); asked for 0"
+        (["tune"], "needs 2 or more local CUDA GPUs; this machine has 0\n"),
+        (["tune", "--world-size", "1"], "--world-size 1: needs 2 or more ranks\n"),
+        (
+            ["tune-model", "passkit_fusion.model:tuning_target"],
+            "needs 2 or more local CUDA GPUs; this machine has 0 (--cpu runs gloo ranks instead)\n",
+        ),
+        (["tune-model", "passkit_fusion.model:tuning_target", "--cpu", "--world-size", "1"], "needs 2 or more"),
+    ],
+)
+def test_tune_commands_say_what_is_wrong_with_the_world_size(capsys, monkeypatch, argv, expected):
+    from passkit.cli import main
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "to 0" not in err and "asked for" not in err, err

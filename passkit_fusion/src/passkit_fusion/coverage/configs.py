@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from passkit.errors import cut_repr, suggest
+
 __all__ = ["FAMILIES", "ConfigError", "load_config", "small_config", "tp_families"]
 
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -122,6 +124,8 @@ def load_config(source: str | Path) -> Any:
         return getattr(transformers, name)(**extra)
     path = Path(text)
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{source}: a folder with no config.json in it")
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
@@ -135,10 +139,13 @@ def load_config(source: str | Path) -> Any:
             raise ConfigError(f"{path}: no 'model_type' key (is it a Hugging Face config.json?)")
         try:
             config = transformers.AutoConfig.for_model(**data)
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError):
+            # (transformers' own message lists every model_type it knows: 2,000 characters)
+            from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
             raise ConfigError(
-                f"{path}: model_type {model_type!r} is not known to transformers "
-                f"{transformers.__version__} ({exc})"
+                f"{path}: model_type {cut_repr(model_type)} is not known to transformers "
+                f"{transformers.__version__}{suggest(str(model_type), CONFIG_MAPPING_NAMES)}"
             ) from None
         return config.get_text_config()
     cls = getattr(transformers, text, None)

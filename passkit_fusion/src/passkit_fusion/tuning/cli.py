@@ -58,12 +58,7 @@ def run_tune(args: argparse.Namespace, tune: Tuner, cleanup: Callable[[], object
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         slug = "-".join("".join(c if c.isalnum() else " " for c in gpu.lower()).split())
         args.output = USER_TABLES_DIR / f"{slug}_w{args.world_size or torch.cuda.device_count()}.json"
-    available = torch.cuda.device_count()
-    world_size = args.world_size or available
-    if not 2 <= world_size <= available:
-        raise PasskitError(
-            f"needs 2 to {available} local CUDA GPUs (this machine has {available}); asked for {world_size}"
-        )
+    world_size = _world_size(args.world_size, torch.cuda.device_count())
     import torch.multiprocessing as mp
 
     mp.spawn(_tune_worker, args=(world_size, _free_port(), args, tune, cleanup), nprocs=world_size, join=True)
@@ -118,6 +113,18 @@ def _tune_worker(
         dist.destroy_process_group()
 
 
+def _world_size(asked: int, available: int, cpu_hint: str = "") -> int:
+    """The ranks to run: ``asked`` (0: every local GPU), which must be 2 or more and at most
+    ``available``; else a :class:`PasskitError` saying which of the two is wrong."""
+    if asked and asked < 2:
+        raise PasskitError(f"--world-size {asked}: needs 2 or more ranks{cpu_hint}")
+    if available < 2:
+        raise PasskitError(f"needs 2 or more local CUDA GPUs; this machine has {available}{cpu_hint}")
+    if asked > available:
+        raise PasskitError(f"--world-size {asked}: this machine has {available} local CUDA GPUs{cpu_hint}")
+    return asked or available
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -159,36 +166,34 @@ def add_tune_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_tune_model(args: argparse.Namespace) -> int:
     """Run ``passkit tune-model`` with parsed arguments: one process per rank."""
-    import importlib
+    from passkit.cli import import_target
 
-    module, _, function = args.target.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module), function)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise PasskitError(f"tune-model: cannot load {args.target!r} ({type(exc).__name__}: {exc})") from None
-    available = 1 << 16 if args.cpu else torch.cuda.device_count()
-    world_size = args.world_size or (2 if args.cpu else available)
-    if not 2 <= world_size <= available:
-        raise PasskitError(
-            f"tune-model needs 2 to {available} local CUDA GPUs (this machine has {available}); "
-            f"asked for {world_size} (--cpu runs gloo ranks instead)"
+    # loaded here to fail early (the working directory importable, as for `passkit explain`);
+    # each rank loads it again (spawned processes inherit this sys.path)
+    factory = import_target(args.target)
+    if not callable(factory):
+        raise PasskitError(f"{args.target} is a {type(factory).__name__}, not a function")
+    if args.cpu:
+        world_size = _world_size(args.world_size, 1 << 16)
+    else:
+        world_size = _world_size(
+            args.world_size, torch.cuda.device_count(), " (--cpu runs gloo ranks instead)"
         )
     import torch.multiprocessing as mp
 
-    del factory  # loaded here to fail early; each rank loads it again
+    del factory
     mp.spawn(_tune_model_worker, args=(world_size, _free_port(), args), nprocs=world_size, join=True)
     return 0
 
 
 def _tune_model_worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
-    import importlib
-
     import torch.distributed as dist
+
+    from passkit.cli import import_target
 
     from .measure import tune_model
 
-    module, _, function = args.target.partition(":")
-    factory = getattr(importlib.import_module(module), function)
+    factory = import_target(args.target)
     device = "cpu" if args.cpu else "cuda"
     kwargs: dict[str, Any] = {}
     if not args.cpu:
