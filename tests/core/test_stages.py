@@ -471,6 +471,7 @@ def test_the_config_names_the_compiler_for_the_named_backend(clean_env, monkeypa
         ("platform_compiler:NOT_CALLABLE", "is a int, not a compiler callable"),
     ]:
         monkeypatch.setenv("PASSKIT_COMPILER", spec)
-        with pytest.raises(passkit.ConfigError, match=r"config key compiler: ") as err:
+        # the error names where the bad value came from: the environment variable and its key
+        with pytest.raises(passkit.ConfigError, match=r"^PASSKIT_COMPILER \(compiler\): ") as err:
             passkit.backend()
         assert says in str(err.value), str(err.value)
