@@ -18,7 +18,7 @@ for stage in "${STAGES[@]}"; do
     if [[ $name == suite* ]]; then
       IFS=',' read -ra ids <<< "$gpus"
       ( LOG="$OUT/$name.log" CUDA_VISIBLE_DEVICES=$gpus GPU_WORLD_SIZE=${#ids[@]} GPU_FAULT_WORLDS=${#ids[@]} \
-          step "$limit" python3 -m pytest -q -p no:cacheprovider tests/gpu $args ) &
+          step "$limit" bash -c "python3 -m pytest -q -p no:cacheprovider tests/gpu $args" ) &
     else
       ( LOG="$OUT/$name.log" CUDA_VISIBLE_DEVICES=$gpus step "$limit" python3 benchmarks/hf_tp_profile.py \
           --out "$OUT/profile_$name" --trace-dir "/tmp/traces/$name" $args ) &
