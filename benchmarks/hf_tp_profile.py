@@ -419,6 +419,31 @@ def attribution(res: dict[str, Any], name: str, base: str, t: int, rank: int) ->
     }
 
 
+def _way(name: str) -> str:
+    """How a variant runs: ``" graph"``, ``" reduce-overhead"`` or ``""`` (the default mode)."""
+    return next((w for w in (GRAPH, " reduce-overhead") if name.endswith(w)), "")
+
+
+def _inductor_same_way(name: str, variants: list[str]) -> str | None:
+    base = "inductor" + _way(name)
+    return base if base in variants else None
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A result written with ``--out``, its token keys made ints again (JSON keeps strings)."""
+    res = json.loads(path.read_text())
+
+    def ints(d: dict[str, Any]) -> dict[Any, Any]:
+        return {int(k) if k.isdigit() else k: v for k, v in d.items()}
+
+    for r in res["ranks"]:
+        for part in ("timings", "profiles"):
+            r[part] = {n: ints(per) for n, per in r[part].items()}
+    res["skew_us"] = {n: ints(per) for n, per in res["skew_us"].items()}
+    res["rel_diff_vs_eager"] = {n: ints(per) for n, per in res["rel_diff_vs_eager"].items()}
+    return res
+
+
 def render(res: dict[str, Any]) -> str:
     tokens, variants, world = res["tokens"], res["variants"], res["world"]
     lines = [
@@ -452,6 +477,19 @@ def render(res: dict[str, Any]) -> str:
                 )
                 + " |"
             )
+    lines += [
+        "",
+        "## Speed-up over Inductor run the same way (aligned, rank 0; > 1: faster)",
+        "",
+        "| variant | " + " | ".join(f"{t} tok" for t in tokens) + " |",
+        "|" + "---|" * (len(tokens) + 1),
+    ]
+    for n in variants:
+        base = _inductor_same_way(n, variants)
+        if base is None or base == n:
+            continue
+        cells = [f"{r0['timings'][base][t]['aligned_ms'] / r0['timings'][n][t]['aligned_ms']:.3f}x" for t in tokens]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     for ceiling in [v for v in variants if v.startswith("ceiling")]:
         way = ceiling[len("ceiling"):]
         lines += [
@@ -519,7 +557,16 @@ def main() -> None:
     parser.add_argument("--trace-tokens", type=int, nargs="+", default=[16])
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny Llama, few forwards")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
+    parser.add_argument(
+        "--render", type=Path, default=None, help="no run: print (and with --out write) the tables of a JSON result"
+    )
     args = parser.parse_args()
+    if args.render:
+        text = render(load(args.render))
+        print(text)
+        if args.out:
+            args.out.with_suffix(".md").write_text(text + "\n")
+        return
     args.only = args.only or [v for m in args.modes for v in MODES[m]] + [
         hf_tp.EXTRA.get(v) or GRAPH_EXTRA[v] for v in args.variants
     ]
