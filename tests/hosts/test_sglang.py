@@ -646,10 +646,14 @@ def test_an_inductor_failure_inside_sglangs_compile_leaves_the_pass_out(world):
             if report["cache_hit"]:  # the other rank compiled it first (one cache folder)
                 continue
             assert failed["status"] == "failed", failed
-            assert failed["reason"].startswith(
-                "Inductor failed on the graph this pass changed: AssertionError"
+            # passkit's output check answers first (issue 44), else Inductor rejects the graph
+            checked = failed["reason"].startswith("VerificationError") and (
+                "now gets tensors of dtypes float16, float32" in failed["reason"]
             )
-            assert "both a fallback and a decomp" in failed["reason"]
+            inductor = failed["reason"].startswith(
+                "Inductor failed on the graph this pass changed: AssertionError"
+            ) and ("both a fallback and a decomp" in failed["reason"])
+            assert checked or inductor, failed["reason"]
 
 
 def _no_piecewise_probe(passes: str) -> dict[str, Any]:
