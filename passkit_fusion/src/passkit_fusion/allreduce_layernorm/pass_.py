@@ -114,7 +114,7 @@ class AllReduceLayerNorm(GraphPass):
         return "reference" if self.options.implementation == "reference" else "symm_mem"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
-        from ..patterns.isolation import SiteRewrite
+        from ..patterns.isolation import rewrite_or_decline
         from ..patterns.sites import (
             LAYER,
             Rejection,
@@ -139,14 +139,17 @@ class AllReduceLayerNorm(GraphPass):
             if isinstance(found, Rejection):
                 rejected.append(found)
                 continue
-            guard = SiteRewrite(gm.graph, found.nodes)
-            try:
-                needs_sort |= self._replace(gm.graph, found, position)
-            except Exception as exc:  # undone and declined, or the pass fails (graph restored)
-                rejected.append(
-                    Rejection(found.all_reduce, guard.decline(exc, self.name, found.all_reduce.name))
-                )
+            outcome = rewrite_or_decline(
+                gm.graph,
+                found.nodes,
+                lambda found=found: self._replace(gm.graph, found, position),
+                self.name,
+                found.all_reduce.name,
+            )
+            if isinstance(outcome, str):  # failed before changing the graph: declined
+                rejected.append(Rejection(found.all_reduce, outcome))
                 continue
+            needs_sort |= outcome
             sites.append(found)
         if needs_sort:
             from torch._inductor.pattern_matcher import stable_topological_sort

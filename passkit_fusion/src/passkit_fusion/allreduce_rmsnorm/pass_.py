@@ -150,7 +150,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         return "reference" if self.options.implementation == "reference" else "flashinfer"
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
-        from ..patterns.isolation import SiteRewrite
+        from ..patterns.isolation import rewrite_or_decline
         from ..patterns.sites import (
             Rejection,
             Site,
@@ -178,14 +178,17 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             if isinstance(found, Rejection):
                 rejected.append(found)
                 continue
-            guard = SiteRewrite(gm.graph, (*found.nodes, *(found.quant.nodes if found.quant else ())))
-            try:
-                needs_sort |= self._replace(gm.graph, found, position)
-            except Exception as exc:  # undone and declined, or the pass fails (graph restored)
-                rejected.append(
-                    Rejection(found.all_reduce, guard.decline(exc, self.name, found.all_reduce.name))
-                )
+            outcome = rewrite_or_decline(
+                gm.graph,
+                (*found.nodes, *(found.quant.nodes if found.quant else ())),
+                lambda found=found: self._replace(gm.graph, found, position),
+                self.name,
+                found.all_reduce.name,
+            )
+            if isinstance(outcome, str):  # failed before changing the graph: declined
+                rejected.append(Rejection(found.all_reduce, outcome))
                 continue
+            needs_sort |= outcome
             sites.append(found)
         if needs_sort:
             from torch._inductor.pattern_matcher import stable_topological_sort
@@ -275,8 +278,6 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         fused.meta.update(val=vals, stack_trace=site.out.meta.get("stack_trace"))
         for node, value in zip(outputs, vals):
             node.meta["val"] = value
-        for node, value in site.host_norm.rebind if site.host_norm is not None else ():
-            node.replace_all_uses_with(value)  # a maybe-in-place op's argument, unchanged
         inside = set(site.nodes)
         replaced = list(site.nodes)
         if quant is not None:
@@ -289,6 +290,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         else:
             norm_out, residual_out = outputs
             site.out.replace_all_uses_with(norm_out)
+        for node in site.host_norm.rebind if site.host_norm is not None else ():
+            node.replace_all_uses_with(residual_out)  # a maybe-in-place op's residual: the new sum
         if site.total is not None:
             site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
         for node in sorted(replaced, key=position.__getitem__, reverse=True):

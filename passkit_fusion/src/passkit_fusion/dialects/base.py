@@ -118,11 +118,11 @@ class HostNorm:
     residual: fx.Node | None = None
     """``fused_add``: the residual the op adds to the sum."""
     total: fx.Node | None = None
-    rebind: tuple[tuple[fx.Node, fx.Node], ...] = ()
-    """``(output, value)``: outputs of a maybe-in-place op (vLLM IR's ``maybe_inplace``
-    under ``auto_functionalized``) holding a mutated argument's new value, which the rewrite
-    reads as ``value``, the argument unchanged (the op may, not must, write its arguments:
-    what a non-in-place implementation leaves)."""
+    rebind: tuple[fx.Node, ...] = ()
+    """Outputs of a maybe-in-place op (vLLM IR's ``maybe_inplace`` under
+    ``auto_functionalized``) holding the residual argument's new value, which the rewrite
+    reads as the fused op's residual output: the sum an in-place implementation writes there
+    (a graph that copies it back into its input writes the same values as before the pass)."""
 
 
 @dataclasses.dataclass(frozen=True)

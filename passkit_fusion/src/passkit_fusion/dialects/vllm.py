@@ -119,14 +119,14 @@ class VllmDialect(Dialect):
                         f"residual is {dtype_str(val(residual).dtype)} but the all-reduce is {dtype_str(val(total).dtype)}"
                     )
                 rebind = []
-                if wrapped:  # the new values of x and x_residual: read as left unchanged
+                if wrapped:  # the residual's new value is the sum, as an in-place op leaves it
                     for index, source in ((new_a, a), (new_b, b)):
                         if index in outs and source is total:
                             raise Declined(
                                 f"{_FUSED_ADD_INPLACE}'s new value of the all-reduce result is read"
                             )
                         if index in outs:
-                            rebind.append((outs[index], source))
+                            rebind.append(outs[index])
                 nodes = (user, *outs.values())
                 return HostNorm(
                     "fused_add", user, weight, eps, 0.0, outs[0], nodes,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import traceback
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch.fx as fx
@@ -104,3 +104,17 @@ class SiteRewrite:
                 f"({type(exc).__name__}: {exc})"
             ) from exc
         return error_reason("rewriting", exc, pass_name)
+
+
+def rewrite_or_decline(
+    graph: fx.Graph, nodes: Iterable[fx.Node], rewrite: Callable[[], bool], pass_name: str, site_name: str
+) -> bool | str:
+    """``rewrite()`` guarded by a :class:`SiteRewrite` over ``nodes``: its result, or the
+    reason to decline the site with (a ``str``) when it failed before changing the graph;
+    :class:`SiteRewriteError` when it failed after."""
+    guard = SiteRewrite(graph, nodes)
+    try:
+        return rewrite()
+    except Exception as exc:  # undone and declined, or the pass fails (graph restored)
+        return guard.decline(exc, pass_name, site_name)
+
