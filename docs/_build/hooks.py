@@ -54,6 +54,7 @@ FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 
 RESULT_KINDS = (
     # (file name prefix, group, what the file measures); the longest matching prefix wins
+    ("hf_tp_profile", "Where the time goes", "HF Llama TP, time by cause"),
     ("hf_tp", "Model level", "HF Llama 8B-shaped, DTensor TP"),
     ("fusion_e2e_fp8", "Model level", "Llama 8B-shaped stack, FP8 fusion"),
     ("fusion_e2e", "Model level", "Llama 8B-shaped stack, fusion passes"),
@@ -88,6 +89,10 @@ VARIANTS = {
     "pool": "compile worker pool",
     "best": "minimum",
     "quiet": "quiet machine",
+    "graph_ro": "captured whole, reduce-overhead",
+    "ro_default": "reduce-overhead, default mode",
+    "ro": "reduce-overhead",
+    "overlap": "allreduce_overlap, captured whole",
 }
 """Words of a result file's name after its hardware, spelled out in its title."""
 GPU = re.compile(r"\b(?:NVIDIA )?(H100|H200|A100|B200|L40S?)\b")
