@@ -555,6 +555,8 @@ def test_rejections_are_counted_per_reason():
 
     result = fuse(fn, *Form(fn).inputs())
     notes = result.report["allreduce_rmsnorm"].notes
+    # the numeric check says it could not compare (collectives in one process): its own note
+    notes = [n for n in notes if not n.startswith("numeric: not run:")]
     assert notes == [
         "1 site(s) -> reference op: 1 with residual, 0 without; plan " + notes[0].rsplit(" ", 1)[1],
         "2 candidate(s) rejected: reduce op 'max' (x2)",
