@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -45,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hf_tp  # noqa: E402  (benchmarks/ is this script's folder)
+import hf_tp
 
 MODES = {
     "ro": ["inductor reduce-overhead", "passkit reduce-overhead", "ceiling reduce-overhead"],
@@ -68,9 +67,23 @@ GRAPH_EXTRA = {
 """The suffix of a variant captured whole (``"passkit graph"``: ``hf_tp.py``'s ``passkit``)."""
 
 CATEGORIES = ("collective", "gemm", "attention", "triton", "copy", "other")
-_COLLECTIVE = ("nccl", "allreduce", "all_reduce", "lamport", "reduce_scatter", "reducescatter",
-               "all_gather", "allgather", "one_shot", "two_shot", "oneshot", "twoshot", "multimem",
-               "symm", "ar_fusion")
+_COLLECTIVE = (
+    "nccl",
+    "allreduce",
+    "all_reduce",
+    "lamport",
+    "reduce_scatter",
+    "reducescatter",
+    "all_gather",
+    "allgather",
+    "one_shot",
+    "two_shot",
+    "oneshot",
+    "twoshot",
+    "multimem",
+    "symm",
+    "ar_fusion",
+)
 _GEMM = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "wgmma", "gemv", "splitk")
 _ATTENTION = ("flash", "fmha", "attention", "sdpa", "softmax")
 
@@ -121,7 +134,7 @@ def summarize_trace(trace: dict[str, Any]) -> list[dict[str, Any]]:
         if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     )
     out = []
-    for i, (w0, w1) in enumerate(windows):
+    for w0, w1 in windows:
         inside = [k for k in kernels if w0 <= k[0] <= w1]
         launch = next((b - a for a, b in launches if w0 <= a <= w1), None)
         row: dict[str, Any] = {
@@ -137,8 +150,13 @@ def summarize_trace(trace: dict[str, Any]) -> list[dict[str, Any]]:
             first = inside[0][0]
             last = max(k[0] + k[1] for k in inside)
             busy = union_us([(k[0], k[0] + k[1]) for k in inside])
-            row.update(first_kernel_after_us=first - w0, span_us=last - first, busy_us=busy, idle_us=last - first - busy)
-            for ts, dur, name, cat in inside:
+            row.update(
+                first_kernel_after_us=first - w0,
+                span_us=last - first,
+                busy_us=busy,
+                idle_us=last - first - busy,
+            )
+            for _ts, dur, name, cat in inside:
                 c = category(name, cat)
                 row["by_category_us"][c] += dur
                 row["by_category_n"][c] += 1
@@ -152,7 +170,12 @@ def median_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The medians of per-forward summaries (the first forward of a window left in)."""
     if not rows:
         return {}
-    med = lambda key: statistics.median(r[key] for r in rows) if all(r.get(key) is not None for r in rows) else None  # noqa: E731
+
+    def med(key: str) -> float | None:
+        """The median of ``key`` over the rows; None when a row has no value."""
+        values = [r.get(key) for r in rows]
+        return None if any(v is None for v in values) else statistics.median(values)
+
     n_sites = statistics.median(len(r["collectives_us"]) for r in rows)
     sites = [r["collectives_us"] for r in rows if len(r["collectives_us"]) == n_sites]
     per_site = [statistics.median(s[i] for s in sites) for i in range(int(n_sites))] if sites else []
@@ -172,13 +195,15 @@ def median_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def time_variants(args: argparse.Namespace, compiled: dict[str, Any], inputs: dict[int, torch.Tensor],
-                  device: torch.device) -> dict[str, dict[int, dict[str, Any]]]:
+def time_variants(
+    args: argparse.Namespace, compiled: dict[str, Any], inputs: dict[int, torch.Tensor], device: torch.device
+) -> dict[str, dict[int, dict[str, Any]]]:
     """Aligned and pipelined timings, host time per call, and the barrier skew, variants
     interleaved round by round (the order alternating)."""
     cuda = device.type == "cuda"
     res: dict[str, dict[int, dict[str, list[float]]]] = {
-        n: {t: {"aligned_ms": [], "pipelined_ms": [], "host_us": [], "leave_ns": []} for t in inputs} for n in compiled
+        n: {t: {"aligned_ms": [], "pipelined_ms": [], "host_us": [], "leave_ns": []} for t in inputs}
+        for n in compiled
     }
 
     def sync() -> None:
@@ -194,7 +219,10 @@ def time_variants(args: argparse.Namespace, compiled: dict[str, Any], inputs: di
                     dist.barrier()
                     cell["leave_ns"].append(time.monotonic_ns())
                     if cuda:
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start, end = (
+                            torch.cuda.Event(enable_timing=True),
+                            torch.cuda.Event(enable_timing=True),
+                        )
                         start.record()
                         h0 = time.perf_counter()
                         fn(ids)
@@ -234,8 +262,13 @@ def time_variants(args: argparse.Namespace, compiled: dict[str, Any], inputs: di
     return out
 
 
-def profile_variants(args: argparse.Namespace, compiled: dict[str, Any], inputs: dict[int, torch.Tensor],
-                     device: torch.device, rank: int) -> dict[str, dict[int, dict[str, Any]]]:
+def profile_variants(
+    args: argparse.Namespace,
+    compiled: dict[str, Any],
+    inputs: dict[int, torch.Tensor],
+    device: torch.device,
+    rank: int,
+) -> dict[str, dict[int, dict[str, Any]]]:
     """A profile per variant and token count: ``--profile-forwards`` aligned forwards, each
     summarised from the Chrome trace (kept under ``--trace-dir`` when given)."""
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -294,7 +327,7 @@ def capture_whole(fn: Any, inputs: dict[int, torch.Tensor]) -> tuple[Any, dict[i
             with torch.cuda.graph(graph):
                 out = fn(static)
             graphs[t] = (graph, static, out)
-        except Exception as e:  # noqa: BLE001 - reported in the results, the count runs uncaptured
+        except Exception as e:
             failed[t] = f"{type(e).__name__}: {e}"[:300]
             torch.cuda.synchronize()
 
@@ -310,7 +343,9 @@ def capture_whole(fn: Any, inputs: dict[int, torch.Tensor]) -> tuple[Any, dict[i
     return replay, failed
 
 
-def compile_all(rank: int, args: argparse.Namespace, model: Any, inputs: dict[int, torch.Tensor]) -> tuple[
+def compile_all(
+    rank: int, args: argparse.Namespace, model: Any, inputs: dict[int, torch.Tensor]
+) -> tuple[
     dict[str, Any], dict[str, Any], dict[str, float], dict[str, dict[int, float]], dict[str, dict[int, str]]
 ]:
     """``hf_tp.compile_variants`` for the plain variants; a ``graph`` variant compiles its
@@ -352,8 +387,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
         profiles = profile_variants(args, compiled, inputs, device, rank)
     sites = {
         name: [
-            {"range": r.token_range or ("cache hit" if r.cache_hit else "all sizes"),
-             "passes": {p: [r[p].status, r[p].matches] for p in r.names() if p in hf_tp.PASSES}}
+            {
+                "range": r.token_range or ("cache hit" if r.cache_hit else "all sizes"),
+                "passes": {p: [r[p].status, r[p].matches] for p in r.names() if p in hf_tp.PASSES},
+            }
             for r in backend.reports
         ]
         for name, backend in backends.items()
@@ -488,10 +525,12 @@ def render(res: dict[str, Any]) -> str:
         base = _inductor_same_way(n, variants)
         if base is None or base == n:
             continue
-        cells = [f"{r0['timings'][base][t]['aligned_ms'] / r0['timings'][n][t]['aligned_ms']:.3f}x" for t in tokens]
+        cells = [
+            f"{r0['timings'][base][t]['aligned_ms'] / r0['timings'][n][t]['aligned_ms']:.3f}x" for t in tokens
+        ]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     for ceiling in [v for v in variants if v.startswith("ceiling")]:
-        way = ceiling[len("ceiling"):]
+        way = ceiling[len("ceiling") :]
         lines += [
             "",
             f"## Each variant's excess over `{ceiling}` (aligned, us), split by cause, per rank",
@@ -505,7 +544,11 @@ def render(res: dict[str, Any]) -> str:
         ]
         for t in tokens:
             for n in variants:
-                if n.startswith("ceiling") or not n.endswith(way) or (not way and n.endswith((GRAPH, "overhead"))):
+                if (
+                    n.startswith("ceiling")
+                    or not n.endswith(way)
+                    or (not way and n.endswith((GRAPH, "overhead")))
+                ):
                     continue
                 for rk in range(world):
                     a = attribution(res, n, ceiling, t, rk)
@@ -523,7 +566,8 @@ def render(res: dict[str, Any]) -> str:
             pm = r0["profiles"][n][t]["median"]
             if pm.get("collective_sites_us"):
                 lines.append(
-                    f"- {n}, {t} tokens: " + ", ".join(f"{v:.1f}" for v in pm["collective_sites_us"])
+                    f"- {n}, {t} tokens: "
+                    + ", ".join(f"{v:.1f}" for v in pm["collective_sites_us"])
                     + f" ({'; '.join(pm['collective_names'])[:200]})"
                 )
     lines += ["", "sites per compile: " + json.dumps(res["sites"])[:3000]]
@@ -531,7 +575,9 @@ def render(res: dict[str, Any]) -> str:
         lines.append("not captured (ran uncaptured): " + json.dumps(res["not_captured"])[:2000])
     diffs = {n: max(v.values()) for n, v in res["rel_diff_vs_eager"].items()}
     lines.append("max |out - eager| / max |eager|: " + json.dumps({k: f"{v:.2e}" for k, v in diffs.items()}))
-    lines.append("compile + warm-up s: " + json.dumps({k: round(v, 1) for k, v in res["compile_and_warmup_s"].items()}))
+    lines.append(
+        "compile + warm-up s: " + json.dumps({k: round(v, 1) for k, v in res["compile_and_warmup_s"].items()})
+    )
     lines.append(
         "each rank's seconds from its results to its exit (None: hung, killed after "
         f"{hf_tp.EXIT_LIMIT_S:.0f} s): {res.get('exit_s')}"
@@ -540,14 +586,20 @@ def render(res: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 256, 2048, 8192])
     parser.add_argument("--modes", nargs="+", default=["ro"], choices=list(MODES), help="ro: reduce-overhead")
     parser.add_argument("--only", nargs="+", default=[], choices=list(hf_tp.VARIANTS), help="exactly these")
     parser.add_argument(
-        "--variants", nargs="+", default=[], choices=[*hf_tp.EXTRA, *GRAPH_EXTRA], help="extras, beside --modes'"
+        "--variants",
+        nargs="+",
+        default=[],
+        choices=[*hf_tp.EXTRA, *GRAPH_EXTRA],
+        help="extras, beside --modes'",
     )
     parser.add_argument("--iters", type=int, default=10, help="aligned forwards per variant, size and round")
     parser.add_argument("--rounds", type=int, default=4)
@@ -558,7 +610,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny Llama, few forwards")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
     parser.add_argument(
-        "--render", type=Path, default=None, help="no run: print (and with --out write) the tables of a JSON result"
+        "--render",
+        type=Path,
+        default=None,
+        help="no run: print (and with --out write) the tables of a JSON result",
     )
     args = parser.parse_args()
     if args.render:
@@ -571,7 +626,14 @@ def main() -> None:
         hf_tp.EXTRA.get(v) or GRAPH_EXTRA[v] for v in args.variants
     ]
     if args.smoke:
-        args.tokens, args.iters, args.rounds, args.layers, args.chain, args.profile_forwards = [1, 8], 2, 2, 1, 2, 2
+        args.tokens, args.iters, args.rounds, args.layers, args.chain, args.profile_forwards = (
+            [1, 8],
+            2,
+            2,
+            1,
+            2,
+            2,
+        )
     res, exits, failed = hf_tp.run_world(args, args.only, target=worker)
     res["exit_s"] = exits
     res["skew_us"] = {n: {t: skew_us(res, n, t) for t in res["tokens"]} for n in res["variants"]}

@@ -26,6 +26,7 @@ where it applies it takes the sites ``allreduce_rmsnorm`` and ``sequence_paralle
 from __future__ import annotations
 
 from pathlib import Path
+
 import pydantic
 import torch.fx as fx
 
@@ -70,7 +71,11 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
     requires = Requirements(min_world_size=2)
     graph_kinds = ("inference",)
     skip_graph_kinds_reason = "the chunked sums are not what a training graph saves for its backward"
-    source_files = (str(_HERE / "pass_.py"), str(_HERE / "rewrite.py"), str(_HERE.parent / "patterns/marks.py"))
+    source_files = (
+        str(_HERE / "pass_.py"),
+        str(_HERE / "rewrite.py"),
+        str(_HERE.parent / "patterns/marks.py"),
+    )
 
     options: AllReduceOverlapOptions
 
@@ -83,7 +88,9 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
             return applied.constraint
         if not self.options.restrict_tokens:
             return TokenConstraint(multiple_of=chunks)
-        return TokenConstraint(min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens, multiple_of=chunks)
+        return TokenConstraint(
+            min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens, multiple_of=chunks
+        )
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
         return super().skip_reason(ctx) or self.nowhere_reason(ctx)

@@ -111,13 +111,25 @@ class Rewriter:
             else:
                 total = self._call(aten.sym_size.int, (a, 0), like=site.mm)
                 size = self._call(operator.floordiv, (total, self.chunks), like=site.mm)
+
+            def row(k: int) -> Any:
+                """The first row of chunk ``k`` (an int, or a node computing it)."""
+                if k == 0:
+                    return 0
+                if k == self.chunks:  # the last chunk ends at the last row
+                    return total
+                return (
+                    size * k if isinstance(size, int) else self._call(operator.mul, (size, k), like=site.mm)
+                )
+
             reduced = []
             for i in range(self.chunks):
-                start = 0 if i == 0 else (size * i if isinstance(size, int) else self._call(operator.mul, (size, i), like=site.mm))
-                end = total if i == self.chunks - 1 else (size * (i + 1) if isinstance(size, int) else self._call(operator.mul, (size, i + 1), like=site.mm))
+                start, end = row(i), row(i + 1)
                 part = self._call(aten.slice.Tensor, (a, 0, start, end), like=site.mm)
                 product = self._call(aten.mm.default, (part, b), like=site.mm)
-                reduced.append(self._call(c10d.all_reduce.default, (product, reduce_op, group), like=site.all_reduce))
+                reduced.append(
+                    self._call(c10d.all_reduce.default, (product, reduce_op, group), like=site.all_reduce)
+                )
         first_reader = min(site.wait.users, key=_position(self.graph)) if site.wait.users else site.wait
         with self.graph.inserting_before(first_reader):
             waited = [self._call(c10d.wait_tensor.default, (r,), like=site.wait) for r in reduced]
