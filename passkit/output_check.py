@@ -125,6 +125,15 @@ def check(graph: torch.fx.Graph, before: list[Signature], change: GraphDiff, pas
             mixed = _inputs_changed(node, prior, inferred)
             if mixed:
                 raise VerificationError(f"after pass {pass_name!r}: {mixed}")
+    for node in change.changed:  # a rewritten node's recorded value must be what its op computes
+        recorded, computed = _val(node), inferred.value(node)
+        if isinstance(recorded, torch.Tensor) and isinstance(computed, torch.Tensor):
+            old, new = signature_of_value(recorded), signature_of_value(computed)
+            if not _agree(old, new):
+                raise VerificationError(
+                    f"after pass {pass_name!r}: {node.name}'s recorded value is {_show(old)} but its op "
+                    f"computes {_show(new)} (a rewrite must record what the node computes)"
+                )
     for node in change.changed:
         if all(user in changed_set or user.op == "output" for user in node.users):
             continue  # inside the rewrite: its users were rewired by the pass too
