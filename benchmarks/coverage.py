@@ -21,6 +21,16 @@ transformers say why.
 
 The same check for one config a user brings: ``passkit explain-hf config.json --tp 2``.
 
+GPUs (``--gpu``): the same families at hidden 4096 in bf16 on ``--tp`` GPUs over NCCL, compiled by
+Inductor with the serving pipeline (``allreduce_rmsnorm`` with flashinfer's fused op,
+``allreduce_layernorm`` with its symmetric-memory op, ``cleanup``) and by Inductor alone: sites
+fused per pass and the error against eager beside Inductor's. ``--dp 2`` runs two data-parallel
+replicas of the TP group (4 GPUs at ``--tp 2``; on 2 GPUs ``--tp 1``: the passes must find no
+tensor-parallel all-reduce to take).
+
+    python benchmarks/coverage.py --gpu --jobs 2 --write    # + benchmarks/results/coverage_gpu.md
+    python benchmarks/coverage.py --gpu --tp 1 --dp 2 --families Llama,Qwen3-MoE
+
 Two GPUs (``--decode``): a Qwen3-MoE-shaped decode step (real dims, 8 layers by default,
 random weights) at TP=2 over NCCL, Inductor vs passkit with ``allreduce_rmsnorm`` (flashinfer),
 timed per token count with CUDA graphs: see :mod:`coverage_decode`.
@@ -182,11 +192,84 @@ def check_family(family: str, args: argparse.Namespace) -> Any:
 
     config = load_config(family)
     try:
-        small = small_config(config, layers=args.layers)
+        small = small_config(config, layers=args.layers, hidden=args.hidden)
     except Exception as exc:
         error = f"cannot shrink it: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return FamilyReport(family, type(config).__name__, args.tp, [], error=error)
-    return check_model(small, name=family, tp=args.tp, tokens=args.tokens, mode=args.mode)
+    if not args.gpu:
+        return check_model(small, name=family, tp=args.tp, tokens=args.tokens, mode=args.mode)
+    from passkit_fusion.coverage.run import GPU_PASSES
+
+    return check_model(
+        small,
+        name=family,
+        tp=args.tp,
+        dp=args.dp,
+        tokens=args.tokens,
+        mode="inductor",
+        world="nccl",
+        dtype="bfloat16",
+        passes=GPU_PASSES,
+    )
+
+
+GPU_COLUMNS = ("allreduce_rmsnorm", "allreduce_layernorm")
+GPU_FAMILIES = ("olmo2", "qwen3_next", "cohere", "starcoder2")
+"""Beside the 14 listed, on GPUs: the norms the kernels must also meet (OLMo2's norm after
+the sublayer, Qwen3-Next's zero-centred weight, Cohere's bias-free LayerNorm, Starcoder2's
+LayerNorm with a bias); Gemma's ``(1 + w)`` and Granite's multipliers are among the 14."""
+
+
+def render_gpu(reports: list, args: argparse.Namespace, seconds: float, reused: int = 0) -> str:
+    """``--gpu``'s table: a row per family, per pass the sites fused of those its norm
+    follows (and its status where it did not run), passkit's error against eager beside
+    Inductor's; then every family's reasons."""
+    import torch
+    import transformers
+
+    from passkit_fusion.coverage.run import format_report
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    layout = f"{args.dp} data-parallel replicas x TP={args.tp}" if args.dp > 1 else f"TP={args.tp}"
+    lines = [
+        f"Machine: {args.dp * args.tp}x {gpu}; torch {torch.__version__}, transformers {transformers.__version__}; "
+        f"{layout} over NCCL, hidden {args.hidden}, {args.layers} layers, bf16, random weights, {args.tokens} "
+        f"tokens; Inductor with `passes=[\"allreduce_rmsnorm\", \"allreduce_layernorm\", \"cleanup\"]` "
+        f"(the GPU kernels) beside Inductor alone; {seconds:.0f} s"
+        + (f" (and {reused} families read from the cache)." if reused else "."),
+        "",
+        "| norm | family | config | " + " | ".join(GPU_COLUMNS) + " | passkit error vs eager | Inductor error vs eager |",
+        "|---|---|---|" + "---|" * len(GPU_COLUMNS) + "---|---|",
+    ]
+    for report in sorted(reports, key=lambda r: (r.norm != "RMSNorm", r.norm)):
+        head = f"| {report.norm} | {report.name} | {report.config_class} | "
+        if report.error:
+            lines.append(head + f"not run: {report.error.splitlines()[0]} |" + " |" * len(GPU_COLUMNS) + " - |")
+            continue
+        by_label = {o.label: o for o in report.outcomes}
+        mine = totals([report])
+        cells = []
+        for label in GPU_COLUMNS:
+            o, t = by_label.get(label), mine.get(label)
+            if o is None or t is None:
+                cells.append(f"**failed**: {o.error}" if o is not None and o.error else "-")
+                continue
+            cell = f"{t['rewritten']}/{t['followed_by_norm']}"
+            other = t["all_reduces"] - t["followed_by_norm"]
+            cell += f" (+{other})" if other else ""
+            if t["rewritten"] < t["followed_by_norm"]:
+                cell = f"**{cell}**"
+            not_ran = [s for s in o.statuses if not s.startswith("ran")]
+            cells.append(cell + (f" ({'; '.join(not_ran)})" if not_ran else ""))
+        ours = max((o.max_error for o in report.outcomes if o.label in GPU_COLUMNS and not o.error), default=None)
+        base = by_label.get("inductor")
+        lines.append(
+            head
+            + " | ".join(cells)
+            + f" | {'-' if ours is None else f'{ours:.1e}'} | {'-' if base is None else f'{base.max_error:.1e}'} |"
+        )
+    lines += ["", "## The reasons", "", format_report(reports)]
+    return "\n".join(lines)
 
 
 def load_report(path: Path) -> Any:
@@ -264,8 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--families",
-        default=",".join(FAMILIES),
-        help="comma-separated family names, model_types or config classes (default: the 14 listed)",
+        help="comma-separated family names, model_types or config classes (default: the 14 listed; "
+        "--gpu: and the norm variants of GPU_FAMILIES)",
     )
     ap.add_argument(
         "--all",
@@ -273,6 +356,13 @@ def main(argv: list[str] | None = None) -> int:
         help="every causal LM with a tensor-parallel plan in the installed transformers (slow: ~1 min each)",
     )
     ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument(
+        "--gpu",
+        action="store_true",
+        help="on GPUs over NCCL: hidden 4096, bf16, the GPU kernels in one Inductor compile beside Inductor alone",
+    )
+    ap.add_argument("--dp", type=int, default=1, help="--gpu: data-parallel replicas of the TP group")
+    ap.add_argument("--hidden", type=int, help="residual stream width (default 64; --gpu: 4096)")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--mode", choices=("eager", "inductor"), default="eager")
@@ -300,7 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the two-GPU decode timing; its arguments: coverage_decode.py --help",
     )
     args = ap.parse_args(argv)
-    listed = [f.strip() for f in args.families.split(",") if f.strip()]
+    if args.gpu and args.hidden is None:
+        args.hidden = 4096
+    if args.dp > 1 and not args.gpu:
+        ap.error("--dp needs --gpu (the CPU table is one TP group)")
+    default = [*FAMILIES, *GPU_FAMILIES] if args.gpu else list(FAMILIES)
+    listed = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else default
     families = list(tp_families()) if args.all else listed
     unknown = []
     for family in families:
@@ -314,13 +409,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     start = time.perf_counter()
     reports, reused = run_families(families, args)
-    text = render(reports, args, time.perf_counter() - start, reused)
+    render_table = render_gpu if args.gpu else render
+    text = render_table(reports, args, time.perf_counter() - start, reused)
     print(text)
     if args.write or args.write_to:
         out = args.write_to or HERE / "results"
         out.mkdir(parents=True, exist_ok=True)
         stem, title = ("coverage_all", "every family with a TP plan, ") if args.all else ("coverage_cpu", "")
-        (out / f"{stem}.md").write_text(f"# Coverage on CPU, {title}benchmarks/coverage.py\n\n" + text + "\n")
+        where = "CPU"
+        if args.gpu:
+            stem = "coverage_gpu" + (f"_dp{args.dp}_tp{args.tp}" if args.dp > 1 else "")
+            where = "GPUs"
+        (out / f"{stem}.md").write_text(f"# Coverage on {where}, {title}benchmarks/coverage.py\n\n" + text + "\n")
         (out / f"{stem}.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
     return 0
 

@@ -13,9 +13,11 @@
 # USERS_PARALLEL cases at a time with pytest-xdist), control (benchmarks/users_order_control.py:
 # the same program ended through passkit's teardown and through torch's alone), hf (benchmarks/hf_tp.py: Hugging Face Llama TP=2, DTensor, tokens
 # dynamic, Inductor vs passkit with and without mode="reduce-overhead": sites fused per pass
-# and latency per token count), e2e (benchmarks/fusion_e2e.py --world 2). Each step is
+# and latency per token count), e2e (benchmarks/fusion_e2e.py --world 2), coverage (benchmarks/coverage.py --gpu: the families
+# at hidden 4096, GPU kernels vs Inductor), stale (flashinfer hidden, then importable, same
+# caches: the second start must fuse). Each step is
 # time-boxed; the log is $OUT/gate.log (commit it under benchmarks/results/).
-LOG="${OUT:-/tmp/out}/gate.log"
+LOG=${GATE_LOG:-${OUT:-/tmp/out}/gate.log}
 WORLD=${GATE_WORLD:-2}
 STEP_TAIL=60
 source benchmarks/gpu_env.sh
@@ -28,6 +30,13 @@ for s in ${GATE_STEPS:-probe users tests hf e2e}; do
     users) USERS_ORDER_LOG=$OUT/users_w$WORLD.jsonl GPU_WORLD_SIZE=$WORLD step "${USERS_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -n "${USERS_PARALLEL:-4}" tests/gpu/test_users_order_gpu.py ${USERS_ARGS:-} ;;
     control) step "${CONTROL_LIMIT:-200}" python3 benchmarks/users_order_control.py --world "$WORLD" ${CONTROL_ARGS:-} ;;
     hf) step "${HF_LIMIT:-420}" python3 benchmarks/hf_tp.py --world "$WORLD" --out "$OUT/hf_tp" ${HF_ARGS:-} ;;
+    coverage) step "${COVERAGE_LIMIT:-540}" python3 benchmarks/coverage.py --gpu --jobs "${COVERAGE_JOBS:-3}" --cache "${COVERAGE_CACHE:-$OUT/coverage_runs}" --write-to "$OUT" ${COVERAGE_ARGS:-} ;;
+    stale)  # a pass's skip must not outlive its cause: flashinfer hidden at the first start, importable at the second, same caches
+      for phase in hidden present; do
+        path=$PYTHONPATH; [ "$phase" = hidden ] && path=${PYTHONPATH//\/tmp\/fi-site:/}
+        PYTHONPATH=$path PASSKIT_CACHE_DIR=/tmp/stale/passkit TORCHINDUCTOR_CACHE_DIR=/tmp/stale/inductor \
+          step "${STALE_LIMIT:-240}" python3 benchmarks/coverage.py --gpu --families Llama --write-to "$OUT/stale_$phase"
+      done ;;
     e2e) step "${E2E_LIMIT:-200}" python3 benchmarks/fusion_e2e.py --world "$WORLD" --replays "${REPLAYS:-50}" ${E2E_ARGS:-} ;;
     *) echo "unknown gate step $s" | tee -a "$LOG" ;;
   esac

@@ -223,8 +223,12 @@ def _suggest(text: str, transformers: Any) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def small_config(config: Any, layers: int = 2) -> Any:
+def small_config(config: Any, layers: int = 2, hidden: int | None = None) -> Any:
     """``config`` at laptop sizes, same structure (see the module docstring).
+
+    ``hidden``: the residual stream that wide instead (``4096`` for the GPU kernels at a
+    serving size): the MLPs and experts widen with it (2x and 1x ``hidden``), attention
+    keeps its small heads where the config names a head dim, else gets 128-wide heads.
 
     Per-layer settings follow the layers kept (:func:`_keep_layers`: the first layer of each
     kind, then the first ones): lists with one entry per layer (``layer_types``,
@@ -243,7 +247,8 @@ def small_config(config: Any, layers: int = 2) -> Any:
             values[key] = small(full) if callable(small) else small
     if isinstance(full, int) and full > 0:
         _per_layer(values, full, _keep_layers(values, full, layers))
-    for key, small in _SMALL.items():
+    sizes = _sizes(hidden, values)
+    for key, small in sizes.items():
         if key not in values or (key in _POSITIVE_ONLY and not values[key]):
             continue
         routing = key in (*_EXPERTS, *_TOP_K, "moe_intermediate_size")
@@ -264,7 +269,7 @@ def small_config(config: Any, layers: int = 2) -> Any:
         values["topk_group"] = 1  # with one expert group
     for key, value in list(values.items()):  # per-layer head counts (Laguna)
         if key.endswith("heads_per_layer") and isinstance(value, list):
-            values[key] = [_SMALL["num_attention_heads"]] * len(value)
+            values[key] = [sizes["num_attention_heads"]] * len(value)
     _fit_head_dim_splits(values)
     if isinstance(values.get("mamba_d_head"), int) and isinstance(values.get("mamba_n_heads"), int):
         inner = int(values.get("mamba_expand") or 2) * values["hidden_size"]  # Mamba heads fill it
@@ -305,6 +310,25 @@ def small_config(config: Any, layers: int = 2) -> Any:
     values.pop("architectures", None)
     values.pop("auto_map", None)
     return type(config)(**values)
+
+
+def _sizes(hidden: int | None, values: dict[str, Any]) -> dict[str, Any]:
+    """:data:`_SMALL`, or with a ``hidden``-wide residual stream (see :func:`small_config`)."""
+    if hidden is None:
+        return _SMALL
+    if hidden % 128:
+        raise ValueError(f"hidden must be a multiple of 128 (got {hidden})")
+    sizes = {
+        **_SMALL,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "moe_intermediate_size": hidden,
+        "shared_expert_intermediate_size": hidden,
+    }
+    if values.get("head_dim") is None:  # head dim = hidden / heads: 128-wide heads, 4 per KV head
+        sizes["num_attention_heads"] = hidden // 128
+        sizes["num_key_value_heads"] = max(2, hidden // 512)
+    return sizes
 
 
 def _has_experts(values: dict[str, Any]) -> bool:

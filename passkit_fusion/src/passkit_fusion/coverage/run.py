@@ -9,6 +9,11 @@ difference from eager.
 ``passkit.backend(mode="eager")`` (the passes' rewrite without Inductor code generation;
 ``mode="inductor"`` compiles it), the reference all-reduce op and ``async_tp``'s test mode:
 what is measured is which sites the passes take, not speed.
+
+On GPUs (``world="nccl"``, :data:`GPU_PASSES`): the same model at serving sizes in bf16, the
+GPU kernels (flashinfer's fused all-reduce + RMSNorm, the symmetric-memory LayerNorm op) in one
+pipeline compiled by Inductor, next to Inductor alone: sites fused per pass and each one's
+error against eager beside Inductor's (``benchmarks/coverage.py --gpu``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PASSES", "FamilyReport", "PassOutcome", "check_model", "format_report"]
+__all__ = ["GPU_PASSES", "PASSES", "FamilyReport", "PassOutcome", "check_model", "format_report"]
 
 PASSES: dict[str, list[Any]] = {
     "allreduce_rmsnorm": [{"name": "allreduce_rmsnorm", "implementation": "reference"}],
@@ -36,6 +41,16 @@ PASSES: dict[str, list[Any]] = {
 """The pass configurations reported, by label (CPU stand-ins for the CUDA kernels).
 ``allreduce_layernorm`` (opt-in) takes the sites a LayerNorm follows, the others those an
 RMSNorm follows; each reports the other kind's sites as not its own."""
+
+GPU_PASSES: dict[str, list[Any]] = {
+    "inductor": [],
+    "passkit": ["allreduce_rmsnorm", "allreduce_layernorm", "cleanup"],
+}
+"""The GPU configurations: Inductor alone, and the serving pipeline (each norm pass with its
+GPU kernel, ``implementation="auto"``) reported per pass from its one compile."""
+
+_REPORTED_ALONE = ("cleanup",)
+"""Passes of a pipeline not reported as a row of their own (they take no all-reduce site)."""
 
 _REJECTED = re.compile(r"^(\d+) candidate\(s\) rejected: (.*)$")
 _MERGED = re.compile(r"; (\d+) all-reduce\(s\) merged into a site's")
@@ -61,6 +76,9 @@ class PassOutcome:
     error: str | None = None
     """passkit's own error when this configuration failed (the other passes still report;
     the counts and ``max_error`` are then 0 and mean nothing)."""
+    statuses: list[str] = dataclasses.field(default_factory=list)
+    """The pass's status in each graph's report (``ran``, ``skipped: flashinfer is not
+    installed``...), distinct values in order; empty for Inductor alone."""
 
 
 @dataclasses.dataclass
@@ -75,6 +93,8 @@ class FamilyReport:
     """How the run differed from the defaults (eager attention where SDPA did not compile)."""
     norm: str = "?"
     """The kind of norm of its decoder layers: ``RMSNorm``, ``LayerNorm``, both, or ``?``."""
+    dp: int = 1
+    """Data-parallel replicas (``dp`` groups of ``tp`` ranks each; 1: one TP group)."""
     versions: str = dataclasses.field(default_factory=lambda: versions())
     """The torch and transformers it was checked with (a table may gather reports of several
     runs: ``benchmarks/coverage.py --cache``)."""
@@ -97,15 +117,24 @@ def check_model(
     mode: str = "eager",
     timeout: float = 900.0,
     tracebacks: bool = False,
+    world: str = "gloo",
+    dtype: str = "float32",
+    dp: int = 1,
 ) -> FamilyReport:
     """Build ``config`` (a small ``PretrainedConfig``: see :func:`.configs.small_config`)
     with random weights, shard it with ``tp_plan="auto"`` on ``tp`` gloo processes and run
     each of ``passes`` (default :data:`PASSES`) on ``tokens`` tokens against eager.
-    ``tracebacks``: a rank's error in full rather than its first line."""
+    ``tracebacks``: a rank's error in full rather than its first line.
+
+    ``world="nccl"``: on ``dp * tp`` GPUs (one process each) in ``dtype`` (``"bfloat16"``),
+    as ``dp`` data-parallel replicas of a TP group of ``tp`` ranks
+    (``DistributedConfig(dp_replicate_size=dp)``); pass :data:`GPU_PASSES`."""
     from ..demo import run_world
 
-    if tp < 2:
+    if tp < 2 and dp < 2:
         raise ValueError(f"tp must be >= 2 (got {tp}): the passes rewrite tensor-parallel all-reduces")
+    if world not in ("gloo", "nccl"):
+        raise ValueError(f"world must be 'gloo' (CPU) or 'nccl' (GPUs), not {world!r}")
     if tokens % tp:
         raise ValueError(f"tokens ({tokens}) must be a multiple of tp ({tp}) for sequence_parallel")
     label = name or type(config).__name__
@@ -113,14 +142,18 @@ def check_model(
     norm = "?"
     try:
         try:
-            norm = _save_random_model(config, folder)
+            norm = _save_random_model(config, folder, getattr(torch, dtype))
         except Exception as exc:  # an architecture this transformers cannot build or shard
             error = str(exc) if _without_a_tp_plan(config) else f"cannot build it: {_short(exc)}"
             return FamilyReport(label, type(config).__name__, tp, [], error=error)
         plans = passes or PASSES
         try:
             ranks = run_world(
-                _rank, "gloo", tp, args=(str(folder), plans, tokens, mode, tracebacks), timeout=timeout
+                _rank,
+                world,
+                tp * dp,
+                args=(str(folder), plans, tokens, mode, tracebacks, dtype, dp),
+                timeout=timeout,
             )
         except Exception as exc:
             return FamilyReport(
@@ -138,7 +171,9 @@ def check_model(
     for i, first in enumerate(ranks[0]["outcomes"]):
         first.max_error = max(r["outcomes"][i].max_error for r in ranks)
         outcomes.append(first)
-    return FamilyReport(label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"), norm=norm)
+    return FamilyReport(
+        label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"), norm=norm, dp=dp
+    )
 
 
 _EAGER_FAILED = "the eager forward failed: "
@@ -181,14 +216,14 @@ def _rank_error(exc: BaseException, full: bool) -> str:
     return f"rank {rank.rank}: {lines[-1] if lines else rank.error}"
 
 
-def _save_random_model(config: Any, folder: Path) -> str:
-    """Build ``config`` with random weights into ``folder``; returns its norm kind."""
+def _save_random_model(config: Any, folder: Path, dtype: torch.dtype = torch.float32) -> str:
+    """Build ``config`` with random weights (in ``dtype``) into ``folder``; returns its norm kind."""
     import transformers
 
     torch.manual_seed(0)
     if why := _without_a_tp_plan(config):
         raise RuntimeError(why)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.save_pretrained(folder)
     return norm_kind(model)
 
@@ -220,7 +255,15 @@ def _without_a_tp_plan(config: Any) -> str | None:
 
 
 def _rank(
-    rank: int, world_size: int, folder: str, plans: dict[str, list[Any]], tokens: int, mode: str, full: bool
+    rank: int,
+    world_size: int,
+    folder: str,
+    plans: dict[str, list[Any]],
+    tokens: int,
+    mode: str,
+    full: bool,
+    dtype: str = "float32",
+    dp: int = 1,
 ) -> dict:
     """Load the sharded model and run every plan; when ``torch.compile`` fails with the
     default attention (SDPA), once more with eager attention (the all-reduce sites do not
@@ -228,18 +271,29 @@ def _rank(
     import os
 
     os.environ.setdefault("WORLD_SIZE", str(world_size))
-    first = _run_plans(world_size, folder, plans, tokens, mode, full, attention=None)
+    os.environ.setdefault("LOCAL_RANK", str(rank))  # one host: transformers binds GPU LOCAL_RANK
+    shape = _Shape(world_size // dp, dp, getattr(torch, dtype))
+    first = _run_plans(shape, folder, plans, tokens, mode, full, attention=None)
     if "compile_error" not in first:
         return first
-    second = _run_plans(world_size, folder, plans, tokens, mode, full, attention="eager")
+    second = _run_plans(shape, folder, plans, tokens, mode, full, attention="eager")
     if "compile_error" in second:
         return {"error": first["compile_error"]}
     second["attention"] = f"eager attention: with SDPA {first['compile_error']}"
     return second
 
 
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """How a rank loads the model: its TP group's size, the data-parallel replicas, the dtype."""
+
+    tp: int
+    dp: int
+    dtype: torch.dtype
+
+
 def _run_plans(
-    world_size: int,
+    shape: _Shape,
     folder: str,
     plans: dict[str, list[Any]],
     tokens: int,
@@ -251,16 +305,18 @@ def _run_plans(
 
     import passkit
 
+    layout = {"dp_replicate_size": shape.dp} if shape.dp > 1 else {}
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             folder,
-            distributed_config=transformers.DistributedConfig(tp_plan="auto", tp_size=world_size),
-            dtype=torch.float32,
+            distributed_config=transformers.DistributedConfig(tp_plan="auto", tp_size=shape.tp, **layout),
+            dtype=shape.dtype,
             **({"attn_implementation": attention} if attention else {}),
         ).eval()
     except Exception as exc:
         return {"error": f"tp_plan='auto' failed: {_short(exc, full=full)}"}
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(next(model.parameters()).device)
     outcomes = []
     with torch.no_grad():
         try:
@@ -282,21 +338,40 @@ def _run_plans(
                     outcomes.append(failed)
                     continue
                 return {"compile_error": f"torch.compile failed ({label}): {_short(exc, full=full)}"}
-            outcomes.append(_outcome(label, passes, backend, (got - eager).abs().max().item()))
+            error = (got.float() - eager.float()).abs().max().item()
+            outcomes.extend(_outcome(name, passes, backend, error) for name in _reported(label, passes))
     return {"outcomes": outcomes}
 
 
+def _reported(label: str, passes: list[Any]) -> list[str]:
+    """The rows a configuration gives: the pass it is named after (the last of
+    ``sequence_parallel+async_tp``), each site-taking pass of a pipeline (:data:`GPU_PASSES`'
+    ``passkit``), or the label alone for no pass (Inductor)."""
+    names = [p if isinstance(p, str) else p["name"] for p in passes]
+    if not names or label in names or "+" in label:
+        return [label]
+    return [n for n in names if n not in _REPORTED_ALONE]
+
+
 def _outcome(label: str, passes: list[Any], backend: Any, error: float) -> PassOutcome:
-    """Read the pass reports of every graph: the last pass of ``passes`` is the one
-    reported (``async_tp`` after ``sequence_parallel``)."""
-    name = passes[-1]["name"]
+    """Read the pass reports of every graph: the pass named ``label`` (a pass of
+    ``passes``), else the last pass of ``passes`` (``async_tp`` after ``sequence_parallel``);
+    with no passes, only the error (Inductor alone)."""
+    if not passes:
+        return PassOutcome(label, 0, 0, {}, error, len(backend.reports), [])
+    names = [p if isinstance(p, str) else p["name"] for p in passes]
+    name = label if label in names else names[-1]
     seen = rewritten = 0
     reasons: dict[str, int] = {}
     notes: list[str] = []
+    statuses: list[str] = []
     for report in backend.reports:
         for record in report.records:
             if record.name != name:
                 continue
+            status = record.status + (f": {record.reason}" if getattr(record, "reason", None) else "")
+            if status not in statuses:
+                statuses.append(status)
             rewritten += record.matches
             notes.extend(record.notes)
             for note in record.notes:
@@ -310,7 +385,7 @@ def _outcome(label: str, passes: list[Any], backend: Any, error: float) -> PassO
                         reasons[text] = reasons.get(text, 0) + n
     if name != "async_tp":
         seen += rewritten
-    return PassOutcome(label, seen, rewritten, reasons, error, len(backend.reports), notes)
+    return PassOutcome(label, seen, rewritten, reasons, error, len(backend.reports), notes, statuses=statuses)
 
 
 def _short(exc: BaseException, limit: int = 300, full: bool = False) -> str:
