@@ -10,7 +10,9 @@ LOG=${LOG:-$OUT/gpu.log}
 [ -f /tmp/site/.passkit-installed ] || { python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && touch /tmp/site/.passkit-installed; } || exit 1
 # .whl-hf/ (optional): the transformers the project tests with and what it checks at import,
 # over the image's older one (whose TP plans break graphs at every module: see docs)
-[ ! -d .whl-hf ] || [ -f /tmp/site/.hf-installed ] || { python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl-hf/*.whl && touch /tmp/site/.hf-installed; } || exit 1
+# (a *.tar.gz there is unpacked over it: a package slimmed to fit the carry, as the staged flashinfer is)
+[ ! -d .whl-hf ] || [ -f /tmp/site/.hf-installed ] || { python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl-hf/*.whl \
+  && for t in .whl-hf/*.tar.gz; do [ ! -f "$t" ] || tar xzf "$t" -C /tmp/site || exit 1; done && touch /tmp/site/.hf-installed; } || exit 1
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PATH=/tmp/site/bin:$PATH
 source .gpu-carry/activate.sh
