@@ -389,7 +389,15 @@ class Backend:
         elif hit:
             # served from a cache: the graphs whose passes did not run now (with a joint
             # stage, the joint graph may have run while its halves came from the cache)
-            restored = report_cache.load(cache_key, pipeline.names()) or []
+            restored = report_cache.load(cache_key, pipeline.names())
+            if restored is None and not new:
+                logs.log.warning(
+                    "passkit: Inductor served a graph from its cache, but passkit's report cache has no "
+                    "report of it (%s): what the passes did to it is not known (a report cache cleared or "
+                    "kept elsewhere than Inductor's: PASSKIT_CACHE_DIR)",
+                    report_cache.cache_dir() / f"{cache_key}.json",
+                )
+            restored = restored or []
             ran = {r.graph_kind for r in new}
             missing = [old for old in restored if old.graph_kind is None or old.graph_kind not in ran]
             if missing and len({old.graph_kind for old in missing}) == len(missing):

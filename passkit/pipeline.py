@@ -45,7 +45,7 @@ from .pipeline_build import unknown_pass_message as unknown_pass_message  # re-e
 from .pipeline_plan import PipelinePlan
 from .plugin_checks import warn_mistakes
 from .plugins import PluginSet
-from .report import PassRecord, Report
+from .report import NOT_RESTORED, PassRecord, Report
 from .tokens import TokenRange
 from .verify import verify_graph
 
@@ -482,7 +482,7 @@ class Pipeline:
             graph_kind=graph_kind,
             cache_hit=True,
             token_range=self._range_label(),
-            notes=[self.note] if self.note else [],
+            notes=([self.note] if self.note else []) + ([] if restored else [NOT_RESTORED]),
             records=list(restored or []),
             restored=bool(restored),
         )

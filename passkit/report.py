@@ -8,6 +8,13 @@ from typing import Any, Literal
 
 from .hook_failure import HookFailure
 
+NOT_RESTORED = (
+    "served from Inductor's cache, but passkit's report cache had no report of it: what the "
+    "passes did to this graph is not known (the report cache was cleared, or is kept apart from "
+    "Inductor's: PASSKIT_CACHE_DIR)"
+)
+"""The note of a cache hit whose report was not restored."""
+
 Status = Literal["ran", "skipped", "vetoed", "failed", "declined"]
 """``declined``: the pass ran but could not read the graph (an op schema or host version it
 does not know) and changed nothing; :attr:`PassRecord.reason` says why."""
@@ -69,7 +76,8 @@ class Report:
         for rec in self.records:
             if rec.name == name:
                 return rec
-        raise KeyError(f"no pass named {name!r} in this report (have: {self.names()})")
+        why = f" ({NOT_RESTORED})" if self.cache_hit and not self.restored else ""
+        raise KeyError(f"no pass named {name!r} in this report (have: {self.names()}){why}")
 
     def __contains__(self, name: object) -> bool:
         return any(rec.name == name for rec in self.records)

@@ -162,6 +162,24 @@ def test_a_warm_start_does_not_keep_a_stale_skip(tmp_path):
     assert (again["status"], again["matches"], again["out"]) == ("ran", 1, now["out"])
 
 
+def test_a_cache_hit_without_its_report_says_so(tmp_path):
+    """Inductor's cache kept, passkit's report cache not (cleared, or kept elsewhere): the
+    graph is served from Inductor's cache and no pass ran, so nothing is known of what the
+    passes did. The report says that (a note, and a warning on the log), never an empty
+    report that reads like a compile without passes."""
+    kernel = tmp_path / "kernels"
+    kernel.mkdir()
+    (kernel / "passkit_probe_kernel.py").write_text("VERSION = 1\n")
+    env = _child_env(tmp_path, PYTHONPATH=f"{ROOT}{os.pathsep}{kernel}")
+    first = _probe(env)
+    assert (first["hit"], first["status"]) == (0, "ran"), first
+    second = _probe({**env, "PASSKIT_CACHE_DIR": str(tmp_path / "elsewhere")})
+    assert second["hit"] > 0 and not second["restored"], second
+    assert second["status"] is None  # no record: nothing is known, nothing is made up
+    assert any("report cache had no report of it" in note for note in second["notes"]), second
+    assert second["out"] == first["out"]
+
+
 def test_environment_modules_enter_the_pass_identity(tmp_path, monkeypatch):
     class Needs(passkit.GraphPass):
         name = "needs_mod"
