@@ -7,8 +7,13 @@ import tempfile
 
 import pytest
 
-# passkit's report cache of the suite's compiles goes to a throw-away folder, not ~/.cache
-os.environ.setdefault("PASSKIT_CACHE_DIR", tempfile.mkdtemp(prefix="passkit-test-reports-"))
+# the suite's caches go to one throw-away folder, not ~/.cache and /tmp/torchinductor_<user>:
+# passkit's report cache and Inductor's together. The ranks and programs the tests start
+# inherit both; kept apart (a fresh report cache over a warm Inductor cache), a second run of
+# the GPU suite got graphs from Inductor's cache whose reports were in no report cache.
+_CACHES = tempfile.mkdtemp(prefix="passkit-test-caches-")
+os.environ.setdefault("PASSKIT_CACHE_DIR", os.path.join(_CACHES, "reports"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_CACHES, "inductor"))
 
 
 @pytest.fixture(autouse=True)
