@@ -260,7 +260,7 @@ class Pipeline(Runner):
         self.note: str | None = None
         """Added to the reports of the graphs compiled next (set by the backend)."""
         self.reports: list[Report] = reports if reports is not None else []
-        self._uuid = pipeline_identity(self.passes, plugins, token_range, self.left_out)
+        self._uuid = self._compute_uuid()
         self._open: tuple[weakref.ref[torch.fx.GraphModule], Report] | None = None
         stages = [p.stage for p in self.passes]
         self.stages = [s for s in STAGE_ORDER if s in stages]
@@ -270,6 +270,9 @@ class Pipeline(Runner):
         A pass at another stage is reported skipped, with why."""
         self.host = "this host"
         """Who drives the pipeline, for the reason a pass at a stage it does not run gets."""
+
+    def _compute_uuid(self) -> str:
+        return pipeline_identity(self.passes, self.plugins, self.token_range, self.left_out)
 
     def for_range(
         self,
