@@ -1,10 +1,10 @@
 """The cost of the checks passkit runs after every pass (issue 36), on a real post-grad graph
 of about 1,700 nodes (a decoder-like stack, as Inductor hands it to its custom passes).
 
-Per pass, always (``verify`` off): the measured change (:func:`passkit.graph_diff.measure`,
-against the fingerprint of the pipeline's baseline, :mod:`passkit.baseline`); when the graph
+Per pass, always (``verify`` off): the measured change (:func:`passkit._pipeline.graph_diff.measure`,
+against the fingerprint of the pipeline's baseline, :mod:`passkit._pipeline.baseline`); when the graph
 changed, the op-schema check of the changed nodes and the output/boundary check
-(:func:`passkit.output_check.check`), which re-runs the changed nodes on fake tensors. Three
+(:func:`passkit._pipeline.output_check.check`), which re-runs the changed nodes on fake tensors. Three
 passes: one that changes nothing, one that changes a constant of one node, one that rewrites
 the node producing the output.
 
@@ -38,7 +38,7 @@ RESULTS = HERE / "results"
 from decoder import decoder_stack  # noqa: E402
 
 import passkit  # noqa: E402
-from passkit import graph_diff, output_check, schema_check  # noqa: E402
+from passkit._pipeline import graph_diff, output_check, schema_check  # noqa: E402
 from passkit.graph_utils import restore, snapshot  # noqa: E402
 
 aten = torch.ops.aten

@@ -1,6 +1,6 @@
 """Cost of token-range dispatch per call, side by side with a plain compiled call.
 
-1. The dispatcher alone: ``passkit.specialize.Dispatcher`` in front of a function that does
+1. The dispatcher alone: ``passkit._compile.specialize.Dispatcher`` in front of a function that does
    nothing, vs calling that function directly (the difference is what dispatch adds).
 2. A small compiled module (CPU, Inductor): one compile with no token ranges vs the same
    module with a range-restricted pass (two specializations, dispatched per call).
@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 import passkit
+from passkit._compile.specialize import Dispatcher, Plan, TokenDimension
+from passkit._pipeline.build import Pipeline
+from passkit._plugins.registry import get_plugins
 from passkit.config import load_config
-from passkit.pipeline import Pipeline
-from passkit.plugins import get_plugins
-from passkit.specialize import Dispatcher, Plan, TokenDimension
 from passkit.tokens import plan_specializations
 
 HERE = Path(__file__).resolve().parent

@@ -4,7 +4,17 @@ Enable installed passes by name in config; write your own as a ``Pass`` subclass
 register it with a ``passkit.hookimpl`` (see README, "Writing a pass").
 """
 
+# the public modules, which a pass author or a host adapter reads; the machinery is private
+# by path: _plugins/ (the plugin set, hooks called in isolation), _pipeline/ (building a
+# pipeline, running it, the checks that follow the graph), _compile/ (the backend, token
+# ranges, Inductor)
 from . import compiling, teardown
+from ._compile.backend import Backend, backend, install
+from ._compile.inductor_failures import guard
+from ._pipeline.build import Pipeline, build_pipeline
+from ._pipeline.run import compile_range, last_report
+from ._plugins.checks import PluginMistake, PluginMistakeWarning
+from ._plugins.registry import PassNameClashWarning, get_plugins, register, unregister
 from ._version import __version__
 from .config import Config, PassEntry, load_config
 from .context import CompileContext
@@ -24,13 +34,9 @@ from .errors import (
 )
 from .hook_failure import HookFailure
 from .hookspecs import hookimpl, hookspec
-from .inductor_failures import guard
-from .integration import Backend, backend, install
 from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Stage
 from .pattern_pass import Pattern, PatternPass
-from .pipeline import Pipeline, PipelinePlan, build_pipeline, compile_range, last_report
-from .plugin_checks import PluginMistake, PluginMistakeWarning
-from .plugins import PassNameClashWarning, get_plugins, register, unregister
+from .pipeline_plan import PipelinePlan
 from .report import PassRecord, Report
 from .tokens import TokenConstraint, TokenRange
 

@@ -24,17 +24,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
-from .cli_hooks import call_hook
+from ._plugins.cli_hooks import call_hook
+from ._plugins.options_docs import documented
 from .environment import environment_checks
 from .errors import PasskitError, PluginHookError, cut, cut_repr
-from .options_docs import documented
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def _plugins() -> Any:
+    from ._plugins.registry import plugins_for
     from .config import load_config
-    from .pipeline_build import plugins_for
 
     return plugins_for(load_config())
 
@@ -43,7 +43,7 @@ def _plugins() -> Any:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .plugins import owner
+    from ._plugins.registry import owner
 
     plugins = _plugins()
     rows = []
@@ -203,10 +203,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Validate a config as a compile here would see it: FILE (or the file found in DIR, or,
     with no argument, the files a compile in this folder reads), then the ``PASSKIT_*``
     environment over it."""
+    from ._compile.backend import Backend
+    from ._pipeline.build import Pipeline, instantiate
+    from ._plugins.registry import plugins_for
     from .config import ENV_ORIGIN, env_source, file_source, merge, sources
-    from .integration import Backend
-    from .pipeline import Pipeline
-    from .pipeline_build import instantiate, plugins_for
 
     if args.file is None:
         layers = sources()
@@ -321,8 +321,8 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
 def cmd_explain(args: argparse.Namespace) -> int:
     import torch
 
+    from ._compile.backend import backend
     from .config import merge, sources
-    from .integration import backend
 
     fn, example = load_target(args.target)
     layers = sources()  # the files and PASSKIT_* a compile here reads, then the flags over them
@@ -347,7 +347,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for report in b.reports:  # one per specialization when the compile is split by token range
         print(report.format())
     if dump_dir is not None:
-        from .dump import _unwritable
+        from ._pipeline.dump import _unwritable
 
         if str(dump_dir) in _unwritable:  # it went away or filled up during the compile
             print(f"{dump_dir}: the dumps could not all be written (see the warning above)", file=sys.stderr)
@@ -492,7 +492,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
 
 def _demo_names() -> list[str]:
-    from .cli_hooks import plugin_demos
+    from ._plugins.cli_hooks import plugin_demos
 
     try:
         return ["core", *plugin_demos()]

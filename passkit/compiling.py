@@ -27,7 +27,7 @@ import torch
 import torch.fx
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
+    from ._pipeline.build import Pipeline
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,7 +96,7 @@ def run_core_demo(mode: str = "inductor") -> int:
 def main(args: argparse.Namespace) -> int:
     import passkit
 
-    from .cli_hooks import plugin_demos
+    from ._plugins.cli_hooks import plugin_demos
 
     demos = plugin_demos()
     wanted = list(dict.fromkeys(args.only or []))

@@ -73,7 +73,7 @@ class PluginError(PasskitError):
 
 class PluginHookError(PluginError):
     """A plugin's hookimpl raised at compile or CLI time, with ``strict_plugins`` or
-    ``on_error="raise"`` (otherwise it is disabled and recorded; see :mod:`passkit.hooks`).
+    ``on_error="raise"`` (otherwise it is disabled and recorded; see :mod:`passkit._plugins.hooks`).
     The plugin's exception is the ``__cause__``."""
 
     def __init__(self, message: str, *, plugin: str, distribution: str | None, hook: str):

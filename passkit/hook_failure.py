@@ -1,7 +1,7 @@
 """The record of a plugin hookimpl that raised (:class:`HookFailure`).
 
-Its own module because three places share it: :mod:`passkit.hooks` makes it,
-:class:`~passkit.plugins.PluginSet` keeps the process's failures, and a
+Its own module because three places share it: :mod:`passkit._plugins.hooks` makes it,
+:class:`~passkit._plugins.registry.PluginSet` keeps the process's failures, and a
 :class:`~passkit.report.Report` lists those of its compile.
 """
 

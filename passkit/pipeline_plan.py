@@ -2,7 +2,7 @@
 (``passkit_configure_pipeline``) before they run.
 
 Its own module because the hook specifications name it (:mod:`passkit.hookspecs`) and the
-pipeline makes it (:mod:`passkit.pipeline`).
+pipeline makes it (:mod:`passkit._pipeline.run`).
 """
 
 from __future__ import annotations

@@ -23,13 +23,13 @@ def _fresh_dynamo():
     import torch._functorch.config
     import torch._inductor.config
 
-    import passkit.plugins
+    import passkit._plugins.registry
 
     torch._dynamo.reset()
     with (
         torch._inductor.config.patch(fx_graph_cache=False),
         torch._functorch.config.patch(enable_autograd_cache=False),
-        passkit.plugins.isolated(),
+        passkit._plugins.registry.isolated(),
     ):
         yield
     torch._dynamo.reset()
@@ -50,8 +50,8 @@ def clean_env(monkeypatch, tmp_path):
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
     """passkit warns of a config mistake once per process: once per test here."""
-    import passkit.dump
+    import passkit._pipeline.dump
     import passkit.errors
 
     monkeypatch.setattr(passkit.errors, "_warned", set())
-    monkeypatch.setattr(passkit.dump, "_unwritable", set())
+    monkeypatch.setattr(passkit._pipeline.dump, "_unwritable", set())

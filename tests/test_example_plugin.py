@@ -120,7 +120,7 @@ def test_broken_plugin_is_reported_while_the_others_load(tmp_path):
     out = _python(
         """
         import json
-        from passkit.plugins import get_plugins
+        from passkit._plugins.registry import get_plugins
         from passkit_broken.well_formed import WellFormed
         from passkit_testing import PassChecker
 

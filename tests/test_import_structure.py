@@ -150,8 +150,8 @@ def test_no_import_circles():
 def test_the_import_graph_is_read():
     """The reader resolves relative, package and ``TYPE_CHECKING`` imports (a check of the
     check: a reader that sees nothing finds no circle)."""
-    pipeline = _imports("passkit.pipeline", MODULES["passkit.pipeline"])
-    assert {"passkit.pipeline_build", "passkit.pipeline_plan", "passkit.hooks"} <= set(pipeline)
+    pipeline = _imports("passkit._pipeline.run", MODULES["passkit._pipeline.run"])
+    assert {"passkit._pipeline.inductor_state", "passkit.pipeline_plan", "passkit._plugins.hooks"} <= set(pipeline)
     assert "PipelinePlan" in pipeline["passkit.pipeline_plan"]
     hookspecs = _imports("passkit.hookspecs", MODULES["passkit.hookspecs"])  # type-only imports
     assert {"passkit.pipeline_plan", "passkit.report", "passkit.pass_base"} <= set(hookspecs)
@@ -233,22 +233,24 @@ def test_each_module_imports_first(name):
 
 
 def test_public_names_resolve():
-    """Every name each package lists in ``__all__`` is there (lazy exports included), and the
-    public API moved by the untangling is still where users import it from."""
+    """Every name each package (and each public module with an ``__all__``) lists is there
+    (lazy exports included), and what moved into the private wings is still where users
+    import it from: the public modules' names, ``passkit.plugins`` for the plugin set."""
     code = textwrap.dedent(
         """
         import importlib
         for package in ("passkit", "passkit_fusion", "passkit_testing", "passkit.hosts.vllm",
-                        "passkit.hosts.sglang"):
+                        "passkit.hosts.sglang", "passkit.plugins", "passkit.compiling"):
             module = importlib.import_module(package)
             missing = [n for n in module.__all__ if not hasattr(module, n)]
             assert not missing, f"{package}.__all__ names what it lacks: {missing}"
-        import passkit, passkit.hooks, passkit.pipeline, passkit.cli
-        assert passkit.hooks.HookFailure is passkit.HookFailure
-        assert passkit.pipeline.PipelinePlan is passkit.PipelinePlan
-        for name in ("plugins_for", "instantiate", "order_passes", "pass_relations", "unknown_pass_message"):
-            assert callable(getattr(passkit.pipeline, name)), name
-        assert callable(passkit.cli.call_hook)
+        import passkit, passkit.plugins, passkit.hook_failure, passkit.pipeline_plan
+        assert passkit.hook_failure.HookFailure is passkit.HookFailure
+        assert passkit.pipeline_plan.PipelinePlan is passkit.PipelinePlan
+        assert passkit.plugins.PassNameClashWarning is passkit.PassNameClashWarning
+        assert passkit.plugins.get_plugins is passkit.get_plugins
+        for name in ("instantiate", "unknown_pass_message", "isolated"):
+            assert callable(getattr(passkit.plugins, name)), name
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

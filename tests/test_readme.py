@@ -174,7 +174,7 @@ def test_every_front_page_figure_is_in_its_results_file():
 
 
 def _fusion_passes() -> list[str]:
-    from passkit.plugins import get_plugins
+    from passkit._plugins.registry import get_plugins
 
     names = [n for n, i in get_plugins().passes.items() if i.plugin.distribution == "passkit-fusion"]
     assert len(names) >= 4, names

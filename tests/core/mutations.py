@@ -17,11 +17,11 @@ import torch
 import torch.fx
 
 import passkit
+from passkit._pipeline.build import Pipeline, instantiate
+from passkit._pipeline.numeric_check import _differs, _run, random_inputs
+from passkit._plugins.registry import PluginInfo, PluginSet
 from passkit.config import load_config
 from passkit.graph_utils import snapshot
-from passkit.numeric_check import _differs, _run, random_inputs
-from passkit.pipeline import Pipeline, instantiate
-from passkit.plugins import PluginInfo, PluginSet
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -133,7 +133,7 @@ def capture_graphs() -> list[tuple[str, torch.fx.GraphModule]]:
 
     out = []
     with (
-        passkit.plugins.isolated(),
+        passkit._plugins.registry.isolated(),
         torch._inductor.config.patch(fx_graph_cache=False),  # a cache hit runs no pass
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
@@ -399,7 +399,7 @@ def compile_case(cls: type[passkit.Pass]) -> None:
     with torch.no_grad():
         expected = model(*inputs)
     register = passkit.hookimpl(specname="passkit_register_passes")(lambda: [cls])
-    with passkit.plugins.isolated():
+    with passkit._plugins.registry.isolated():
         passkit.register(type("M", (), {"passkit_register_passes": staticmethod(register)})(), name="m")
         backend = passkit.backend(passes=[cls.name])
         torch._dynamo.reset()

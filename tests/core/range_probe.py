@@ -11,9 +11,9 @@ import torch
 from torch._dynamo.utils import counters
 
 import passkit
+from passkit._pipeline.build import Pipeline
+from passkit._plugins.registry import get_plugins
 from passkit.config import load_config
-from passkit.pipeline import Pipeline
-from passkit.plugins import get_plugins
 from tests.core.test_ranges import Everywhere, SmallRelu, model
 
 pipeline = Pipeline(load_config({}), get_plugins(), [SmallRelu(), Everywhere()])

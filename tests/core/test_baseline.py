@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import passkit
-import passkit.baseline
+import passkit._pipeline.baseline
 from passkit.graph_utils import graph_code
 
 from .support import register_all, small_fn
@@ -40,13 +40,13 @@ def _plugins(clean_env):
 def snapshots(monkeypatch):
     """How many snapshots (copies of the graph) the pipeline takes."""
     taken: list[int] = []
-    real = passkit.baseline.snapshot
+    real = passkit._pipeline.baseline.snapshot
 
     def counted(graph):
         taken.append(len(graph.nodes))
         return real(graph)
 
-    monkeypatch.setattr(passkit.baseline, "snapshot", counted)
+    monkeypatch.setattr(passkit._pipeline.baseline, "snapshot", counted)
     return taken
 
 

@@ -160,7 +160,7 @@ def test_core_demo_shows_report_excerpt_and_numerics(cli):
 def test_options_attribute_docstrings_are_read_when_shown_not_at_import(cli):
     import pydantic
 
-    from passkit.options_docs import documented
+    from passkit._plugins.options_docs import documented
 
     class Options(pydantic.BaseModel):
         size: int = 0

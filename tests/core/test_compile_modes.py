@@ -20,10 +20,10 @@ import torch._inductor.config as inductor_config
 
 import passkit
 from passkit import PassResult, Requirements, TokenConstraint
+from passkit._pipeline.build import Pipeline
+from passkit._plugins.registry import get_plugins
 from passkit.config import load_config
 from passkit.errors import ConfigError
-from passkit.pipeline import Pipeline
-from passkit.plugins import get_plugins
 from passkit.tokens import PassRelations, TokenRange, plan_specializations
 
 from .test_ranges import EvenTanh, Everywhere, SmallRelu, expected, model
@@ -93,7 +93,7 @@ def test_options_reach_the_compile_and_the_named_backend_takes_them(monkeypatch,
 
     # the named backend accepts mode/options (config from the environment: no pass enabled)
     monkeypatch.setenv("PASSKIT_PASSES", "noop_elimination")
-    from passkit.integration import _default_backend
+    from passkit._compile.backend import _default_backend
 
     _default_backend.cache_clear()
     try:

@@ -20,12 +20,12 @@ import pytest
 import torch
 
 import passkit
-import passkit.plugins
+import passkit._plugins.registry
 from passkit import hookimpl
+from passkit._pipeline.build import Pipeline, instantiate
+from passkit._plugins.registry import PluginInfo, PluginSet
 from passkit.config import load_config
 from passkit.errors import MESSAGE_LIMIT
-from passkit.pipeline import Pipeline, instantiate
-from passkit.plugins import PluginInfo, PluginSet
 
 from .support import PLUGIN, HalfwayThenFail, MulToScale
 
@@ -433,7 +433,7 @@ def test_generated_invalid_rewrites_compile():
     x = torch.randn(4, 8)
     for kind in INVALID_KINDS:
         _, cls = invalid_rewrite(rng, kind)
-        with passkit.plugins.isolated():
+        with passkit._plugins.registry.isolated():
             passkit.register(PLUGIN, name="core-test-passes")
             register = hookimpl(specname="passkit_register_passes")(lambda cls=cls: [cls])
             passkit.register(

@@ -147,7 +147,7 @@ def test_dynamos_1_token_recompile_is_labelled_by_the_token_it_serves(pipeline_o
     assert static.range_label == "tokens = 1 (Dynamo's 1-token recompile)"
     assert "serves 1 token only" in static.note
     # the plain torch.compile path labels such a graph the same way
-    from passkit import specialize
+    from passkit._compile import specialize
 
     assert "it serves tokens = 1 (Dynamo's 1-token recompile)" in specialize.static_note(
         specialize.static_tokens(static_gm, static_inputs)

@@ -89,29 +89,29 @@ def test_inductor_failure_with_on_error_raise_names_the_pass():
 def test_inductor_failure_with_on_error_raise_under_the_named_backend(monkeypatch):
     """backend="passkit" raises passkit's error itself (first lines name the pass); torch.compile
     drops the ``__cause__`` of what it lets through, so Inductor's error is ``inductor_error``."""
-    import passkit.integration
+    import passkit._compile.backend
 
     monkeypatch.setenv("PASSKIT_PASSES", "to_half_after_relu")
     monkeypatch.setenv("PASSKIT_ON_ERROR", "raise")
-    passkit.integration._default_backend.cache_clear()
+    passkit._compile.backend._default_backend.cache_clear()
     try:
         with pytest.raises(PassFailedError, match="pass\\(es\\) 'to_half_after_relu'") as caught:
             torch.compile(fn, backend="passkit")(X)
     finally:
-        passkit.integration._default_backend.cache_clear()
+        passkit._compile.backend._default_backend.cache_clear()
     assert "both a fallback and a decomp" in str(caught.value.inductor_error)
 
 
 def test_inductor_failure_under_the_named_backend(monkeypatch):
-    import passkit.integration
+    import passkit._compile.backend
 
     monkeypatch.setenv("PASSKIT_PASSES", "mul_to_scale,to_half_after_relu")
-    passkit.integration._default_backend.cache_clear()
+    passkit._compile.backend._default_backend.cache_clear()
     try:
         out = torch.compile(fn, backend="passkit")(X)
-        reports = passkit.integration._default_backend().reports
+        reports = passkit._compile.backend._default_backend().reports
     finally:
-        passkit.integration._default_backend.cache_clear()
+        passkit._compile.backend._default_backend.cache_clear()
     torch.testing.assert_close(out, expected(X))
     assert [r["to_half_after_relu"].status for r in reports] == ["failed"]
 
@@ -155,7 +155,7 @@ def test_structural_check_costs_little_on_an_unchanged_graph():
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from passkit import schema_check
+    from passkit._pipeline import schema_check
     from passkit.graph_utils import snapshot
 
     def deep(x):

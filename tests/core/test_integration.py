@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import passkit
-from passkit.integration import ComposedPass
+from passkit._compile.backend import ComposedPass
 
 from .support import register_all, small_fn
 

@@ -5,7 +5,7 @@ silent "no passes"): a joint rewrite that breaks AOTAutograd's partitioner under
 ``aot_eager``, an inserted op with no CPU kernel (failing at the first call), a ``compiler``
 module calling ``sys.exit()`` on import, a compiler returning ``None`` (``'NoneType' object
 is not callable`` at the first call), a compiler that raises (named
-``<passkit.integration.Backend object at 0x...>``), ``PASSKIT_PASSES=",,,"``.
+``<passkit._compile.backend.Backend object at 0x...>``), ``PASSKIT_PASSES=",,,"``.
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 import passkit
-import passkit.plugins
+import passkit._plugins.registry
+from passkit._pipeline.build import Pipeline, instantiate
+from passkit._plugins.registry import Found, PassNameClashWarning, PluginInfo, PluginSet
 from passkit.config import load_config
 from passkit.errors import ConfigWarning
-from passkit.pipeline import Pipeline, instantiate
-from passkit.plugins import Found, PassNameClashWarning, PluginInfo, PluginSet
 
 from .support import PLUGIN as CORE_PLUGIN
 
@@ -306,15 +306,15 @@ def test_a_plugin_calling_sys_exit_at_import_is_isolated_and_named(monkeypatch, 
         def load(self):
             sys.exit("acme-exit cannot run here")
 
-    real = passkit.plugins.discover
+    real = passkit._plugins.registry.discover
 
     def discover(groups):
         found = real(groups)
-        found[passkit.plugins.ENTRY_POINT_GROUP].insert(0, Found(_EntryPoint(), "acme-exit", "2.0"))
+        found[passkit._plugins.registry.ENTRY_POINT_GROUP].insert(0, Found(_EntryPoint(), "acme-exit", "2.0"))
         return found
 
-    monkeypatch.setattr(passkit.plugins, "discover", discover)
-    passkit.plugins.reset()
+    monkeypatch.setattr(passkit._plugins.registry, "discover", discover)
+    passkit._plugins.registry.reset()
     plugins = passkit.get_plugins()
     (failure,) = [f for f in plugins.failures if f.distribution == "acme-exit"]
     assert failure.stage == "import" and "SystemExit: acme-exit cannot run here" in failure.error
@@ -371,17 +371,17 @@ def hijacked(monkeypatch):
         def load(self):
             return Hijack()
 
-    real = passkit.plugins.discover
+    real = passkit._plugins.registry.discover
 
     def discover(groups):
         found = real(groups)
-        found[passkit.plugins.ENTRY_POINT_GROUP].insert(0, Found(_EntryPoint(), "aaa-hijack", "6.6.6"))
+        found[passkit._plugins.registry.ENTRY_POINT_GROUP].insert(0, Found(_EntryPoint(), "aaa-hijack", "6.6.6"))
         return found
 
-    monkeypatch.setattr(passkit.plugins, "discover", discover)
-    passkit.plugins.reset()
+    monkeypatch.setattr(passkit._plugins.registry, "discover", discover)
+    passkit._plugins.registry.reset()
     yield
-    passkit.plugins.reset()
+    passkit._plugins.registry.reset()
 
 
 def test_a_pass_name_clash_warns_at_discovery_naming_both_distributions(hijacked):
@@ -435,7 +435,7 @@ def test_pass_names_with_a_colon_are_refused():
     "content", ["[1,2]", '{"a":1}', '[{"passes":[1]}]', '[{"passes":[{"name":"a","stage":"s","ms":"fast"}]}]']
 )
 def test_a_report_cache_entry_of_the_wrong_shape_is_a_miss_with_a_warning(tmp_path, monkeypatch, content):
-    from passkit import report_cache
+    from passkit._compile import report_cache
 
     monkeypatch.setenv("PASSKIT_CACHE_DIR", str(tmp_path))
     (tmp_path / "k.json").write_text(content)
@@ -463,9 +463,9 @@ def test_a_bad_report_cache_entry_does_not_break_a_warm_compile(tmp_path):
 
 @pytest.mark.parametrize("kind", ["file", "unwritable"])
 def test_an_unwritable_dump_dir_warns_once_and_the_compile_goes_on(tmp_path, monkeypatch, kind):
-    import passkit.dump
+    import passkit._pipeline.dump
 
-    monkeypatch.setattr(passkit.dump, "_unwritable", set())
+    monkeypatch.setattr(passkit._pipeline.dump, "_unwritable", set())
     target = tmp_path / "dumps"
     if kind == "file":
         target.write_text("a file, not a folder")

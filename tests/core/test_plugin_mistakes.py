@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import passkit
-from passkit import plugin_checks
+from passkit._plugins import checks as plugin_checks
+from passkit._plugins.registry import PluginInfo, PluginSet, get_plugins
 from passkit.cli import main
-from passkit.plugins import PluginInfo, PluginSet, get_plugins
 
 from .support import MulToScale
 

@@ -8,7 +8,7 @@ import types
 import pytest
 
 import passkit
-from passkit.plugins import PluginSet, get_plugins
+from passkit._plugins.registry import PluginSet, get_plugins
 
 from .support import MulToScale, register_all
 
@@ -42,7 +42,7 @@ def _plugin(**hooks):
 
 
 def _info(name):
-    return passkit.plugins.PluginInfo(name, "acme-passes", "1.2.3", name)
+    return passkit._plugins.registry.PluginInfo(name, "acme-passes", "1.2.3", name)
 
 
 def test_bad_hookimpl_signature_is_reported_with_distribution():
@@ -157,14 +157,14 @@ def test_distributions_add_hookspecs_through_an_entry_point_group(monkeypatch):
         raise ImportError("no module named acme_broken")
 
     eps = [_EntryPoint("specs", lambda: specs), _EntryPoint("broken", broken)]
-    real = passkit.plugins.discover
+    real = passkit._plugins.registry.discover
 
     def discover(groups):
         found = real(groups)
-        found[passkit.plugins.HOOKSPECS_GROUP] = [passkit.plugins.Found(ep, "acme", "1.0") for ep in eps]
+        found[passkit._plugins.registry.HOOKSPECS_GROUP] = [passkit._plugins.registry.Found(ep, "acme", "1.0") for ep in eps]
         return found
 
-    monkeypatch.setattr(passkit.plugins, "discover", discover)
+    monkeypatch.setattr(passkit._plugins.registry, "discover", discover)
     ps = PluginSet()
     (failure,) = ps.failures
     assert failure.stage == "hookspecs" and "acme_broken" in failure.error
@@ -178,6 +178,6 @@ def test_distributions_add_hookspecs_through_an_entry_point_group(monkeypatch):
 
 
 def test_passkit_fusion_declares_its_dialect_hook():
-    eps = importlib.metadata.entry_points(group=passkit.plugins.HOOKSPECS_GROUP)
+    eps = importlib.metadata.entry_points(group=passkit._plugins.registry.HOOKSPECS_GROUP)
     assert any(ep.value == "passkit_fusion.dialects.hookspecs" for ep in eps)
     assert get_plugins().hook.passkit_fusion_dialects.spec is not None

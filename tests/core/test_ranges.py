@@ -13,10 +13,10 @@ from torch._dynamo.utils import counters
 
 import passkit
 from passkit import TokenConstraint, TokenRange
+from passkit._pipeline.build import Pipeline
+from passkit._plugins.registry import get_plugins
 from passkit.config import load_config
 from passkit.errors import ConfigError
-from passkit.pipeline import Pipeline
-from passkit.plugins import get_plugins
 from passkit.tokens import plan_specializations, split
 
 from .test_integration import ROOT, _env
@@ -382,7 +382,7 @@ def test_fx_graph_cache_hits_per_range_in_a_fresh_process(tmp_path, aot_cache: b
 
 
 def test_the_dispatcher_picks_by_count_and_divisibility_and_compiles_a_fallback_below_one():
-    from passkit.specialize import Dispatcher, Plan, TokenDimension
+    from passkit._compile.specialize import Dispatcher, Plan, TokenDimension
 
     specs, rules = plan_specializations(
         {
@@ -450,7 +450,7 @@ def test_each_specialization_keeps_the_parameters_static(monkeypatch) -> None:
         passkit.backend(passes=["cleanup"], compile_ranges=[16, 256]), monkeypatch
     )
     assert len(inductor) == 1 and inductor[0], inductor
-    # one AOTAutograd trace for the three ranges (passkit.shared_trace), whose static inputs
+    # one AOTAutograd trace for the three ranges (passkit._compile.shared_trace), whose static inputs
     # every range's Inductor compile is given
     assert len(ranged) == 1, ranged
     assert {tuple(r) for r in ranged} == {tuple(inductor[0])}, (ranged, inductor)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import passkit
-from passkit import report_cache
+from passkit._compile import report_cache
 from passkit.errors import ConfigWarning
 from passkit.report import PassRecord, Report
 

@@ -1,5 +1,5 @@
 """Token-range specializations of an inference graph share one AOTAutograd trace
-(passkit.shared_trace): one trace, one Inductor compile per range, the same numerics and
+(passkit._compile.shared_trace): one trace, one Inductor compile per range, the same numerics and
 reports as compiling each range on its own; training graphs compile each range apart."""
 
 from __future__ import annotations

@@ -171,15 +171,15 @@ def test_named_backend_bad_option_names_field_and_value_first(tmp_path):
 
 
 def test_named_backend_error_is_the_config_error_in_process():
-    import passkit.integration
+    import passkit._compile.backend
 
     os.environ["PASSKIT_ON_ERROR"] = "sometimes"
-    passkit.integration._default_backend.cache_clear()
+    passkit._compile.backend._default_backend.cache_clear()
     try:
         with pytest.raises(passkit.ConfigError, match="on_error") as caught:
             torch.compile(lambda x: x + 1, backend="passkit")(torch.randn(2))
     finally:
         del os.environ["PASSKIT_ON_ERROR"]
-        passkit.integration._default_backend.cache_clear()
+        passkit._compile.backend._default_backend.cache_clear()
     assert type(caught.value).__name__ == "ConfigError"
     assert not isinstance(caught.value.__cause__, Exception)

@@ -123,7 +123,7 @@ def test_without_the_pass_the_custom_compiler_sees_the_original():
 def test_the_named_backend(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PASSKIT_PASSES", "silu_from_sigmoid")
-    from passkit.integration import _default_backend
+    from passkit._compile.backend import _default_backend
 
     _default_backend.cache_clear()
     try:

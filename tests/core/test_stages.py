@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 import passkit
 from passkit import Pipeline, Stage
+from passkit._plugins.registry import get_plugins
 from passkit.config import load_config
-from passkit.plugins import get_plugins
 
 aten = torch.ops.aten
 
@@ -452,11 +452,11 @@ def test_the_config_names_the_compiler_for_the_named_backend(clean_env, monkeypa
 
     monkeypatch.setenv("PASSKIT_COMPILER", "platform_compiler:compile_graph")
     monkeypatch.setenv("PASSKIT_PASSES", "")
-    passkit.integration._default_backend.cache_clear()  # the named backend reads the config anew
+    passkit._compile.backend._default_backend.cache_clear()  # the named backend reads the config anew
     try:
         _train("passkit")
     finally:
-        passkit.integration._default_backend.cache_clear()
+        passkit._compile.backend._default_backend.cache_clear()
     forward, backward = platform_compiler.RECEIVED
     assert "aten.tanh.default" in forward and "aten.where.self" in backward  # relu's backward
     built = passkit.backend()

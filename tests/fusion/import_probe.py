@@ -51,5 +51,5 @@ at_init = loaded()
 x = torch.randn(8, 8)
 torch._dynamo.mark_dynamic(x, 0)
 torch.compile(fn, backend=backend)(x)
-ran = [r.name for rep in passkit.pipeline.RECENT_REPORTS for r in rep.records if r.status == "ran"]
+ran = [r.name for rep in passkit._pipeline.run.RECENT_REPORTS for r in rep.records if r.status == "ran"]
 print(json.dumps({"at_init": at_init, "after_compile": loaded(), "ran": ran}))

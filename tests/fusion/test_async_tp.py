@@ -216,10 +216,10 @@ def test_declared_after_sequence_parallel():
     class SequenceParallel(passkit.GraphPass):  # stand-in for the real pass
         name = "sequence_parallel"
 
-    ordered = passkit.pipeline.order_passes([SequenceParallel(), AsyncTP()])
+    ordered = passkit._pipeline.build.order_passes([SequenceParallel(), AsyncTP()])
     assert [p.name for p in ordered] == ["sequence_parallel", "async_tp"]
     with pytest.raises(passkit.errors.OrderError, match="async_tp declares after=\\['sequence_parallel'\\]"):
-        passkit.pipeline.order_passes([AsyncTP(), SequenceParallel()])
+        passkit._pipeline.build.order_passes([AsyncTP(), SequenceParallel()])
 
 
 @pytest.mark.parametrize(

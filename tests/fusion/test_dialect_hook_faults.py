@@ -7,7 +7,7 @@ from __future__ import annotations
 from passkit_fusion.dialects import Dialect
 
 import passkit
-import passkit.plugins
+import passkit._plugins.registry
 from passkit_fusion import dialects
 
 
@@ -33,7 +33,7 @@ class Good:
 
 
 def test_a_raising_or_garbage_dialect_hook_is_isolated_and_named() -> None:
-    with passkit.plugins.isolated():
+    with passkit._plugins.registry.isolated():
         passkit.register(Raising(), name="acme-raising")
         passkit.register(Garbage(), name="acme-garbage")
         passkit.register(Good(), name="acme-good")

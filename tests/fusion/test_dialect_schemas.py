@@ -152,7 +152,7 @@ def test_passkit_check_fails_when_a_dialect_cannot_read_this_torch(tmp_path, cap
 
     config = tmp_path / "passkit.toml"
     config.write_text('passes = ["cleanup"]\n')
-    with passkit.plugins.isolated():
+    with passkit._plugins.registry.isolated():
         passkit.register(Plugin(), name="drifted-dialect")
         status = main(["check", str(config)])
     out = capsys.readouterr().out

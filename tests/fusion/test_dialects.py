@@ -380,7 +380,7 @@ def test_third_party_dialect_through_the_hook() -> None:
         h = torch.ops.mystack.reduce(x @ w2, "world") + r
         return native_norm(h, w), h
 
-    with passkit.plugins.isolated(), fake_world(2) as world:
+    with passkit._plugins.registry.isolated(), fake_world(2) as world:
         plugin = readme_dialect_plugin({"world": types.SimpleNamespace(torch_group=world.group)})
         passkit.register(plugin)
         assert [d.name for d in dialects.registered()] == ["torch", "vllm", "vllm_cpu", "sglang", "mystack"]

@@ -69,10 +69,10 @@ def _compile_and_run(rank: int, world_size: int, shardings: tuple[str, ...]) -> 
             torch._dynamo.reset()
             counters.clear()
             model = _model(sharding, torch.bfloat16, rank, world_size)
-            before = len(passkit.pipeline.RECENT_REPORTS)
+            before = len(passkit._pipeline.run.RECENT_REPORTS)
             calls[0] = 0
             compiled = torch.compile(model, backend="passkit")(ids)
-            reports = list(passkit.pipeline.RECENT_REPORTS)[before:]
+            reports = list(passkit._pipeline.run.RECENT_REPORTS)[before:]
             out[sharding] = {
                 "compiled": compiled,
                 "eager": model(ids),

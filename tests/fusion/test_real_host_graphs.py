@@ -22,7 +22,7 @@ import pytest
 import torch
 from passkit_fusion.patterns.sites import count_all_reduces
 
-from passkit.pipeline import build_pipeline
+from passkit._pipeline.build import build_pipeline
 from passkit_testing import fake_world, gloo_world, op_counts
 
 sys.path.insert(0, str(Path(__file__).parent / "real_hosts"))

@@ -42,7 +42,8 @@ from test_matcher import (
 )
 
 import passkit
-from passkit import CompileContext, TokenConstraint, TokenRange, verify
+from passkit import CompileContext, TokenConstraint, TokenRange
+from passkit._pipeline import verify
 from passkit_testing import check_pass, copy_graph_module, count_ops, fake_world, resolve_passes, run_passes
 
 SP = {"name": "sequence_parallel", "min_tokens": 1}

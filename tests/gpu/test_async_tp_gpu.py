@@ -86,7 +86,7 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
         return mlp(x, w1s, w2s, group)
 
     # -- compiled, dynamic token counts ------------------------------------------------
-    before = len(passkit.pipeline.RECENT_REPORTS)
+    before = len(passkit._pipeline.run.RECENT_REPORTS)
     compiled = torch.compile(model, backend=_backend(), dynamic=True)
     runtime.reset_stats()
     errors = {}
@@ -94,7 +94,7 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
         x, xs = _input(tokens, rank, world)
         ref = (torch.relu(x @ w1) @ w2).chunk(world)[rank]
         errors[tokens] = {"compiled": _rel_error(compiled(xs), ref), "eager": _rel_error(model(xs), ref)}
-    reports = list(passkit.pipeline.RECENT_REPORTS)[before:]
+    reports = list(passkit._pipeline.run.RECENT_REPORTS)[before:]
     records = [r["async_tp"] for r in reports if "async_tp" in r.names()]
     out["compiled"] = {
         "errors": errors,

@@ -20,9 +20,9 @@ if not torch.cuda.is_available():
 
 import passkit
 from passkit import PassResult, TokenConstraint
+from passkit._pipeline.build import Pipeline
+from passkit._plugins.registry import get_plugins
 from passkit.config import load_config
-from passkit.pipeline import Pipeline
-from passkit.plugins import get_plugins
 
 pytestmark = pytest.mark.gpu
 aten = torch.ops.aten

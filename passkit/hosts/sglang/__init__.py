@@ -47,9 +47,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ... import logs
+from ..._pipeline.build import Pipeline, build_pipeline
 from ...config import Config, load_config
 from ...errors import PasskitError
-from ...pipeline import Pipeline, build_pipeline
 from .. import HostError, OnUnknown, check_version
 from .adapter import SGLangAdapter
 from .ranges import applies, constraints, range_notes, token_range
@@ -106,7 +106,7 @@ def active() -> SGLangAdapter | None:
 
 def _adapter_for_compile() -> SGLangAdapter | None:
     if _error is not None:  # a config that failed when the plugin loaded: fail the compile
-        from ...dynamo_errors import surface  # loudly, passkit's message first (not Dynamo's)
+        from ..._compile.dynamo_errors import surface  # loudly, passkit's message first (not Dynamo's)
 
         surface(_error, inspect.currentframe(), "not enabled in SGLang")
     return _active

@@ -11,9 +11,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ... import logs, specialize
+from ... import logs
+from ..._compile import specialize
+from ..._pipeline.build import Pipeline
 from ...pass_base import Stage
-from ...pipeline import Pipeline
 from ...report import Report
 from ...tokens import TokenRange
 from .ranges import range_notes, token_range
@@ -66,7 +67,7 @@ class SGLangAdapter:
     @staticmethod
     def static_tokens(graph: Any, example_inputs: Sequence[Any]) -> int | None:
         """The one token count a piece with static shapes serves (None: a dynamic piece, or
-        one passkit cannot read): :func:`passkit.specialize.static_tokens`."""
+        one passkit cannot read): :func:`passkit._compile.specialize.static_tokens`."""
         try:
             return specialize.static_tokens(graph, list(example_inputs or ()))
         except Exception:  # never fail SGLang's compile over a label
@@ -102,7 +103,7 @@ class SGLangAdapter:
             if stage is Stage.POST:
                 backend.post_grad_pass_manager.add(stage_pass)
             else:
-                from ...integration import ComposedPass
+                from ..._compile.backend import ComposedPass
 
                 existing = backend.inductor_config.get("post_grad_custom_pre_pass")
                 backend.inductor_config["post_grad_custom_pre_pass"] = (
@@ -122,9 +123,9 @@ class SGLangAdapter:
         it from its cache (no pass runs), record a report restored from passkit's report
         cache, as :class:`passkit.Backend` does. When Inductor fails on the graph passes
         changed, they are named and the piece compiles again without them
-        (:mod:`passkit.inductor_failures`)."""
-        from ... import inductor_failures, report_cache
-        from ...integration import _cache_hits
+        (:mod:`passkit._compile.inductor_failures`)."""
+        from ..._compile import inductor_failures, report_cache
+        from ..._compile.backend import _cache_hits
 
         before, hits = len(pipeline.reports), _cache_hits()
         compiled = inductor_failures.guarded(compile_fn, pipeline, "SGLang's piece")
@@ -152,8 +153,8 @@ class SGLangAdapter:
         pipeline = self.for_shape(num_tokens)
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            from ... import inductor_failures
-            from ...integration import _cache_hits
+            from ..._compile import inductor_failures
+            from ..._compile.backend import _cache_hits
 
             before, hits = len(pipeline.reports), _cache_hits()
             with _inductor_patch(pipeline):  # a failed compile is retried by the next call
@@ -186,7 +187,7 @@ def _inductor_patch(pipeline: Pipeline) -> Iterator[None]:
     custom passes already there."""
     import torch._inductor.config as inductor_config
 
-    from ...integration import ComposedPass
+    from ..._compile.backend import ComposedPass
 
     patches = {}
     for key, stage_pass in pipeline.inductor_patches().items():

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import torch.fx
 from sglang.srt.compilation.inductor_pass import SGLangInductorPass, get_pass_context
 
+from ..._pipeline.build import Pipeline
 from ...pass_base import Stage
-from ...pipeline import Pipeline
 from .ranges import applies
 
 _NO_CONTEXT = object()

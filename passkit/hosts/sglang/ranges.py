@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..._pipeline.build import Pipeline
 from ...context import CompileContext
-from ...pipeline import Pipeline
 from ...tokens import TokenConstraint, TokenRange
 
 

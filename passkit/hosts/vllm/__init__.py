@@ -34,8 +34,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ... import logs
+from ..._pipeline.build import build_pipeline
 from ...config import Config
-from ...pipeline import build_pipeline
 from .. import OnUnknown, check_version
 from .ranges import (
     HOST_FUSIONS,

@@ -5,7 +5,7 @@ While a :class:`VllmPass` exists in a process, vLLM's ``CompilerManager.compile`
 one compile range) runs wrapped (:func:`wrap_compiler_manager`; vLLM has no hook for it): a
 compile served from vLLM's or Inductor's cache, which calls no pass, gets its report restored
 from passkit's report cache, and an Inductor failure on a graph passkit's passes changed
-compiles the graph again without them (:mod:`passkit.inductor_failures`). Compiles whose
+compiles the graph again without them (:mod:`passkit._compile.inductor_failures`). Compiles whose
 pass manager holds no passkit pass go through untouched.
 
 A warm start served from vLLM's own AOT compile cache (``VLLM_USE_AOT_COMPILE``, on by
@@ -28,8 +28,8 @@ from typing import Any
 import torch.fx
 from vllm.compilation.passes.inductor_pass import InductorPass, get_pass_context
 
+from ..._pipeline.build import Pipeline, build_pipeline
 from ...config import Config
-from ...pipeline import Pipeline, build_pipeline
 from ...tokens import TokenRange
 from . import ranges as adapter
 
@@ -259,7 +259,8 @@ def _compile_reported(
 ) -> Any:
     """One vLLM compile with ``pipeline``: Inductor failures guarded; a compile that made no
     report (served from a cache: no pass ran) gets one restored from passkit's report cache."""
-    from ... import inductor_failures, logs, report_cache
+    from ... import logs
+    from ..._compile import inductor_failures, report_cache
 
     try:  # vLLM changes a graph as it compiles it (one graph, every range): key by its first code
         code = _first_code.setdefault(graph, graph.code)
@@ -336,7 +337,7 @@ def wrap_aot_artifacts() -> None:
 def _aot_path(data: bytes) -> Any:
     import hashlib
 
-    from ... import report_cache
+    from ..._compile import report_cache
 
     return report_cache.cache_dir() / f"vllm-aot-{hashlib.sha256(data).hexdigest()[:32]}.json"
 

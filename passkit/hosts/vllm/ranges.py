@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..._pipeline.build import Pipeline
 from ...context import CompileContext
-from ...pipeline import Pipeline
 from ...tokens import TokenConstraint, TokenRange
 
 HOST_FUSIONS: dict[str, tuple[str, str]] = {

@@ -57,8 +57,7 @@ import torch
 
 import passkit
 from passkit.graph_utils import graph_code, unified_diff
-from passkit.pipeline_build import unknown_pass_message
-from passkit.plugins import ENTRY_POINT_GROUP, PassInfo, PluginSet, get_plugins
+from passkit.plugins import ENTRY_POINT_GROUP, PassInfo, PluginSet, get_plugins, unknown_pass_message
 
 from .harness import HarnessResult, copy_graph_module, run_passes
 

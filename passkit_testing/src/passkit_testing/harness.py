@@ -34,8 +34,7 @@ import passkit
 from passkit.context import Mode
 from passkit.graph_utils import graph_code, snapshot, unified_diff
 from passkit.pass_base import stage_phase
-from passkit.pipeline_build import instantiate
-from passkit.plugins import PluginSet, get_plugins
+from passkit.plugins import PluginSet, get_plugins, instantiate
 
 from . import numerics
 

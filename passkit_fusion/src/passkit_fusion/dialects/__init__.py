@@ -58,12 +58,8 @@ def registered(plugins: Any = None) -> list[Dialect]:
         return known[1]
     declared: list[Any] = []
     if getattr(plugins.hook, "passkit_fusion_dialects", None) is not None:
-        from passkit import hooks
-
         # each hookimpl isolated: one that raises is recorded (plugin, distribution) and disabled
-        results = hooks.call(
-            plugins, "passkit_fusion_dialects", {}, during="collecting passkit-fusion's dialects"
-        )
+        results = plugins.call("passkit_fusion_dialects", during="collecting passkit-fusion's dialects")
         for result in reversed(results):  # pluggy calls the last registered first
             if isinstance(result, (list, tuple)):
                 declared.extend(result)

@@ -6,14 +6,14 @@ Every hook passkit calls while compiling or running the CLI (``passkit_configure
 which calls each plugin's hookimpl on its own, in pluggy's order. A hookimpl that raises
 does not reach the compile: the failure is recorded as a :class:`HookFailure` naming the
 plugin, its distribution and version, the hook and the error (on the compile's report, and
-on the :class:`~passkit.plugins.PluginSet`), and that hookimpl is disabled for the rest of
-the process (in that plugin set: :func:`passkit.plugins.reset` loads plugins afresh), so a
+on the :class:`~passkit._plugins.registry.PluginSet`), and that hookimpl is disabled for the rest of
+the process (in that plugin set: :func:`passkit._plugins.registry.reset` loads plugins afresh), so a
 broken hook is reported once rather than at every pass of every compile. The other
 plugins' hookimpls, and the passes, go on. With ``strict=True`` (``strict_plugins = true``
 or ``on_error = "raise"``) a :class:`~passkit.errors.PluginHookError` naming the same
 things is raised instead, chained to the plugin's exception.
 
-(``passkit_register_passes`` runs when plugins load; :class:`~passkit.plugins.PluginSet`
+(``passkit_register_passes`` runs when plugins load; :class:`~passkit._plugins.registry.PluginSet`
 isolates it the same way, as a load failure.)
 """
 
@@ -25,15 +25,15 @@ from typing import Any, Protocol
 
 import pluggy
 
-from . import logs
-from .errors import PluginHookError, describe
-from .hook_failure import HookFailure
+from .. import logs
+from ..errors import PluginHookError, describe
+from ..hook_failure import HookFailure
 
 Undo = Callable[[], None]
 
 
 class PluginOrigin(Protocol):
-    """Where a plugin comes from (a :class:`passkit.plugins.PluginInfo`)."""
+    """Where a plugin comes from (a :class:`passkit._plugins.registry.PluginInfo`)."""
 
     @property
     def name(self) -> str: ...
@@ -44,8 +44,8 @@ class PluginOrigin(Protocol):
 
 
 class PluginSetLike(Protocol):
-    """What :func:`call` uses of a :class:`passkit.plugins.PluginSet`: a protocol, so that
-    this module imports nothing of :mod:`passkit.plugins`, which calls hooks through it."""
+    """What :func:`call` uses of a :class:`passkit._plugins.registry.PluginSet`: a protocol, so that
+    this module imports nothing of :mod:`passkit._plugins.registry`, which calls hooks through it."""
 
     pm: pluggy.PluginManager
     disabled_hooks: set[tuple[str, int]]

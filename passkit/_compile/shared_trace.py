@@ -49,7 +49,7 @@ class NotShareable(Exception):
 
 
 class BoxedDispatcher(Dispatcher):
-    """A :class:`~passkit.specialize.Dispatcher` with Inductor's boxed calling convention
+    """A :class:`~passkit._compile.specialize.Dispatcher` with Inductor's boxed calling convention
     (one list of arguments, which the compiled graph may clear)."""
 
     _boxed_call = True
@@ -120,7 +120,7 @@ def compile_from_one_trace(
     ``compile_with(its patches)`` (the backend wraps it with the pipeline for the range,
     timing and reports); ``fallback(compile_with)`` likewise for token counts below 1.
     ``upfront``: every specialization now; else the one the example inputs fall in now, the
-    others at their first use (see :class:`~passkit.specialize.Dispatcher`).
+    others at their first use (see :class:`~passkit._compile.specialize.Dispatcher`).
     Returns what ``compile_fx`` returns and the dispatcher inside it. Raises
     :class:`NotShareable` (before anything is compiled) where the trace cannot be shared.
     """

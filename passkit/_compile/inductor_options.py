@@ -19,9 +19,9 @@ from typing import Any
 
 import torch.fx
 
-from .config import suggest
-from .errors import ConfigError
-from .pipeline import _register_custom_pass_type
+from .._pipeline.run import _register_custom_pass_type
+from ..config import suggest
+from ..errors import ConfigError
 
 CUSTOM_PASS_KEYS = ("post_grad_custom_pre_pass", "post_grad_custom_post_pass")
 """The Inductor options passkit's pipeline is installed through."""

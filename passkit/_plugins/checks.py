@@ -8,7 +8,7 @@ time. :func:`find_mistakes` names two such mistakes of a registered plugin objec
   ``@passkit.hookimpl`` marker is missing, or the name is a misspelt hook);
 * a plugin that implements no hook at all (it registers nothing).
 
-:class:`~passkit.plugins.PluginSet` records them as :class:`PluginMistake` (``passkit list``
+:class:`~passkit._plugins.registry.PluginSet` records them as :class:`PluginMistake` (``passkit list``
 prints them, ``passkit list --json`` lists them under ``mistakes``) and
 :func:`warn_mistakes` warns of each once per process, with a :class:`PluginMistakeWarning`,
 when the first pipeline is built (the first compile).
@@ -23,7 +23,7 @@ import warnings
 
 import pluggy
 
-from . import logs
+from .. import logs
 
 __all__ = ["PluginMistake", "PluginMistakeWarning", "find_mistakes", "warn_mistakes"]
 

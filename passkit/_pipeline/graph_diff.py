@@ -11,7 +11,7 @@ whenever its arguments change (``update_arg``, ``replace_all_uses_with``, ``node
 so after the pass the same objects in the same order mean "unchanged", compared by identity
 in C (``map(operator.is_not, ...)``): no Python loop over the nodes unless the pass added,
 removed or moved some. The pipeline keeps a fingerprint (and the snapshot taken with it) from
-one pass to the next while the graph does not change (:mod:`passkit.baseline`), so a pass
+one pass to the next while the graph does not change (:mod:`passkit._pipeline.baseline`), so a pass
 costs one measurement, not two. :func:`diff` compares with a snapshot by node names instead (slower:
 for tools that have no fingerprint).
 """
@@ -112,9 +112,7 @@ def measure(graph: torch.fx.Graph, before: Fingerprint, saved: torch.fx.Graph) -
     prior = {kept[k]: old_nodes[k if old_index is None else old_index[k]] for k in rewired}
     if added and not kept:  # a new graph object (``gm.graph = new``): its nodes' priors by name
         by_name = {n.name: n for n in old_nodes}
-        prior.update(
-            (n, old) for n in added if (old := by_name.get(n.name)) is not None and old.op == n.op
-        )
+        prior.update((n, old) for n in added if (old := by_name.get(n.name)) is not None and old.op == n.op)
     changed_set = {*prior, *added}
     in_order = compress(nodes, map(changed_set.__contains__, nodes)) if changed_set else ()
     changed = [n for n in in_order if n.op in CALLS]

@@ -1,7 +1,7 @@
 """The passes a compile runs without because Inductor failed on the graph they changed.
 
-The state :mod:`passkit.inductor_failures` (which retries a failed compile) shares with
-:mod:`passkit.pipeline` (which runs the passes): which passes the compile under way leaves
+The state :mod:`passkit._compile.inductor_failures` (which retries a failed compile) shares with
+:mod:`passkit._pipeline.run` (which runs the passes): which passes the compile under way leaves
 out (:func:`left_out`, set by :func:`leaving_out`), and the reports a guarded compile watches
 (:data:`watching`, filled by :func:`opened`). A module of its own so that the pipeline reads
 it without importing the retry logic, which reads the pipeline.
@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .report import Report
+    from ..report import Report
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from .errors import VerificationError
+from ..errors import VerificationError
 
 
 def verify_graph(gm: torch.fx.GraphModule, pass_name: str) -> None:

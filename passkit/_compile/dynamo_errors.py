@@ -15,8 +15,8 @@ import functools
 import types
 from typing import NoReturn
 
-from . import logs
-from .errors import PasskitError
+from .. import logs
+from ..errors import PasskitError
 
 
 @functools.cache

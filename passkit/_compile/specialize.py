@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
-from . import logs
-from .context import CompileContext, Mode
-from .errors import ConfigError, PasskitError
-from .tokens import RangeRule, Specialization, TokenConstraint, plan_specializations
+from .. import logs
+from ..context import CompileContext, Mode
+from ..errors import ConfigError, PasskitError
+from ..tokens import RangeRule, Specialization, TokenConstraint, plan_specializations
 
 if TYPE_CHECKING:
-    from .config import TokenDim
-    from .pipeline import Pipeline
+    from .._pipeline.build import Pipeline
+    from ..config import TokenDim
 
 CompiledFn = Callable[..., Any]
 

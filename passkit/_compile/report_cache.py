@@ -34,9 +34,9 @@ import pydantic
 import torch
 import torch.fx
 
-from . import logs
-from .errors import cut, warn_config
-from .report import Report
+from .. import logs
+from ..errors import cut, warn_config
+from ..report import Report
 
 
 class _Record(pydantic.BaseModel):
@@ -108,7 +108,7 @@ def _checksum(version: str, passes: Sequence[str], cache_key: str, reports: Any)
 
 
 def _passkit_version() -> str:
-    from ._version import __version__
+    from .._version import __version__
 
     return __version__
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .errors import VerificationError, cut
+from ..errors import VerificationError, cut
 from .graph_diff import GraphDiff
 
 Signature = tuple[Any, ...]
@@ -100,7 +100,7 @@ def check(graph: torch.fx.Graph, before: list[Signature], change: GraphDiff, pas
     """Raise :class:`VerificationError` naming ``pass_name`` when the outputs of ``graph``
     differ from ``before`` or a rewritten node breaks what unchanged nodes were traced with
     (see the module docstring); ``change``: what the pass changed
-    (:func:`passkit.graph_diff.measure`)."""
+    (:func:`passkit._pipeline.graph_diff.measure`)."""
     changed_set = set(change.changed)
     after = entries(graph)
     if len(after) != len(before):
@@ -298,7 +298,6 @@ class _Inference:
                     # a module holds real parameters a fake run may refuse: only its value is unknown
                     if node.op != "call_module" and not _cannot_tell(exc):
                         self.errors.append((node, exc))  # the op rejects its inputs: so would a real run
-
 
     def _callable(self, node: torch.fx.Node, args: Any) -> Any:
         """What ``node`` calls: its function, the method of its first argument

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .errors import VerificationError
+from ..errors import VerificationError
 
 _INPLACE_OPERATORS = frozenset(
     {
@@ -104,7 +104,11 @@ def written(node: torch.fx.Node) -> list[Any]:
     out = []
     if node.args and (
         (name.endswith("_") and not name.startswith("_"))
-        or (name.startswith("__i") and name.endswith("__") and name[3:-2] in {n[1:] for n in _INPLACE_OPERATORS})
+        or (
+            name.startswith("__i")
+            and name.endswith("__")
+            and name[3:-2] in {n[1:] for n in _INPLACE_OPERATORS}
+        )
         or name in ("__setitem__",)
         or (node.op == "call_function" and name in _INPLACE_OPERATORS)
         or node.kwargs.get("inplace") is True
@@ -150,7 +154,9 @@ def writes(nodes: Any) -> dict[str, torch.fx.Node]:
     return found
 
 
-def check(graph: torch.fx.Graph, before: torch.fx.Graph, changed: list[torch.fx.Node], pass_name: str) -> None:
+def check(
+    graph: torch.fx.Graph, before: torch.fx.Graph, changed: list[torch.fx.Node], pass_name: str
+) -> None:
     """Raise :class:`VerificationError` naming ``pass_name`` when a node it added or changed
     (``changed``) writes to an input of ``graph`` that ``before`` (the graph before the pass)
     did not write to."""

@@ -24,24 +24,16 @@ from typing import Any, cast
 import torch
 import torch.fx
 
-from . import (
-    compiling,
-    inductor_failures,
-    inductor_options,
-    logs,
-    report_cache,
-    shared_trace,
-    specialize,
-    teardown,
-)
-from .config import Config
-from .context import Mode, graph_kind_scope
-from .errors import CompilerError, ConfigError, PassFailedError, PasskitError, cut_repr, describe, suggest
+from .. import compiling, logs, teardown
+from .._pipeline.build import Pipeline, build_pipeline
+from ..config import Config
+from ..context import Mode, graph_kind_scope
+from ..errors import CompilerError, ConfigError, PassFailedError, PasskitError, cut_repr, describe, suggest
+from ..pass_base import STAGE_ORDER, Stage
+from ..report import Report
+from ..tokens import TokenRange
+from . import inductor_failures, inductor_options, report_cache, shared_trace, specialize
 from .inductor_options import ComposedPass
-from .pass_base import STAGE_ORDER, Stage
-from .pipeline import Pipeline, build_pipeline
-from .report import Report
-from .tokens import TokenRange
 
 ANY_SIZE = TokenRange(0, None)
 """The range of the fallback compile: only passes that apply to every size run in it."""
@@ -232,7 +224,7 @@ class Backend:
 
     def _share_trace(self, patches: dict[str, Any]) -> bool:
         """Whether the specializations compile from one AOTAutograd trace
-        (:mod:`passkit.shared_trace`): with every range compiled at the first call, or
+        (:mod:`passkit._compile.shared_trace`): with every range compiled at the first call, or
         without AOTAutograd's cache; a range compiled at its first use with that cache on
         gets its own ``compile_fx``, which the cache serves on a warm start."""
         if any(s in self.pipeline.stages for s in (Stage.PRE_GRAD, Stage.JOINT)):
@@ -252,7 +244,7 @@ class Backend:
         current: compiling.Compiling,
     ) -> CompiledFn | None:
         """The specializations compiled from one AOTAutograd trace of ``gm`` (see
-        :mod:`passkit.shared_trace`), or None where they cannot share it."""
+        :mod:`passkit._compile.shared_trace`), or None where they cannot share it."""
         common = inductor_options.merge_patches(patches, self.inductor_config, {})
         if not shared_trace.shareable(example_inputs, common):
             return None
@@ -325,7 +317,7 @@ class Backend:
         inner compile of an AOTAutograd trace shared by the specializations (see
         :meth:`_compile_shared`), called with this compile's config patches. When Inductor
         fails on a graph passes changed, they are named and the graph compiles again without
-        them (:mod:`passkit.inductor_failures`)."""
+        them (:mod:`passkit._compile.inductor_failures`)."""
         reports_before, hits_before = len(pipeline.reports), _cache_hits()
         start = time.perf_counter()
         patches: dict[str, Any] = {}
@@ -442,7 +434,7 @@ class Backend:
         def partition_fn(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
             if not (pipeline.enabled and Stage.JOINT in pipeline.stages):
                 return default_partition(joint, joint_inputs, **kwargs)
-            from .graph_utils import restore, snapshot
+            from ..graph_utils import restore, snapshot
 
             before = snapshot(joint.graph)
             report = pipeline.run_stage(joint, Stage.JOINT, mode, graph_kind="joint", compiler=name)
@@ -452,7 +444,7 @@ class Backend:
             try:
                 return default_partition(joint, joint_inputs, **kwargs)
             except Exception as exc:
-                # as Inductor's compile does (passkit.inductor_failures): name the passes that
+                # as Inductor's compile does (passkit._compile.inductor_failures): name the passes that
                 # changed the joint graph, and partition it again as it was before them
                 why = (
                     f"AOTAutograd's partitioner failed on the joint graph it changed: {describe(exc)[:600]}; "
@@ -488,9 +480,7 @@ def _call_compiler(
     try:
         compiled = compiler(gm, list(inputs))
     except Exception as exc:
-        raise CompilerError(
-            f"compiler {name!r} raised compiling the {kind} graph: {describe(exc)}"
-        ) from exc
+        raise CompilerError(f"compiler {name!r} raised compiling the {kind} graph: {describe(exc)}") from exc
     if not callable(compiled):
         raise CompilerError(
             f"compiler {name!r} returned {type(compiled).__name__} for the {kind} "
@@ -642,7 +632,7 @@ def install(
     pipeline = build_pipeline(config, **overrides)
     if token_range is not None:
         if not isinstance(token_range, TokenRange):
-            from .pipeline import compile_range
+            from .._pipeline.run import compile_range
 
             with compile_range(*token_range) as checked:
                 token_range = checked

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..errors import VerificationError, cut
 from . import graph_diff
-from .errors import VerificationError, cut
 
 _MAX_LISTED = 5
 _TENSOR_LIKE = (

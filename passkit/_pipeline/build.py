@@ -1,12 +1,13 @@
-"""Building a pipeline: from a config to the ordered, validated passes and their identity.
+"""Building a pipeline: from a config and the plugin set to the ordered, validated passes.
 
-What :func:`passkit.build_pipeline` and :class:`passkit.Pipeline` do before any graph is
-compiled: load the plugins the config allows (:func:`plugins_for`), make one pass object per
-enabled name with its options validated (:func:`instantiate`), order them by stage and check
-their ``before``/``after``/``depends_on`` constraints (:func:`order_passes`), collect their
-``depends_on``/``shares_sites_with`` relations (:func:`pass_relations`) and compute the cache
-identity Inductor keys its FX graph cache by (:func:`pipeline_identity`). Running the passes
-on graphs is :mod:`passkit.pipeline`'s.
+:func:`build_pipeline` loads the config (:func:`passkit.load_config`) and the plugin set it
+allows, makes one pass object per enabled name with its options validated
+(:func:`instantiate`), and returns a :class:`Pipeline`, which orders them by stage and
+checks their ``before``/``after``/``depends_on`` constraints (:func:`order_passes`),
+collects their ``depends_on``/``shares_sites_with`` relations (:func:`pass_relations`) and
+computes the cache identity Inductor keys its FX graph cache by (:func:`pipeline_identity`).
+Running the passes on graphs is the :class:`~passkit._pipeline.run.Runner`'s, which a
+pipeline is.
 """
 
 from __future__ import annotations
@@ -14,22 +15,19 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import weakref
 from typing import Any
 
-from .config import Config, suggest
-from .errors import ConfigError, OrderError, cut_repr, describe, warn_config
-from .pass_base import STAGE_ORDER, Pass, validate_options
-from .plugins import PluginSet, get_plugins
-from .tokens import PassRelations, TokenRange
+import torch.fx
 
-
-def plugins_for(config: Config) -> PluginSet:
-    return get_plugins(
-        autoload=config.autoload,
-        allow=config.plugins,
-        block=config.block_plugins,
-        strict=config.strict_plugins,
-    )
+from .._plugins.checks import warn_mistakes
+from .._plugins.registry import ENTRY_POINT_GROUP, PluginSet, normalize, owner, plugins_for
+from ..config import Config, load_config, suggest
+from ..errors import ConfigError, OrderError, cut_repr, describe, warn_config
+from ..pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, Stage, source_hash, validate_options
+from ..report import Report
+from ..tokens import PassRelations, TokenRange
+from .run import Runner
 
 
 def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
@@ -70,8 +68,6 @@ def warn_unknown_names(config: Config, plugins: PluginSet) -> None:
                 f"disable: no installed pass is named {cut_repr(name)}{suggest(name, sorted(passes))}; "
                 "the entry does nothing"
             )
-    from .plugins import ENTRY_POINT_GROUP, normalize
-
     known = {p.name for p in plugins.plugins}
     for found in plugins.found[ENTRY_POINT_GROUP]:
         known.add(found.ep.name)
@@ -88,8 +84,6 @@ def warn_unknown_names(config: Config, plugins: PluginSet) -> None:
 
 def clash_message(name: str, plugins: PluginSet) -> str:
     """Why an enabled bare name that several distributions register is an error."""
-    from .plugins import owner
-
     infos = plugins.clashes[name]
     who = "; ".join(f"{owner(i.plugin)} ({i.plugin.origin})" for i in infos)
     choices = " or ".join(repr(f"{owner(i.plugin)}:{name}") for i in infos)
@@ -227,11 +221,96 @@ def pipeline_identity(
 
 
 def _function_identity(fn: Any) -> str:
-    from .pass_base import source_hash
-
     module = inspect.getmodule(fn)
     owner = module if module is not None else fn
     try:
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}:{source_hash(owner)}"  # type: ignore[arg-type]
     except TypeError:
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+class Pipeline(Runner):
+    """Enabled passes, in order, plus the instrumentation that runs them on graphs
+    (a :class:`~passkit._pipeline.run.Runner`).
+
+    ``token_range``: the token counts the graphs it compiles serve (a specialization, or what
+    a framework told :func:`passkit.install`); ``None``: every size, unless a
+    :func:`compile_range` block says otherwise.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        plugins: PluginSet,
+        passes: list[Pass],
+        *,
+        token_range: TokenRange | None = None,
+        range_label: str | None = None,
+        reports: list[Report] | None = None,
+        left_out: dict[str, str] | None = None,
+    ):
+        self.config = config
+        self.plugins = plugins
+        self.passes = order_passes(passes)
+        self.relations = pass_relations(self.passes)
+        self.left_out: dict[str, str] = dict(left_out or {})
+        """Passes a specialization runs without, with why (decided by the token-range plan)."""
+        self.token_range = token_range
+        self.range_label = range_label or (str(token_range) if token_range else None)
+        self.note: str | None = None
+        """Added to the reports of the graphs compiled next (set by the backend)."""
+        self.reports: list[Report] = reports if reports is not None else []
+        self._uuid = self._compute_uuid()
+        self._open: tuple[weakref.ref[torch.fx.GraphModule], Report] | None = None
+        stages = [p.stage for p in self.passes]
+        self.stages = [s for s in STAGE_ORDER if s in stages]
+        self.driven: tuple[Stage, ...] = POST_GRAD_STAGES
+        """The stages whoever drives this pipeline runs: the post-grad ones for a host
+        (vLLM, SGLang, :func:`passkit.install`), every stage under passkit's own backend.
+        A pass at another stage is reported skipped, with why."""
+        self.host = "this host"
+        """Who drives the pipeline, for the reason a pass at a stage it does not run gets."""
+
+    def _compute_uuid(self) -> str:
+        return pipeline_identity(self.passes, self.plugins, self.token_range, self.left_out)
+
+    def for_range(
+        self,
+        token_range: TokenRange,
+        label: str | None = None,
+        note: str | None = None,
+        left_out: dict[str, str] | None = None,
+    ) -> Pipeline:
+        """The same passes, compiling for ``token_range`` (``label`` names it in reports,
+        ``note`` is added to them; reports go to this pipeline's list); ``left_out``: passes
+        the token-range plan leaves out of this compile, with why."""
+        specialized = Pipeline(
+            self.config,
+            self.plugins,
+            self.passes,
+            token_range=token_range,
+            range_label=label,
+            reports=self.reports,
+            left_out=left_out,
+        )
+        specialized.note = note
+        specialized.driven, specialized.host = self.driven, self.host
+        return specialized
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.passes)
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+
+def build_pipeline(config: Config | dict[str, Any] | None = None, **overrides: Any) -> Pipeline:
+    """Resolve the config from every source, load plugins, validate and order the passes.
+    Plugins that loaded with a mistake are warned of here, once per process
+    (:class:`passkit.PluginMistakeWarning`), before the passes are looked up."""
+    cfg = load_config(config, **overrides)
+    plugins = plugins_for(cfg)
+    warn_mistakes(plugins.mistakes, stacklevel=2)
+    passes = instantiate(cfg, plugins)
+    return Pipeline(cfg, plugins, passes)

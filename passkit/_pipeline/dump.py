@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import warn_config
-from .graph_utils import unified_diff
+from ..errors import warn_config
+from ..graph_utils import unified_diff
 
 if TYPE_CHECKING:
-    from .pass_base import Pass
-    from .report import Report
+    from ..pass_base import Pass
+    from ..report import Report
 
 
 _unwritable: set[str] = set()

@@ -34,11 +34,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import logs
-from .errors import PassFailedError, PasskitError, describe
-from .inductor_state import LeftOut, leaving_out, left_out, opened, watching
-from .pipeline import RECENT_REPORTS, Pipeline
-from .report import Report
+from .. import logs
+from .._pipeline.build import Pipeline
+from .._pipeline.inductor_state import LeftOut, leaving_out, left_out, opened, watching
+from .._pipeline.run import RECENT_REPORTS
+from ..errors import PassFailedError, PasskitError, describe
+from ..report import Report
 
 T = TypeVar("T")
 

@@ -2,8 +2,8 @@
 change and its outputs are measured against.
 
 A :class:`Baseline` is a snapshot (:func:`passkit.graph_utils.snapshot`), a fingerprint
-(:func:`passkit.graph_diff.fingerprint`) taken at the same moment and the output signatures
-(:func:`passkit.output_check.outputs`). Taking one costs a copy of the graph; most passes
+(:func:`passkit._pipeline.graph_diff.fingerprint`) taken at the same moment and the output signatures
+(:func:`passkit._pipeline.output_check.outputs`). Taking one costs a copy of the graph; most passes
 find nothing to do on most graphs, so :class:`Baselines` keeps the same baseline from one
 pass to the next for as long as the graph does not change, and takes a new one only before a
 pass that follows a change. A pass then costs one measurement of what it changed
@@ -25,8 +25,8 @@ import dataclasses
 
 import torch.fx
 
+from ..graph_utils import restore, snapshot
 from . import graph_diff, output_check
-from .graph_utils import restore, snapshot
 
 
 @dataclasses.dataclass

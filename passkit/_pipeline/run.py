@@ -1,10 +1,11 @@
-"""From a config to the pass pipeline Inductor runs.
+"""Running a pipeline: the passes on each graph Inductor (or the backend) compiles.
 
-:func:`build_pipeline` loads the plugins, checks the config against the passes they
-registered (unknown names, options, order: :mod:`passkit.pipeline_build`) and returns a
-:class:`Pipeline`, which runs them on the graphs Inductor compiles. The pipeline
-gives Inductor one ``CustomGraphPass`` per stage; both share one ``uuid()``, computed once
-from every pass's identity, so Inductor's FX graph cache stays correct and cheap.
+:class:`Runner` is what a :class:`passkit.Pipeline` does once built (built by
+:mod:`passkit._pipeline.build`): per stage, the plan hook, then each pass under
+instrumentation (hooks, skips, the checks that follow the graph, dumps, failures
+isolated), and one report per graph. It gives Inductor one ``CustomGraphPass`` per stage
+(:class:`StagePass`); all share the pipeline's ``uuid()``, computed once from every pass's
+identity, so Inductor's FX graph cache stays correct and cheap.
 """
 
 from __future__ import annotations
@@ -18,36 +19,28 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.fx
 
-from . import (
-    graph_diff,
-    hooks,
-    inductor_state,
-    input_mutation,
-    logs,
-    numeric_check,
-    output_check,
-    schema_check,
-)
+from .. import logs
+from .._plugins import hooks
+from ..context import CompileContext, Mode, graph_kind_of
+from ..errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
+from ..graph_utils import carry_node_attributes, count_nodes, graph_code
+from ..pass_base import Pass, PassResult, Stage, stage_phase
+from ..pipeline_plan import PipelinePlan
+from ..report import NOT_RESTORED, PassRecord, Report
+from ..tokens import PassRelations, TokenRange
+from . import graph_diff, inductor_state, input_mutation, numeric_check, output_check, schema_check
 from .baseline import Baselines
-from .config import Config, load_config
-from .context import CompileContext, Mode, graph_kind_of
 from .declined import warn_declined
 from .dump import Dumper
-from .errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
-from .graph_utils import carry_node_attributes, count_nodes, graph_code
-from .pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, PassResult, Stage, stage_phase
-from .pipeline_build import instantiate, order_passes, pass_relations, pipeline_identity, plugins_for
-from .pipeline_build import unknown_pass_message as unknown_pass_message  # re-exported: its old home
-from .pipeline_plan import PipelinePlan
-from .plugin_checks import warn_mistakes
-from .plugins import PluginSet
-from .report import NOT_RESTORED, PassRecord, Report
-from .tokens import TokenRange
 from .verify import verify_graph
+
+if TYPE_CHECKING:
+    from .._plugins.registry import PluginSet
+    from ..config import Config
 
 _graph_ids = itertools.count(1)
 RECENT_REPORTS: deque[Report] = deque(maxlen=64)
@@ -91,51 +84,27 @@ def compile_range(lo: int, hi: int | None = None, multiple_of: int = 1) -> Itera
         _framework_range.reset(reset)
 
 
-class Pipeline:
-    """Enabled passes plus the instrumentation that runs them on graphs.
+class Runner:
+    """What a built pipeline does with graphs: runs its passes on each, stage by stage,
+    with the instrumentation around them. :class:`passkit.Pipeline` is one; it sets the
+    attributes below when it is built."""
 
-    ``token_range``: the token counts the graphs it compiles serve (a specialization, or what
-    a framework told :func:`passkit.install`); ``None``: every size, unless a
-    :func:`compile_range` block says otherwise.
-    """
-
-    def __init__(
-        self,
-        config: Config,
-        plugins: PluginSet,
-        passes: list[Pass],
-        *,
-        token_range: TokenRange | None = None,
-        range_label: str | None = None,
-        reports: list[Report] | None = None,
-        left_out: dict[str, str] | None = None,
-    ):
-        self.config = config
-        self.plugins = plugins
-        self.passes = order_passes(passes)
-        self.relations = pass_relations(self.passes)
-        self.left_out: dict[str, str] = dict(left_out or {})
-        """Passes a specialization runs without, with why (decided by the token-range plan)."""
-        self.token_range = token_range
-        self.range_label = range_label or (str(token_range) if token_range else None)
-        self.note: str | None = None
-        """Added to the reports of the graphs compiled next (set by the backend)."""
-        self.reports: list[Report] = reports if reports is not None else []
-        self._uuid = self._compute_uuid()
-        self._open: tuple[weakref.ref[torch.fx.GraphModule], Report] | None = None
-        stages = [p.stage for p in self.passes]
-        self.stages = [s for s in STAGE_ORDER if s in stages]
-        self.driven: tuple[Stage, ...] = POST_GRAD_STAGES
-        """The stages whoever drives this pipeline runs: the post-grad ones for a host
-        (vLLM, SGLang, :func:`passkit.install`), every stage under passkit's own backend.
-        A pass at another stage is reported skipped, with why."""
-        self.host = "this host"
-        """Who drives the pipeline, for the reason a pass at a stage it does not run gets."""
+    config: Config
+    plugins: PluginSet
+    passes: list[Pass]
+    relations: PassRelations
+    left_out: dict[str, str]
+    token_range: TokenRange | None
+    range_label: str | None
+    note: str | None
+    reports: list[Report]
+    stages: list[Stage]
+    driven: tuple[Stage, ...]
+    host: str
+    _uuid: str
+    _open: tuple[weakref.ref[torch.fx.GraphModule], Report] | None
 
     # -- identity --------------------------------------------------------------------
-    def _compute_uuid(self) -> str:
-        return pipeline_identity(self.passes, self.plugins, self.token_range, self.left_out)
-
     def uuid(self) -> str:
         """The cache identity: passes, their versions and options, the token range, and the
         passes this compile runs without because they failed (their own code raised, or
@@ -155,41 +124,11 @@ class Pipeline:
         """The token range of the compile under way (own, or a framework's)."""
         return self.token_range if self.token_range is not None else _framework_range.get()
 
-    def for_range(
-        self,
-        token_range: TokenRange,
-        label: str | None = None,
-        note: str | None = None,
-        left_out: dict[str, str] | None = None,
-    ) -> Pipeline:
-        """The same passes, compiling for ``token_range`` (``label`` names it in reports,
-        ``note`` is added to them; reports go to this pipeline's list); ``left_out``: passes
-        the token-range plan leaves out of this compile, with why."""
-        specialized = Pipeline(
-            self.config,
-            self.plugins,
-            self.passes,
-            token_range=token_range,
-            range_label=label,
-            reports=self.reports,
-            left_out=left_out,
-        )
-        specialized.note = note
-        specialized.driven, specialized.host = self.driven, self.host
-        return specialized
-
     def _range_label(self) -> str | None:
         if self.token_range is not None:
             return self.range_label
         framework = _framework_range.get()
         return str(framework) if framework else None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.passes)
-
-    def names(self) -> list[str]:
-        return [p.name for p in self.passes]
 
     # -- Inductor integration ----------------------------------------------------------
     def custom_pass(self, stage: Stage) -> StagePass:
@@ -286,7 +225,9 @@ class Pipeline:
                     )
                 )
 
-    def _report_for(self, gm: torch.fx.GraphModule, stage: Stage, mode: Mode, graph_kind: str | None) -> Report:
+    def _report_for(
+        self, gm: torch.fx.GraphModule, stage: Stage, mode: Mode, graph_kind: str | None
+    ) -> Report:
         """The report of this compile of ``gm``: the one a stage before ``stage`` of the same
         phase opened (keyed by the module: a pass may have installed a new graph in it), else
         a new one."""
@@ -536,7 +477,7 @@ class Pipeline:
         /,
         **kwargs: Any,
     ) -> list[Any]:
-        """Call a plugin hook for this compile, each hookimpl isolated (:mod:`passkit.hooks`):
+        """Call a plugin hook for this compile, each hookimpl isolated (:mod:`passkit._plugins.hooks`):
         one that raises is recorded on ``into`` and disabled, or raises a named error with
         ``strict_plugins`` / ``on_error = "raise"``."""
         return hooks.call(
@@ -587,7 +528,7 @@ class StagePass:
     so that importing passkit does not import Inductor).
     """
 
-    def __init__(self, pipeline: Pipeline, stage: Stage):
+    def __init__(self, pipeline: Runner, stage: Stage):
         _register_custom_pass_type(StagePass)
         self.pipeline = pipeline
         self.stage = stage
@@ -614,13 +555,3 @@ def _register_custom_pass_type(cls: type) -> None:
 
     if not issubclass(cls, CustomGraphPass):
         CustomGraphPass.register(cls)
-
-
-def build_pipeline(config: Config | dict[str, Any] | None = None, **overrides: Any) -> Pipeline:
-    """Resolve the config from every source, load plugins, validate and order the passes.
-    Plugins that loaded with a mistake are warned of here, once per process
-    (:class:`passkit.PluginMistakeWarning`), before the passes are looked up."""
-    cfg = load_config(config, **overrides)
-    plugins = plugins_for(cfg)
-    warn_mistakes(plugins.mistakes, stacklevel=2)
-    return Pipeline(cfg, plugins, instantiate(cfg, plugins))

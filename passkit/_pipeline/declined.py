@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import warnings
 
-from . import logs
-from .errors import PassDeclinedWarning
+from .. import logs
+from ..errors import PassDeclinedWarning
 
 __all__ = ["reset_declined_warnings", "warn_declined"]
 

@@ -15,8 +15,8 @@ def call_hook(hook: str, **kwargs: Any) -> list[Any]:
     """Call a CLI-time plugin hook (``passkit_cli_commands``, ``passkit_demos``), each
     hookimpl isolated: one that raises is named on stderr and skipped (with
     ``strict_plugins``: :class:`PluginHookError`)."""
-    from .config import load_config
-    from .pipeline_build import plugins_for
+    from ..config import load_config
+    from .registry import plugins_for
 
     config = load_config()
     plugins = plugins_for(config)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .errors import VerificationError, describe
+from ..errors import VerificationError, describe
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-7, 1e-7),
@@ -82,7 +82,7 @@ def _check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> 
     inputs, why = _inputs(before)
     if inputs is None:
         return why
-    from .graph_utils import snapshot
+    from ..graph_utils import snapshot
 
     old = torch.fx.GraphModule(gm, snapshot(before))
     try:

@@ -1,0 +1,465 @@
+"""Plugin discovery and the pass registry.
+
+Plugins come from the ``passkit.passes`` entry-point group (loaded once per process) and
+from :func:`register` (in-process). Each plugin loads in isolation: an import error, a
+hookimpl that fails validation, a registration hook that raises or a duplicate pass name is
+recorded as a :class:`PluginFailure` naming the plugin's distribution and version, and the
+other plugins load (``strict_plugins`` raises instead). A plugin that loads but is
+likely a mistake (``passkit_*`` functions without ``@passkit.hookimpl``, or no hook at all)
+is recorded as a :class:`~passkit._plugins.checks.PluginMistake`
+(:mod:`passkit._plugins.checks`). Hooks called later (at compile and
+CLI time) are isolated too, by :mod:`passkit._plugins.hooks`, through :meth:`PluginSet.call`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import re
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from .. import hookspecs, logs
+from ..errors import PluginError, describe
+from ..pass_base import Pass
+from . import hooks
+from .checks import PluginMistake, find_mistakes
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+ENTRY_POINT_GROUP = "passkit.passes"
+HOOKSPECS_GROUP = "passkit.hookspecs"
+"""Entry points naming modules of extra hook specifications (made with ``passkit.hookspec``)
+that a distribution adds to passkit's plugin manager before any plugin loads, so that
+plugins can implement them (e.g. passkit-fusion's ``passkit_fusion_dialects``)."""
+CORE_DISTRIBUTION = "passkit"
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginInfo:
+    """A plugin that loaded."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    module: str
+
+    @property
+    def origin(self) -> str:
+        if self.distribution:
+            return f"plugin {self.name!r} from distribution {self.distribution} {self.version}"
+        return f"in-process plugin {self.name!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginFailure:
+    """A plugin (or one of its passes) that was skipped, and why."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    stage: str
+    """``hookspecs``, ``import``, ``validate``, ``register`` or ``duplicate``."""
+    error: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        who = f"plugin {self.name!r}"
+        if self.distribution:
+            who += f" (distribution {self.distribution} {self.version})"
+        return f"{who} failed at {self.stage}: {self.error}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PassInfo:
+    """A pass class and where it came from."""
+
+    cls: type[Pass]
+    plugin: PluginInfo
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def version(self) -> str:
+        return self.plugin.version or "0"
+
+
+class PassNameClashWarning(UserWarning):
+    """Two distributions (or a distribution and passkit itself) register the same pass name:
+    neither is used under that bare name; the name must be chosen as ``distribution:pass``."""
+
+
+def owner(info: PluginInfo) -> str:
+    """Who owns a pass name: the distribution (normalized: ``aaa_Hijack`` is
+    ``aaa-hijack``), or ``in-process:<plugin name>``."""
+    if info.distribution:
+        return normalize(info.distribution)
+    return f"in-process:{info.name}"
+
+
+def normalize(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+class PluginSet:
+    """A pluggy manager with its plugins loaded, and the passes they registered.
+
+    Pass names are owned: :attr:`passes` maps each name registered by one owner (a
+    distribution, or one in-process plugin) to its pass; a name that two owners register is
+    in :attr:`clashes` instead (never resolved by load order or alphabetically) and every
+    pass is in :attr:`qualified` as ``owner:name``."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: list[PluginInfo] = []
+        self.failures: list[PluginFailure] = []
+        self.passes: dict[str, PassInfo] = {}
+        self.mistakes: list[PluginMistake] = []
+        """Plugins that loaded with a mistake (see :mod:`passkit._plugins.checks`)."""
+        self.qualified: dict[str, PassInfo] = {}
+        """Every pass as ``owner:name`` (``passkit:cleanup``, ``acme-passes:my_pass``)."""
+        self.clashes: dict[str, list[PassInfo]] = {}
+        """Pass names registered by more than one owner: not in :attr:`passes`."""
+        self.hook_failures: list[hooks.HookFailure] = []
+        """Hookimpls that raised when called (each then disabled), oldest first."""
+        self.disabled_hooks: set[tuple[str, int]] = set()
+        """``(hook name, id(plugin object))`` of the hookimpls disabled after raising."""
+        self._info: dict[int, PluginInfo] = {}
+        self._strict = False
+        self._found: dict[str, list[Found]] | None = None
+        self._add_extra_hookspecs()
+
+    @property
+    def found(self) -> dict[str, list[Found]]:
+        """The installed entry points of passkit's groups (one scan per plugin set)."""
+        if self._found is None:
+            self._found = discover((HOOKSPECS_GROUP, ENTRY_POINT_GROUP))
+        return self._found
+
+    def _add_extra_hookspecs(self) -> None:
+        """Add the hook specifications of the ``passkit.hookspecs`` entry points; one that
+        fails to import is recorded as a failure (stage ``hookspecs``), the others load."""
+        for found in self.found[HOOKSPECS_GROUP]:
+            info = PluginInfo(found.ep.name, found.distribution, found.version, found.ep.value)
+            try:
+                self.pm.add_hookspecs(found.ep.load())
+            except BaseException as exc:  # sys.exit() at import too
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self.failures.append(self._failure(info, "hookspecs", exc))
+
+    @property
+    def hook(self) -> Any:
+        """pluggy's hook relay (calls are not isolated: use :meth:`call`)."""
+        return self.pm.hook
+
+    def call(self, hook: str, strict: bool = False, during: str | None = None, **kwargs: Any) -> list[Any]:
+        """Call ``hook`` with ``kwargs``, each plugin's hookimpl in isolation: one that raises
+        is disabled and recorded in :attr:`hook_failures` (``during``: what was under way,
+        for its message), or raises with ``strict``; returns the non-``None`` results."""
+        return hooks.call(self, hook, kwargs, strict=strict, during=during)
+
+    def info_of(self, plugin: object) -> PluginInfo | None:
+        """The :class:`PluginInfo` a registered plugin object was added with."""
+        return self._info.get(id(plugin))
+
+    # -- loading ---------------------------------------------------------------------
+    def _fail(self, failure: PluginFailure) -> None:
+        if self._strict:
+            raise PluginError(str(failure) + (f"\n{failure.detail}" if failure.detail else ""))
+        self.failures.append(failure)
+
+    def add(self, plugin: object, info: PluginInfo) -> bool:
+        """Register one plugin object and collect its passes, in isolation."""
+        try:
+            self.pm.register(plugin, name=info.name)
+            self.pm.check_pending()
+            _reject_wrappers(self.pm, plugin)
+        except Exception as exc:  # pluggy.PluginValidationError and friends
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            self._fail(self._failure(info, "validate", exc))
+            return False
+        for message in find_mistakes(self.pm, plugin):
+            mistake = PluginMistake(info.name, info.distribution, info.version, message)
+            if self._strict:
+                self.pm.unregister(plugin)
+                raise PluginError(str(mistake))
+            self.mistakes.append(mistake)
+        impls = [i for i in self.pm.hook.passkit_register_passes.get_hookimpls() if i.plugin is plugin]
+        collected: list[type[Pass]] = []
+        for impl in impls:
+            try:
+                collected.extend(_check_pass_list(impl.function()))
+            except BaseException as exc:  # sys.exit() too
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self.pm.unregister(plugin)
+                self._fail(self._failure(info, "register", exc))
+                return False
+        for cls in collected:
+            self._claim(PassInfo(cls, info))
+        self.plugins.append(info)
+        self._info[id(plugin)] = info
+        return True
+
+    def _claim(self, new: PassInfo) -> None:
+        """Record ``new`` under its owner's qualified name, and its bare name unless another
+        owner has it (then the name clashes: loud, and neither is enabled by it)."""
+        name, key = new.name, f"{owner(new.plugin)}:{new.name}"
+        if key in self.qualified:  # the same owner twice: the first stays
+            other = self.qualified[key].plugin
+            self._fail(
+                self._failure(
+                    new.plugin,
+                    "duplicate",
+                    f"pass name {name!r} is already registered by {other.origin}; "
+                    f"this plugin's {new.cls.__module__}.{new.cls.__qualname__} is skipped",
+                )
+            )
+            return
+        self.qualified[key] = new
+        if name in self.clashes:
+            self.clashes[name].append(new)
+        elif name in self.passes:
+            first = self.passes.pop(name)
+            self.clashes[name] = [first, new]
+        else:
+            self.passes[name] = new
+            return
+        owners = [f"{owner(i.plugin)} ({i.plugin.origin})" for i in self.clashes[name]]
+        message = (
+            f"pass name {name!r} is registered by more than one distribution: "
+            f"{'; '.join(owners)}. Neither runs under the bare name (enabling {name!r} is an "
+            f"error); enable one by its qualified name: "
+            f"{' or '.join(repr(f'{owner(i.plugin)}:{name}') for i in self.clashes[name])}"
+        )
+        if self._strict:
+            raise PluginError(message)
+        logs.log.warning("passkit: %s", message)
+        warnings.warn(message, PassNameClashWarning, stacklevel=2)
+
+    def lookup(self, name: str) -> PassInfo | None:
+        """The pass enabled by ``name``: a bare name one owner registers, or ``owner:name``
+        (the owner's distribution name, any spelling: ``Acme_Passes:x`` is ``acme-passes:x``)."""
+        if ":" in name:
+            who, _, bare = name.rpartition(":")
+            if not who.startswith("in-process:"):
+                who = normalize(who)
+            return self.qualified.get(f"{who}:{bare}")
+        return self.passes.get(name)
+
+    def info_for(self, pass_: Pass | type[Pass] | str) -> PassInfo | None:
+        """Where a pass (object, class or bare name) came from, clashing names included."""
+        if isinstance(pass_, str):
+            found = self.passes.get(pass_)
+            return found
+        cls = pass_ if isinstance(pass_, type) else type(pass_)
+        found = self.passes.get(cls.name)
+        if found is not None and found.cls is cls:
+            return found
+        for info in self.clashes.get(cls.name, ()):
+            if info.cls is cls:
+                return info
+        return found
+
+    @staticmethod
+    def _failure(info: PluginInfo, stage: str, exc: BaseException | str) -> PluginFailure:
+        if isinstance(exc, BaseException):
+            err = describe(exc)
+            detail = hooks._traceback(exc)
+        else:
+            err, detail = exc, ""
+        return PluginFailure(info.name, info.distribution, info.version, stage, err, detail)
+
+    def load_entry_points(
+        self,
+        *,
+        autoload: bool = True,
+        allow: Iterable[str] | None = None,
+        block: Iterable[str] = (),
+        strict: bool = False,
+    ) -> None:
+        self._strict = strict
+        allow_set = set(allow) if allow is not None else None
+        block_set = set(block)
+        for found in self.found[ENTRY_POINT_GROUP]:
+            ep, dist_name = found.ep, found.distribution
+            names = {ep.name, dist_name}
+            if not autoload and dist_name != CORE_DISTRIBUTION:
+                continue
+            if names & block_set:
+                continue
+            if allow_set is not None and not (names & allow_set) and dist_name != CORE_DISTRIBUTION:
+                continue
+            info = PluginInfo(ep.name, dist_name, found.version, ep.value)
+            try:
+                plugin = ep.load()
+            except BaseException as exc:  # sys.exit() at import too: isolated, named
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self._fail(self._failure(info, "import", exc))
+                continue
+            self.add(plugin, info)
+        self._strict = False
+
+
+def _reject_wrappers(pm: pluggy.PluginManager, plugin: object) -> None:
+    """passkit calls each hookimpl on its own (to isolate it), so hook wrappers, which wrap
+    the others, are not supported."""
+    for caller in pm.get_hookcallers(plugin) or []:
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.hookwrapper or getattr(impl, "wrapper", False)):
+                raise TypeError(
+                    f"hookimpl {caller.name} is a hook wrapper; passkit hooks do not support "
+                    f"wrapper=True / hookwrapper=True"
+                )
+
+
+def _check_pass_list(result: Any) -> list[type[Pass]]:
+    if result is None:
+        return []
+    if not isinstance(result, (list, tuple)):
+        raise TypeError(f"passkit_register_passes must return a list of Pass classes, got {result!r}")
+    out = []
+    for cls in result:
+        if not (isinstance(cls, type) and issubclass(cls, Pass)):
+            raise TypeError(f"passkit_register_passes returned {cls!r}, which is not a Pass subclass")
+        if not cls.name or not isinstance(cls.name, str):
+            raise TypeError(f"pass class {cls.__qualname__} has no name")
+        if ":" in cls.name:
+            raise TypeError(
+                f"pass class {cls.__qualname__}: name {cls.name!r} contains ':', which separates "
+                "a distribution from a pass name (`acme-passes:my_pass`)"
+            )
+        out.append(cls)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """An installed entry point and the distribution that declares it."""
+
+    ep: importlib.metadata.EntryPoint
+    distribution: str | None
+    version: str | None
+
+
+def discover(groups: Iterable[str]) -> dict[str, list[Found]]:
+    """The entry points of ``groups``, by group: one scan of the installed distributions,
+    each one's metadata read once (``EntryPoint.dist.name`` parses it at every access), one
+    entry per (distribution, name) (editable installs can list a distribution twice), sorted
+    by distribution and name."""
+    wanted = set(groups)
+    out: dict[str, list[Found]] = {group: [] for group in wanted}
+    seen: set[tuple[str, str | None, str]] = set()
+    for dist in importlib.metadata.distributions():
+        eps = [ep for ep in dist.entry_points if ep.group in wanted]
+        if not eps:
+            continue
+        metadata = dist.metadata
+        name, version = metadata["Name"], metadata["Version"]
+        for ep in eps:
+            key = (ep.group, name, ep.name)
+            if key not in seen:
+                seen.add(key)
+                out[ep.group].append(Found(ep, name, version))
+    for found in out.values():
+        found.sort(key=lambda f: (f.distribution or "", f.ep.name))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# the process-wide plugin set
+
+_lock = threading.RLock()
+_cache: dict[tuple[Any, ...], PluginSet] = {}
+_in_process: list[tuple[object, str]] = []
+
+
+def register(plugin: object, name: str | None = None) -> None:
+    """Register a plugin in-process (no entry point needed): a module or an object with
+    ``passkit.hookimpl`` functions. Affects pipelines built afterwards."""
+    with _lock:
+        label = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+        if any(p is plugin for p, _ in _in_process):
+            return
+        _in_process.append((plugin, label))
+        _cache.clear()
+
+
+def unregister(plugin: object) -> None:
+    """Undo :func:`register`."""
+    with _lock:
+        _in_process[:] = [(p, n) for p, n in _in_process if p is not plugin]
+        _cache.clear()
+
+
+def get_plugins(
+    *,
+    autoload: bool = True,
+    allow: Iterable[str] | None = None,
+    block: Iterable[str] = (),
+    strict: bool = False,
+) -> PluginSet:
+    """The loaded plugins for these settings; entry points are loaded once per process."""
+    key = (
+        autoload,
+        tuple(sorted(allow)) if allow is not None else None,
+        tuple(sorted(block)),
+        strict,
+        tuple(id(p) for p, _ in _in_process),
+    )
+    with _lock:
+        found = _cache.get(key)
+        if found is None:
+            found = PluginSet()
+            found.load_entry_points(autoload=autoload, allow=allow, block=block, strict=strict)
+            found._strict = strict
+            for plugin, label in _in_process:
+                found.add(plugin, PluginInfo(label, None, None, getattr(plugin, "__name__", label)))
+            found._strict = False
+            _cache[key] = found
+        return found
+
+
+def plugins_for(config: Config) -> PluginSet:
+    """The plugin set ``config`` allows (its ``autoload``, ``plugins``, ``block_plugins``
+    and ``strict_plugins``)."""
+    return get_plugins(
+        autoload=config.autoload,
+        allow=config.plugins,
+        block=config.block_plugins,
+        strict=config.strict_plugins,
+    )
+
+
+def reset() -> None:
+    """Forget loaded plugins (tests); the next :func:`get_plugins` rediscovers them."""
+    with _lock:
+        _cache.clear()
+
+
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Run a block with no in-process registrations but its own, restoring the previous
+    ones afterwards; plugin discovery is redone on entry and exit (tests, notebooks)."""
+    with _lock:
+        saved = list(_in_process)
+        _in_process.clear()
+        _cache.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            _in_process[:] = saved
+            _cache.clear()
