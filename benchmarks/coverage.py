@@ -234,17 +234,21 @@ def render_gpu(reports: list, args: argparse.Namespace, seconds: float, reused: 
     lines = [
         f"Machine: {args.dp * args.tp}x {gpu}; torch {torch.__version__}, transformers {transformers.__version__}; "
         f"{layout} over NCCL, hidden {args.hidden}, {args.layers} layers, bf16, random weights, {args.tokens} "
-        f"tokens; Inductor with `passes=[\"allreduce_rmsnorm\", \"allreduce_layernorm\", \"cleanup\"]` "
+        f'tokens; Inductor with `passes=["allreduce_rmsnorm", "allreduce_layernorm", "cleanup"]` '
         f"(the GPU kernels) beside Inductor alone; {seconds:.0f} s"
         + (f" (and {reused} families read from the cache)." if reused else "."),
         "",
-        "| norm | family | config | " + " | ".join(GPU_COLUMNS) + " | passkit error vs eager | Inductor error vs eager |",
+        "| norm | family | config | "
+        + " | ".join(GPU_COLUMNS)
+        + " | passkit error vs eager | Inductor error vs eager |",
         "|---|---|---|" + "---|" * len(GPU_COLUMNS) + "---|---|",
     ]
     for report in sorted(reports, key=lambda r: (r.norm != "RMSNorm", r.norm)):
         head = f"| {report.norm} | {report.name} | {report.config_class} | "
         if report.error:
-            lines.append(head + f"not run: {report.error.splitlines()[0]} |" + " |" * len(GPU_COLUMNS) + " - |")
+            lines.append(
+                head + f"not run: {report.error.splitlines()[0]} |" + " |" * len(GPU_COLUMNS) + " - |"
+            )
             continue
         by_label = {o.label: o for o in report.outcomes}
         mine = totals([report])
@@ -261,7 +265,9 @@ def render_gpu(reports: list, args: argparse.Namespace, seconds: float, reused: 
                 cell = f"**{cell}**"
             not_ran = [s for s in o.statuses if not s.startswith("ran")]
             cells.append(cell + (f" ({'; '.join(not_ran)})" if not_ran else ""))
-        ours = max((o.max_error for o in report.outcomes if o.label in GPU_COLUMNS and not o.error), default=None)
+        ours = max(
+            (o.max_error for o in report.outcomes if o.label in GPU_COLUMNS and not o.error), default=None
+        )
         base = by_label.get("inductor")
         lines.append(
             head
@@ -420,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.gpu:
             stem = "coverage_gpu" + (f"_dp{args.dp}_tp{args.tp}" if args.dp > 1 else "")
             where = "GPUs"
-        (out / f"{stem}.md").write_text(f"# Coverage on {where}, {title}benchmarks/coverage.py\n\n" + text + "\n")
+        (out / f"{stem}.md").write_text(
+            f"# Coverage on {where}, {title}benchmarks/coverage.py\n\n" + text + "\n"
+        )
         (out / f"{stem}.json").write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
     return 0
 

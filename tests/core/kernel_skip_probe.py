@@ -54,7 +54,8 @@ if __name__ == "__main__":
     print(
         json.dumps(
             {
-                "hit": counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"],
+                "hit": counters["inductor"]["fxgraph_cache_hit"]
+                + counters["aot_autograd"]["autograd_cache_hit"],
                 "out": out.tolist(),
                 "restored": report.restored,
                 "status": record.status if record else None,

@@ -119,7 +119,9 @@ def test_a_full_disk_leaves_no_partial_file(cache, monkeypatch):
 
 
 def _child_env(tmp_path, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PASSKIT_", "TORCHINDUCTOR_", "TORCH_LOGS"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PASSKIT_", "TORCHINDUCTOR_", "TORCH_LOGS"))
+    }
     env.update(
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
         TORCHINDUCTOR_FX_GRAPH_CACHE="1",

@@ -524,3 +524,59 @@ def test_a_pass_counts_no_sites_in_a_family_without_its_norm():
     got = benchmark.totals([report])
     assert got["allreduce_rmsnorm"]["followed_by_norm"] == 3
     assert got["allreduce_layernorm"]["followed_by_norm"] == 0
+
+
+def test_small_config_at_a_serving_width():
+    """``hidden``: the residual stream that wide, the MLP twice it; attention keeps the small
+    heads where the config names a head dim, else gets 128-wide heads (4 per KV head)."""
+    llama = small_config(load_config("Llama"), layers=2, hidden=4096)
+    assert (llama.hidden_size, llama.intermediate_size, llama.num_attention_heads, llama.head_dim) == (
+        4096,
+        8192,
+        4,
+        16,
+    )
+    qwen2 = small_config(load_config("Qwen2"), layers=2, hidden=4096)  # no head_dim: hidden / heads
+    assert (qwen2.num_attention_heads, qwen2.num_key_value_heads) == (32, 8)
+    assert qwen2.hidden_size // qwen2.num_attention_heads == 128
+    with pytest.raises(ValueError, match="multiple of 128"):
+        small_config(load_config("Llama"), hidden=100)
+
+
+def test_gpu_table_reads_each_pass_of_the_pipeline():
+    """``--gpu``'s table: one compile of the serving pipeline reported per pass (fused of the
+    sites its norm follows, a skip's reason beside it), passkit's error beside Inductor's, a
+    family that did not run with its reason."""
+    import argparse
+
+    from passkit_fusion.coverage.run import GPU_PASSES, FamilyReport, PassOutcome, _reported
+
+    assert _reported("passkit", GPU_PASSES["passkit"]) == ["allreduce_rmsnorm", "allreduce_layernorm"]
+    assert _reported("inductor", []) == ["inductor"]
+    assert _reported("sequence_parallel+async_tp", PASSES["sequence_parallel+async_tp"]) == [
+        "sequence_parallel+async_tp"
+    ]
+    skipped = "skipped: flashinfer is not installed"
+    reports = [
+        FamilyReport(
+            "Llama",
+            "LlamaConfig",
+            2,
+            [
+                PassOutcome("inductor", 0, 0, {}, 0.066, 1, []),
+                PassOutcome("allreduce_rmsnorm", 5, 4, {"why": 1}, 0.055, 1, [], statuses=["ran"]),
+                PassOutcome("allreduce_layernorm", 0, 0, {}, 0.055, 1, [], statuses=[skipped]),
+            ],
+            norm="RMSNorm",
+        ),
+        FamilyReport("gpt-oss", "GptOssConfig", 2, [], error="no tensor-parallel plan"),
+    ]
+    args = argparse.Namespace(dp=1, tp=2, hidden=4096, layers=2, tokens=8)
+    text = _benchmark().render_gpu(reports, args, 12.0)
+    row = next(line for line in text.splitlines() if line.startswith("| RMSNorm | Llama |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3:] == ["**4/5**", f"0/0 ({skipped})", "5.5e-02", "6.6e-02"], cells
+    assert any(
+        line.startswith("| ? | gpt-oss |") and "not run: no tensor-parallel plan" in line
+        for line in text.splitlines()
+    )
