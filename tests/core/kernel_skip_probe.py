@@ -50,7 +50,7 @@ if __name__ == "__main__":
     backend = passkit.backend(passes=["needs_kernel"])
     out = torch.compile(lambda x: torch.relu(x * 3.0) + 1.0, backend=backend)(torch.arange(8.0).reshape(2, 4))
     (report,) = backend.reports
-    record = report["needs_kernel"] if "needs_kernel" in report else None
+    record = next((r for r in report.records if r.name == "needs_kernel"), None)
     print(
         json.dumps(
             {

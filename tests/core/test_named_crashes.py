@@ -118,17 +118,16 @@ def test_a_compiler_module_that_exits_on_import_is_a_config_error(tmp_path, monk
 def test_a_compiler_that_returns_none_is_named(tmp_path, monkeypatch):
     _module(tmp_path, monkeypatch, "def c(gm, inputs):\n    return None\n")
     backend = passkit.Backend(load_config(passes=["cleanup"], compiler="t45_compilers:c", environ={}))
-    with pytest.raises(Exception, match=r"compiler 't45_compilers:c' returned NoneType for the inference graph"):
-        with torch.no_grad():
-            torch.compile(fn, backend=backend)(torch.randn(8, 4))
+    expected = r"compiler 't45_compilers:c' returned NoneType for the inference graph"
+    with pytest.raises(Exception, match=expected), torch.no_grad():
+        torch.compile(fn, backend=backend)(torch.randn(8, 4))
 
 
 def test_a_compiler_that_raises_is_named_by_its_config_key(tmp_path, monkeypatch):
     _module(tmp_path, monkeypatch, "def c(gm, inputs):\n    raise ValueError('no luck')\n")
     backend = passkit.Backend(load_config(passes=["cleanup"], compiler="t45_compilers:c", environ={}))
-    with pytest.raises(Exception) as caught:
-        with torch.no_grad():
-            torch.compile(fn, backend=backend)(torch.randn(8, 4))
+    with pytest.raises(Exception) as caught, torch.no_grad():
+        torch.compile(fn, backend=backend)(torch.randn(8, 4))
     message = str(caught.value)
     assert "compiler 't45_compilers:c' raised compiling the inference graph: ValueError: no luck" in message
     assert "Backend object at 0x" not in message
@@ -136,5 +135,5 @@ def test_a_compiler_that_raises_is_named_by_its_config_key(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("value", [",,,", " , "])
 def test_passes_that_are_only_separators_are_an_error(value):
-    with pytest.raises(passkit.ConfigError, match="PASSKIT_PASSES=.* names no pass"):
+    with pytest.raises(passkit.ConfigError, match=r"PASSKIT_PASSES=.* names no pass"):
         load_config(environ={"PASSKIT_PASSES": value})

@@ -117,4 +117,3 @@ def rewrite_or_decline(
         return rewrite()
     except Exception as exc:  # undone and declined, or the pass fails (graph restored)
         return guard.decline(exc, pass_name, site_name)
-
