@@ -226,7 +226,6 @@ def render_gpu(reports: list, args: argparse.Namespace, seconds: float, reused: 
     Inductor's; then every family's reasons."""
     import torch
     import transformers
-
     from passkit_fusion.coverage.run import format_report
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
