@@ -53,8 +53,10 @@ DECODERS = {
     f"{'bias' if b else 'no-bias'}-{str(d)[6:]}": (b, d, False) for b in (True, False) for d in (bf16, fp32)
 }
 DECODERS |= {f"parallel-biased-{str(d)[6:]}": (True, d, "biased") for d in (bf16, fp32)}
+DECODERS |= {"non-contiguous-input-bfloat16": (True, bf16, False)}
 """Pre-norm decoders (4 sites), and GPT-NeoX's parallel block with row-parallel biases (2 sites,
-each with the other all-reduce merged into it)."""
+each with the other all-reduce merged into it); one fed a transposed (non-contiguous) input,
+whose norms read a contiguous copy of the residual stream (issue 45: 0 of 4 fused before)."""
 
 
 def _inputs(rank: int, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
@@ -88,6 +90,8 @@ def _rank(rank: int, world_size: int) -> dict[str, Any]:
             torch._dynamo.reset()
             model = make_decoder(bias, dtype, rank, parallel=parallel)
             x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(7)).to(dtype)
+            if name.startswith("non-contiguous"):
+                x = x.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, strides (64, 128, 1)
             result = run_passes(model, x, passes=[LN_REFERENCE], verify=True)
             out["decoders"][name] = _summary(result)
         out["op"] = _op_called_directly(rank)

@@ -119,6 +119,19 @@ def test_fuses_every_site_of_a_layernorm_decoder(bias: bool, dtype: torch.dtype)
     assert notes[1] == "per layer: layers.0=1, layers.1=2, norm=1", notes
 
 
+def test_fuses_the_norms_of_a_non_contiguous_input():
+    """A transposed input: each norm reads ``x.contiguous()`` of the residual stream, a copy the
+    site takes with the norm (issue 45: 0 of 4 fused, with a reason that saw no LayerNorm)."""
+    x = torch.randn(5, 2, 64, dtype=bf16).transpose(0, 1)
+    assert not x.is_contiguous()
+    with fake_world(2):
+        model = make_decoder(True, bf16, rank=0)
+        result = run_passes(model, x, passes=[LN_REFERENCE])
+    assert count_ops(result.graph_before, torch.ops.aten.clone.default) > 0  # the copies are there
+    assert (count_ops(result.graph_after, ALL_REDUCE), count_ops(result.graph_after, FUSED)) == (0, 4)
+    assert result.report["allreduce_layernorm"].matches == 4
+
+
 def test_parallel_residual_block_reports_what_it_takes():
     """GPT-NeoX's parallel residual (``x + AR(attn) + AR(mlp)``, both norms of the next layer
     reading the sum): the count of all-reduces left matches the report."""

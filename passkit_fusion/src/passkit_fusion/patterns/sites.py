@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -978,6 +979,8 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool, kind: str = RMS) -> R
     try:
         return match(total)
     except NoNorm:
+        if (through := _through_a_copy(total, match)) is not None:
+            return through
         if _matches(other, total):
             raise Mismatch(taken) from None
         if any(_is_fused_site(u) for u in total.users):
@@ -994,6 +997,27 @@ def _match_norm(total: fx.Node, *, after_all_reduce: bool, kind: str = RMS) -> R
             name = "RMSNorm" if kind == RMS else "LayerNorm"
             raise Mismatch(f"{NO_NORM_FOLLOWS} (no {name} reads the sum or its residual add)") from None
         raise
+
+
+def _through_a_copy(total: fx.Node, match: Any) -> RMSNorm | LayerNorm | None:
+    """The norm of a contiguous copy of ``total`` (``x.contiguous()`` before the norm, where
+    the residual stream is not contiguous: a transposed input), the copy then one of the
+    norm's nodes; None when no copy of ``total`` is read by a norm of ``match``'s kind alone."""
+    for copy in list(total.users):
+        if not (
+            copy.target is aten.clone.default
+            and copy.args[0] is total
+            and not copy.kwargs.keys() - {"memory_format"}
+            and copy.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format
+        ):
+            continue
+        try:
+            norm = match(copy)
+        except Mismatch:
+            continue
+        if all(u in norm.nodes for u in copy.users):  # the copy is the norm's alone
+            return dataclasses.replace(norm, nodes=(copy, *norm.nodes))
+    return None
 
 
 JOINS_A_FUSED_SITE = (
