@@ -69,10 +69,13 @@ RESULT_KINDS = (
     ("coverage_all", "Coverage on CPU", "Every family with a TP plan"),
     ("coverage_cpu_layernorm", "Coverage on CPU", "LayerNorm families"),
     ("coverage_cpu", "Coverage on CPU", "RMSNorm families"),
+    ("coverage_gpu", "Coverage on GPUs", "Families with the GPU kernels"),
     ("core_overhead", "passkit overhead (CPU)", "Core overhead"),
     ("output_check", "passkit overhead (CPU)", "Checks after each pass"),
     ("range_dispatch", "passkit overhead (CPU)", "Token-range dispatch"),
     ("torch_versions", "Test runs", "Fusion tests on each torch"),
+    ("stale_skip", "Test runs", "A skip after its cause is gone"),
+    ("exit_probe_runs", "Test runs", "Exit of a 2-rank gloo program"),
 )
 """How the navigation groups and titles ``benchmarks/results/*.md``: by what they measure
 and where (a new result file with a known prefix needs nothing here)."""
@@ -124,6 +127,8 @@ def result_title(stem: str, text: str) -> tuple[str, str]:
             rest.append(f"run {m.group(1)}")
         elif m := re.fullmatch(r"tp(\d+)", word):
             rest.append(f"TP={m.group(1)}")
+        elif m := re.fullmatch(r"dp(\d+)", word):
+            rest.append(f"{m.group(1)} data-parallel replicas")
         else:
             rest.append(word)
     joined = "_".join(w for w in rest if not w.startswith(("run ", "TP=")))
