@@ -75,7 +75,6 @@ RESULT_KINDS = (
     ("range_dispatch", "passkit overhead (CPU)", "Token-range dispatch"),
     ("torch_versions", "Test runs", "Fusion tests on each torch"),
     ("stale_skip", "Test runs", "A skip after its cause is gone"),
-    ("exit_probe_runs", "Test runs", "Exit of a 2-rank gloo program"),
 )
 """How the navigation groups and titles ``benchmarks/results/*.md``: by what they measure
 and where (a new result file with a known prefix needs nothing here)."""
