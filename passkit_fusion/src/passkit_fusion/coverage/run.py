@@ -343,11 +343,16 @@ def _run_plans(
     return {"outcomes": outcomes}
 
 
+def _pass_names(passes: list[Any]) -> list[str]:
+    """The names of a configuration's passes (a name, or a dict with ``"name"``)."""
+    return [p if isinstance(p, str) else p["name"] for p in passes]
+
+
 def _reported(label: str, passes: list[Any]) -> list[str]:
     """The rows a configuration gives: the pass it is named after (the last of
     ``sequence_parallel+async_tp``), each site-taking pass of a pipeline (:data:`GPU_PASSES`'
     ``passkit``), or the label alone for no pass (Inductor)."""
-    names = [p if isinstance(p, str) else p["name"] for p in passes]
+    names = _pass_names(passes)
     if not names or label in names or "+" in label:
         return [label]
     return [n for n in names if n not in _REPORTED_ALONE]
@@ -359,7 +364,7 @@ def _outcome(label: str, passes: list[Any], backend: Any, error: float) -> PassO
     with no passes, only the error (Inductor alone)."""
     if not passes:
         return PassOutcome(label, 0, 0, {}, error, len(backend.reports), [])
-    names = [p if isinstance(p, str) else p["name"] for p in passes]
+    names = _pass_names(passes)
     name = label if label in names else names[-1]
     seen = rewritten = 0
     reasons: dict[str, int] = {}
