@@ -379,6 +379,28 @@ def test_tuning_then_compiling_uses_the_decision_and_reports_its_source(isolated
         )
 
 
+def test_a_graph_dynamo_specializes_while_timed_gets_the_decision_too(isolated):
+    """Timing 1 token recompiles (Dynamo specializes a size of 1): that graph is stored with
+    the decision as the dynamic one is, so a program's 1-token compile finds it too (it found
+    none when only the first compile's graphs were kept)."""
+    passes = [{"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]
+    with fake_world(2) as world:
+        model, inputs, mark = _tiny(world)
+        result = measure.tune_model(
+            model, inputs, passes, token_counts=[1, 4, 16], timer=_fake_timer, mark_dynamic=mark,
+            mode="eager", progress=False,
+        )  # fmt: skip
+        assert len(set(result.paths)) == 2, result.paths  # the dynamic graph and the 1-token one
+        decisions._measured.clear()  # as in a new process: read from the files
+        torch._dynamo.reset()
+        backend = passkit.backend(passes=passes, mode="eager")
+        fn = torch.compile(model, backend=backend)
+        with torch.no_grad():
+            fn(*inputs(1))  # unmarked, as a program's first 1-token call is
+        notes = [n for r in backend.reports for n in r["allreduce_rmsnorm"].notes]
+        assert any(n.startswith("fuse decision: stored (tuned ") for n in notes), notes
+
+
 def test_the_budget_stops_measuring_and_says_what_was_not_measured(isolated):
     clock = itertools.count()  # one second per unit measured (compiles cost nothing)
     now = [0.0]
@@ -471,3 +493,13 @@ def test_a_fresh_process_uses_the_stored_decision(isolated):
     (path,) = (isolated / "cache" / "fusion-decisions").iterdir()
     note = out.stdout.strip().splitlines()[-1]
     assert note.startswith("fuse decision: stored (tuned ") and f", in {path.parent}): tokens 1..4: " in note
+
+
+@pytest.mark.parametrize(
+    "compile_mode, records",
+    [(None, False), ("default", False), ("reduce-overhead", True), ("max-autotune-no-cudagraphs", False)],
+)
+def test_a_compile_mode_that_records_cuda_graphs_is_timed_per_call(compile_mode, records):
+    """Candidates compiled with Inductor's CUDA graphs replay their own graphs, which cannot
+    be captured again: the default GPU timer for them times calls."""
+    assert measure.records_cuda_graphs(compile_mode) is records

@@ -160,6 +160,13 @@ def add_tune_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mode", choices=["inductor", "eager"], default="inductor")
     parser.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        default=None,
+        help="torch.compile's mode for every candidate, as your program compiles the model "
+        "(reduce-overhead: calls timed with their own CUDA graphs)",
+    )
+    parser.add_argument(
         "--cpu", action="store_true", help="gloo ranks on the CPU, wall-clock timing (smoke runs)"
     )
 
@@ -219,6 +226,7 @@ def _tune_model_worker(rank: int, world_size: int, port: int, args: argparse.Nam
             margin=args.margin,
             mark_dynamic=target.mark_dynamic,
             mode=args.mode,
+            compile_mode=args.compile_mode,
         )
         if rank == 0:
             print(result.format(), flush=True)

@@ -40,6 +40,7 @@ __all__ = [
     "Timer",
     "Trial",
     "TuneResult",
+    "cuda_call_timer",
     "cuda_graph_timer",
     "default_candidates",
     "tune_model",
@@ -91,6 +92,31 @@ def cuda_graph_timer(replays: int = 100, group: Any = None) -> Timer:
         return replay_median_us(step, replays=replays, before_replays=before)
 
     return timer
+
+
+def cuda_call_timer(calls: int = 100, group: Any = None) -> Timer:
+    """Median microseconds of one call, the ranks lined up by a barrier before each (see
+    :func:`~.timing.call_median_us`): for candidates compiled with a mode that records CUDA
+    graphs itself (``"reduce-overhead"``), whose calls cannot be captured again."""
+    from .timing import call_median_us
+
+    def timer(step: Callable[[], object], trial: Trial) -> float:
+        import torch.distributed as dist
+
+        before = (lambda: dist.barrier(group=group)) if trial.world_size > 1 else None
+        return call_median_us(step, calls=calls, before_call=before)
+
+    return timer
+
+
+def records_cuda_graphs(compile_mode: str | None) -> bool:
+    """Whether torch.compile's ``mode`` makes Inductor record CUDA graphs (its
+    ``triton.cudagraphs`` option: ``"reduce-overhead"``, ``"max-autotune"``)."""
+    if compile_mode in (None, "default"):
+        return False
+    from torch._inductor import list_mode_options
+
+    return bool(list_mode_options(compile_mode).get("triton.cudagraphs", False))
 
 
 def default_candidates(tunable: Sequence[str]) -> list[Candidate]:
@@ -207,6 +233,7 @@ def tune_model(
     mark_dynamic: Callable[[Sequence[Any]], None] | None = None,
     group: Any = None,
     mode: str = "inductor",
+    compile_mode: str | None = None,
     save: bool = True,
     progress: bool | TextIO = True,
     clock: Callable[[], float] = time.monotonic,
@@ -219,7 +246,10 @@ def tune_model(
     so the decision's key) differs. ``passes``: the passkit pass list the model is compiled
     with later (entries as in ``passkit.backend(passes=...)``); its fusion passes are tuned,
     the others run in every candidate. ``candidates``: sets of tunable pass names (default
-    :func:`default_candidates`). ``group``: the process group (default: the world when
+    :func:`default_candidates`). ``mode``: passkit's (``"inductor"`` or ``"eager"``);
+    ``compile_mode``: torch.compile's for every candidate (``"reduce-overhead"``: Inductor's
+    CUDA graphs; the default timer then times calls, :func:`cuda_call_timer`, instead of
+    capturing them). ``group``: the process group (default: the world when
     torch.distributed is initialised). ``progress``: a line per unit on rank 0's stderr
     (or the given stream). ``clock``: what the budget is measured with (seconds; tests
     inject one). Resets Dynamo between candidates.
@@ -244,7 +274,13 @@ def tune_model(
         )
     cands = _candidates(candidates, tunable)
     device = _device(inputs(counts[0]))
-    timer = timer or (cuda_graph_timer(group=group) if device == "cuda" else wall_clock_timer())
+    if timer is None and device == "cuda":
+        timer = (
+            cuda_call_timer(group=group)
+            if records_cuda_graphs(compile_mode)
+            else cuda_graph_timer(group=group)
+        )
+    timer = timer or wall_clock_timer()
     stream = None if rank != 0 or progress is False else (sys.stderr if progress is True else progress)
     budget = _Budget(budget_s, group, len(cands) * (1 + len(counts)), stream, clock)
     multiple = world if "sequence_parallel" in tunable else 1
@@ -272,13 +308,10 @@ def tune_model(
             start = time.monotonic()
             error = None
             try:
-                fn, seen = _compile(model, cand_entries, mode, inputs(t0), mark)
+                fn, seen = _compile(model, cand_entries, mode, inputs(t0), mark, compile_mode)
             except Exception as exc:  # one candidate failing must not cost the others
                 error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
                 seen = []
-            for g in seen:
-                if g not in graphs:
-                    graphs.append(g)
             compile_s[cand] = time.monotonic() - start
             errors = [(r, a["error"]) for r, a in enumerate(budget.agree({"error": error})) if a["error"]]
             if errors:
@@ -306,6 +339,9 @@ def tune_model(
                     budget.say(f"{label(cand):<44} {t:>6} tokens {agreed:10.1f} us{ratio}")
                 else:
                     budget.say(f"{label(cand):<44} {t:>6} tokens  n/a (not a multiple of {multiple})")
+            # every graph Dynamo made, those of the sizes it specialized while timed too (a
+            # 1-token call recompiles): each gets the decision, or its compiles find none
+            graphs.extend(g for g in dict.fromkeys(seen) if g not in graphs)
             torch._dynamo.reset()
     except Exception as exc:  # the peers stop waiting for this rank at once
         if group is not None and world > 1:
@@ -401,19 +437,21 @@ def _compile(
     mode: str,
     example: Sequence[Any],
     mark: Callable[[Sequence[Any]], None],
+    compile_mode: str | None = None,
 ) -> tuple[Callable[..., Any], list[str]]:
-    """``model`` compiled with passkit and ``entries`` (stored decisions ignored), called
-    once on ``example``; also the fingerprints of the graphs Dynamo handed the backend."""
+    """``model`` compiled with passkit and ``entries`` (stored decisions ignored) in
+    torch.compile's ``compile_mode``, called once on ``example``; also the fingerprints of
+    the graphs Dynamo handed the backend."""
     torch._dynamo.reset()
     backend = passkit.backend(passes=entries, mode=mode)
     seen: list[str] = []
 
-    def capture(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    def capture(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
         seen.append(compiling.fingerprint(gm, example_inputs))
         with decisions.ignored(), compiling.scope(gm, example_inputs, backend.pipeline):
-            return backend(gm, example_inputs)
+            return backend(gm, example_inputs, **kwargs)
 
-    fn = torch.compile(model, backend=capture)
+    fn = torch.compile(model, backend=capture, mode=compile_mode)
     mark(example)
     with torch.no_grad(), decisions.ignored():
         fn(*example)

@@ -11,6 +11,10 @@ measures, and each caller keeps the one it always used:
   the host waits for each replay before issuing the next: the latency of one launched
   replay (a decode step), launch included.
 
+:func:`call_median_us` captures nothing: for a step that replays CUDA graphs of its own
+(torch.compile's ``mode="reduce-overhead"``), which cannot be captured again, it times the
+calls themselves, launch and host work included.
+
 With collectives inside the step, every rank must call them in lock-step.
 """
 
@@ -22,7 +26,7 @@ from typing import Literal
 
 import torch
 
-__all__ = ["graph_median_us", "replay_median_us"]
+__all__ = ["call_median_us", "graph_median_us", "replay_median_us"]
 
 
 def _capture(
@@ -102,6 +106,36 @@ def replay_median_us(
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def call_median_us(
+    step: Callable[[], object],
+    *,
+    calls: int = 100,
+    warmup: int = 3,
+    before_call: Callable[[], object] | None = None,
+) -> float:
+    """Median microseconds of one ``step()`` call, CUDA events around it, each waited for.
+
+    ``step`` runs ``warmup`` times first (a compiled function with ``mode="reduce-overhead"``
+    records its CUDA graphs in its first calls), then ``calls`` times, ``before_call`` (e.g.
+    ``dist.barrier`` to line the ranks up) before each. The time covers the host's work in
+    the call (guards, runtime wrappers, the graph's launch) and the device's.
+    """
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        if before_call is not None:
+            before_call()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
