@@ -13,7 +13,9 @@
 # USERS_PARALLEL cases at a time with pytest-xdist), control (benchmarks/users_order_control.py:
 # the same program ended through passkit's teardown and through torch's alone), hf (benchmarks/hf_tp.py: Hugging Face Llama TP=2, DTensor, tokens
 # dynamic, Inductor vs passkit with and without mode="reduce-overhead": sites fused per pass
-# and latency per token count), e2e (benchmarks/fusion_e2e.py --world 2), coverage (benchmarks/coverage.py --gpu: the families
+# and latency per token count), e2e (benchmarks/fusion_e2e.py --world 2), tune (benchmarks/hf_tune.py:
+# passkit tune-model on the HF Llama, the decision stored, restored by a fresh program), tuned
+# (benchmarks/tuned_e2e.py: tuned vs tabled vs Inductor on the synthetic stacks), coverage (benchmarks/coverage.py --gpu: the families
 # at hidden 4096, GPU kernels vs Inductor), stale (flashinfer hidden, then importable, same
 # caches: the second start must fuse). Each step is
 # time-boxed; the log is $OUT/gate.log (commit it under benchmarks/results/).
@@ -38,6 +40,8 @@ for s in ${GATE_STEPS:-probe users tests hf e2e}; do
           step "${STALE_LIMIT:-240}" python3 benchmarks/coverage.py --gpu --families Llama --write-to "$OUT/stale_$phase"
       done ;;
     e2e) step "${E2E_LIMIT:-200}" python3 benchmarks/fusion_e2e.py --world "$WORLD" --replays "${REPLAYS:-50}" ${E2E_ARGS:-} ;;
+    tune) step "${TUNE_LIMIT:-330}" python3 benchmarks/hf_tune.py --world "$WORLD" --out-dir "$OUT" ${TUNE_ARGS:-} ;;
+    tuned) step "${TUNED_LIMIT:-300}" python3 benchmarks/tuned_e2e.py --world "$WORLD" ${TUNED_ARGS:-} ;;
     *) echo "unknown gate step $s" | tee -a "$LOG" ;;
   esac
 done

@@ -106,6 +106,14 @@ def pass_set(kind: str, impl: str) -> list:
     return [p if p != "allreduce_rmsnorm" else arn for p in SERVING]
 
 
+def variant_passes(kind: str, cuda: bool) -> list:
+    """A variant's pass list: :func:`pass_set`'s on GPUs; on a CPU (``--smoke``: no flashinfer,
+    no symmetric memory) ``allreduce_rmsnorm``'s reference op alone, or the ceiling."""
+    if cuda or kind == "ceiling":
+        return pass_set(kind, "auto" if cuda else "reference")
+    return [{"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]
+
+
 CEILING = "benchmark_drop_all_reduce"
 
 
@@ -193,6 +201,38 @@ def shard(model: Any, world: int, device: torch.device) -> None:
         parallelize_module(layer, mesh, plan)
 
 
+def logits_of(model: Any) -> Any:
+    """The function every variant compiles: the ids' logits, no KV cache (one Dynamo graph,
+    the same for ``passkit tune-model`` through :func:`tune_target`, so its stored decision is
+    found by this script's compiles)."""
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, use_cache=False).logits
+
+    return forward
+
+
+def tune_target(rank: int, world_size: int, device: str = "cuda") -> Any:
+    """``passkit tune-model hf_tp:tune_target`` (from ``benchmarks/``): this script's model,
+    plan and serving config on each rank of the tuning's world, ``$HF_TUNE_LAYERS`` layers
+    (default 2), inputs as :func:`make_inputs` makes them."""
+    from passkit_fusion.tuning.measure import Target
+
+    cuda = device == "cuda"
+    args = argparse.Namespace(smoke=not cuda, layers=int(os.environ.get("HF_TUNE_LAYERS", "2")))
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    model, vocab = build_model(args, dev, torch.bfloat16 if cuda else torch.float32)
+    shard(model, world_size, dev)
+
+    def inputs(tokens: int) -> tuple[torch.Tensor]:
+        return (make_inputs([tokens], vocab, dev)[tokens],)
+
+    def mark(example: Any) -> None:  # make_inputs marks the token dimension above 1
+        pass
+
+    return Target(logits_of(model), inputs, variant_passes("serving", cuda), mark)
+
+
 def chosen_variants(args: argparse.Namespace) -> list[str]:
     """The gate's four variants, then the ``--variants`` extras (``--only``: just those)."""
     if args.only:
@@ -236,10 +276,7 @@ def compile_variants(
     import passkit
 
     cuda = not args.smoke
-    impl = "auto" if cuda else "reference"
-
-    def forward(ids: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=ids, use_cache=False).logits
+    forward = logits_of(model)
 
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.accumulated_cache_size_limit = 512
@@ -249,11 +286,7 @@ def compile_variants(
     diff: dict[str, dict[int, float]] = {}
     for name in only:
         kind, mode = VARIANTS[name]
-        passes = (
-            pass_set(kind, impl)
-            if cuda or kind == "ceiling"
-            else [{"name": "allreduce_rmsnorm", "implementation": impl}, "cleanup"]
-        )
+        passes = variant_passes(kind, cuda)
         backend: Any = "inductor" if kind == "inductor" else passkit.backend(passes=passes)
         fn = torch.compile(forward, backend=backend, mode=mode)
         t0 = time.perf_counter()

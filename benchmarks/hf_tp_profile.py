@@ -50,14 +50,24 @@ MODES = {
     "ro": ["inductor reduce-overhead", "passkit reduce-overhead", "ceiling reduce-overhead"],
     "default": ["inductor", "passkit", "ceiling"],
     "graph": ["inductor graph", "passkit graph", "ceiling graph"],
+    "ro-skip": [
+        "inductor reduce-overhead skip-guards",
+        "passkit reduce-overhead skip-guards",
+        "ceiling reduce-overhead skip-guards",
+    ],
 }
 """``--modes``: the three variants compared in each way of running (Inductor, passkit's
 serving config, the ceiling): ``ro`` torch.compile's ``mode="reduce-overhead"`` (Inductor's
 CUDA-graph trees), ``default`` its default mode, ``graph`` the default mode captured whole
 into one CUDA graph per token count by the caller and replayed, as serving stacks run a
 decode step (vLLM's and SGLang's full-graph capture): no Dynamo guards, no runtime wrappers,
-no per-call input copies but the ids."""
+no per-call input copies but the ids; ``ro-skip`` the ``ro`` variants called under
+``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` once warm (Dynamo evaluates only
+the guards that tell its cache entries apart: the host work a serving loop saves by calling
+the compiled code without Dynamo's checks, as vLLM's dispatcher does)."""
 GRAPH = " graph"
+SKIP = " skip-guards"
+"""The suffix of a variant called with Dynamo's guard evaluation skipped once warm."""
 GRAPH_EXTRA = {
     "overlap-graph": "passkit overlap graph",
     "overlap4-graph": "passkit overlap4 graph",
@@ -343,6 +353,18 @@ def capture_whole(fn: Any, inputs: dict[int, torch.Tensor]) -> tuple[Any, dict[i
     return replay, failed
 
 
+def skipping_guards(fn: Any) -> Any:
+    """``fn`` called under ``set_stance(skip_guard_eval_unsafe=True)``: Dynamo runs only the
+    guards that tell its cache entries apart (safe once every entry the calls need exists and
+    the inputs keep their types, devices and dtypes, as a serving loop's do)."""
+
+    def call(ids: torch.Tensor) -> Any:
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return fn(ids)
+
+    return call
+
+
 def compile_all(
     rank: int, args: argparse.Namespace, model: Any, inputs: dict[int, torch.Tensor]
 ) -> tuple[
@@ -350,10 +372,27 @@ def compile_all(
 ]:
     """``hf_tp.compile_variants`` for the plain variants; a ``graph`` variant compiles its
     base variant in its own ``torch.compile`` and captures it whole per token count."""
-    plain = [n for n in args.only if not n.endswith(GRAPH)]
+    plain = [n for n in args.only if not n.endswith((GRAPH, SKIP))]
     captured = [n for n in args.only if n.endswith(GRAPH)]
-    compiled, backends, compile_s, diff = hf_tp.compile_variants(rank, args, model, inputs, plain)
+    skipped = [n for n in args.only if n.endswith(SKIP)]
+    needed = plain + [n[: -len(SKIP)] for n in skipped if n[: -len(SKIP)] not in plain]
+    compiled, backends, compile_s, diff = hf_tp.compile_variants(rank, args, model, inputs, needed)
     failures: dict[str, dict[int, str]] = {}
+    with torch.no_grad():
+        for name in skipped:  # the same compiled function, its guards skipped: outputs must match
+            base = name[: -len(SKIP)]
+            compiled[name] = skipping_guards(compiled[base])
+            for t, ids in inputs.items():
+                want = compiled[base](ids).clone()
+                got = compiled[name](ids).clone()
+                if not torch.equal(want, got):
+                    raise RuntimeError(f"{name}: output differs from {base}'s at {t} tokens")
+            compile_s[name], diff[name] = compile_s[base], diff[base]
+            if base in backends:
+                backends[name] = backends[base]
+    for base in [n for n in needed if n not in plain]:  # compiled only to be wrapped
+        compiled.pop(base)
+        backends.pop(base, None)
     if captured:
         bases = [n[: -len(GRAPH)] for n in captured]
         c2, b2, s2, d2 = hf_tp.compile_variants(rank, args, model, inputs, bases)
@@ -458,7 +497,7 @@ def attribution(res: dict[str, Any], name: str, base: str, t: int, rank: int) ->
 
 def _way(name: str) -> str:
     """How a variant runs: ``" graph"``, ``" reduce-overhead"`` or ``""`` (the default mode)."""
-    return next((w for w in (GRAPH, " reduce-overhead") if name.endswith(w)), "")
+    return next((w for w in (GRAPH, " reduce-overhead" + SKIP, " reduce-overhead") if name.endswith(w)), "")
 
 
 def _inductor_same_way(name: str, variants: list[str]) -> str | None:
@@ -547,7 +586,7 @@ def render(res: dict[str, Any]) -> str:
                 if (
                     n.startswith("ceiling")
                     or not n.endswith(way)
-                    or (not way and n.endswith((GRAPH, "overhead")))
+                    or (not way and n.endswith((GRAPH, "overhead", SKIP)))
                 ):
                     continue
                 for rk in range(world):
