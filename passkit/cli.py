@@ -204,8 +204,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     with no argument, the files a compile in this folder reads), then the ``PASSKIT_*``
     environment over it."""
     from ._compile.backend import Backend
-    from ._pipeline.build import Pipeline, instantiate
-    from ._plugins.registry import plugins_for
+    from ._pipeline.build import Pipeline
+    from ._plugins.registry import instantiate, plugins_for
     from .config import ENV_ORIGIN, env_source, file_source, merge, sources
 
     if args.file is None:

@@ -26,7 +26,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pydantic
 import tomllib
@@ -498,3 +498,42 @@ def load_config(
     if isinstance(config, Config):  # and so do its other fields' sources
         merged._origins.update({f: o for f, o in config._origins.items() if f not in overrides})
     return merged
+
+
+# ---------------------------------------------------------------------------------------
+# the compiler the config names
+
+
+COMPILERS = ("inductor", "aot_eager")
+"""The compilers :class:`passkit.Backend` knows by name (any AOTAutograd compiler callable works too)."""
+
+
+def resolve_compiler(spec: str, where: str = "config key compiler") -> str | Callable[..., Any]:
+    """The compiler the config's ``compiler`` names: ``"inductor"`` / ``"aot_eager"`` as is,
+    ``"package.module:name"`` imported (a callable, else a :class:`ConfigError` naming
+    ``where`` it was set: :meth:`passkit.Config.source_of`, e.g. ``PASSKIT_COMPILER
+    (compiler)``). A compile and ``passkit check`` both call it."""
+    if spec in COMPILERS:
+        return spec
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"{where}: {cut_repr(spec)} is neither one of {list(COMPILERS)} nor "
+            f"'package.module:name' (an AOTAutograd compiler callable){suggest(spec, COMPILERS)}"
+        )
+    import importlib
+
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except BaseException as exc:  # a missing module or name, sys.exit() at import: the config's
+        if isinstance(exc, KeyboardInterrupt):  # mistake, said as such
+            raise
+        raise ConfigError(f"{where}: cannot import {cut_repr(spec)} ({type(exc).__name__}: {exc})") from None
+    if not callable(found):
+        raise ConfigError(
+            f"{where}: {cut_repr(spec)} is a {type(found).__name__}, not a compiler callable "
+            "(gm, example_inputs) -> callable"
+        )
+    return cast(Callable[..., Any], found)

@@ -8,7 +8,6 @@ with each pass's :class:`PassInfo`, and the pass objects a config's entries name
 (``passkit._plugins``); these are its public names.
 """
 
-from ._pipeline.build import instantiate, unknown_pass_message
 from ._plugins.registry import (
     ENTRY_POINT_GROUP,
     HOOKSPECS_GROUP,
@@ -18,8 +17,10 @@ from ._plugins.registry import (
     PluginInfo,
     PluginSet,
     get_plugins,
+    instantiate,
     isolated,
     register,
+    unknown_pass_message,
     unregister,
 )
 

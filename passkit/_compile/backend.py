@@ -26,9 +26,9 @@ import torch.fx
 
 from .. import compiling, logs, teardown
 from .._pipeline.build import Pipeline, build_pipeline
-from ..config import Config
+from ..config import COMPILERS, Config, resolve_compiler
 from ..context import Mode, graph_kind_scope
-from ..errors import CompilerError, ConfigError, PassFailedError, PasskitError, cut_repr, describe, suggest
+from ..errors import CompilerError, ConfigError, PassFailedError, PasskitError, describe
 from ..pass_base import STAGE_ORDER, Stage
 from ..report import Report
 from ..tokens import TokenRange
@@ -488,41 +488,6 @@ def _call_compiler(
             "(gm.forward, for one that only inspects it)"
         )
     return cast(CompiledFn, compiled)
-
-
-COMPILERS = ("inductor", "aot_eager")
-"""The compilers :class:`Backend` knows by name (any AOTAutograd compiler callable works too)."""
-
-
-def resolve_compiler(spec: str, where: str = "config key compiler") -> str | Callable[..., Any]:
-    """The compiler the config's ``compiler`` names: ``"inductor"`` / ``"aot_eager"`` as is,
-    ``"package.module:name"`` imported (a callable, else a :class:`ConfigError` naming
-    ``where`` it was set: :meth:`passkit.Config.source_of`, e.g. ``PASSKIT_COMPILER
-    (compiler)``). A compile and ``passkit check`` both call it."""
-    if spec in COMPILERS:
-        return spec
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(
-            f"{where}: {cut_repr(spec)} is neither one of {list(COMPILERS)} nor "
-            f"'package.module:name' (an AOTAutograd compiler callable){suggest(spec, COMPILERS)}"
-        )
-    import importlib
-
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            found = getattr(found, part)
-    except BaseException as exc:  # a missing module or name, sys.exit() at import: the config's
-        if isinstance(exc, KeyboardInterrupt):  # mistake, said as such
-            raise
-        raise ConfigError(f"{where}: cannot import {cut_repr(spec)} ({type(exc).__name__}: {exc})") from None
-    if not callable(found):
-        raise ConfigError(
-            f"{where}: {cut_repr(spec)} is a {type(found).__name__}, not a compiler callable "
-            "(gm, example_inputs) -> callable"
-        )
-    return cast(Callable[..., Any], found)
 
 
 def _compiler_name(compiler: Any) -> str:

@@ -1,8 +1,8 @@
 """Building a pipeline: from a config and the plugin set to the ordered, validated passes.
 
-:func:`build_pipeline` loads the config (:func:`passkit.load_config`) and the plugin set it
-allows, makes one pass object per enabled name with its options validated
-(:func:`instantiate`), and returns a :class:`Pipeline`, which orders them by stage and
+:func:`build_pipeline` loads the config (:func:`passkit.load_config`), asks the plugin wing
+once for the plugin set it allows and one pass object per enabled name, options validated
+(:func:`~passkit._plugins.registry.passes_for`), and returns a :class:`Pipeline`, which orders them by stage and
 checks their ``before``/``after``/``depends_on`` constraints (:func:`order_passes`),
 collects their ``depends_on``/``shares_sites_with`` relations (:func:`pass_relations`) and
 computes the cache identity Inductor keys its FX graph cache by (:func:`pipeline_identity`).
@@ -20,99 +20,13 @@ from typing import Any
 
 import torch.fx
 
-from .._plugins.checks import warn_mistakes
-from .._plugins.registry import ENTRY_POINT_GROUP, PluginSet, normalize, owner, plugins_for
-from ..config import Config, load_config, suggest
-from ..errors import ConfigError, OrderError, cut_repr, describe, warn_config
-from ..pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, Stage, source_hash, validate_options
+from .._plugins.registry import PluginSet, passes_for
+from ..config import Config, load_config
+from ..errors import OrderError
+from ..pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, Stage, source_hash
 from ..report import Report
 from ..tokens import PassRelations, TokenRange
 from .run import Runner
-
-
-def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
-    """One pass object per enabled name, options validated, in config order."""
-    warn_unknown_names(config, plugins)
-    out: list[Pass] = []
-    source = f"{config.passes_from}: " if config.passes_from else ""  # e.g. "PASSKIT_PASSES: "
-    for entry in config.passes:
-        info = plugins.lookup(entry.name)
-        if info is None and entry.name in plugins.clashes:
-            raise ConfigError(source + clash_message(entry.name, plugins))
-        if info is None:
-            raise ConfigError(source + unknown_pass_message(entry.name, plugins))
-        try:
-            options = validate_options(info.cls, entry.options, info.plugin.origin)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}{exc}") from exc.__cause__
-        try:
-            instance = info.cls(options)
-            instance.identity()  # the options' serialization is the pass's code too
-        except Exception as exc:
-            raise ConfigError(
-                f"passes.{entry.name}: pass {entry.name!r} ({info.plugin.origin}) raised "
-                f"{describe(exc)} when passkit set it up (a bug in the pass, not in your config)"
-            ) from exc
-        out.append(instance)
-    return out
-
-
-def warn_unknown_names(config: Config, plugins: PluginSet) -> None:
-    """A ``disable`` entry no installed pass has, or a ``plugins`` / ``block_plugins`` entry
-    no installed plugin or distribution has, does nothing: say so (a typo there lets the
-    pass or plugin meant run)."""
-    passes = {*plugins.passes, *plugins.clashes, *plugins.qualified}
-    for name in config.disable:
-        if name not in passes and plugins.lookup(name) is None:
-            warn_config(
-                f"disable: no installed pass is named {cut_repr(name)}{suggest(name, sorted(passes))}; "
-                "the entry does nothing"
-            )
-    known = {p.name for p in plugins.plugins}
-    for found in plugins.found[ENTRY_POINT_GROUP]:
-        known.add(found.ep.name)
-        if found.distribution:
-            known.update((found.distribution, normalize(found.distribution)))
-    for field, names in (("plugins", config.plugins or []), ("block_plugins", config.block_plugins)):
-        for name in names:
-            if name not in known:
-                warn_config(
-                    f"{field}: no installed plugin or distribution is named {cut_repr(name)}"
-                    f"{suggest(name, sorted(known))}; the entry does nothing"
-                )
-
-
-def clash_message(name: str, plugins: PluginSet) -> str:
-    """Why an enabled bare name that several distributions register is an error."""
-    infos = plugins.clashes[name]
-    who = "; ".join(f"{owner(i.plugin)} ({i.plugin.origin})" for i in infos)
-    choices = " or ".join(repr(f"{owner(i.plugin)}:{name}") for i in infos)
-    return (
-        f"pass {name!r} is registered by more than one distribution ({who}); passkit does not "
-        f"pick one (an installed package must not be able to replace another's pass): enable "
-        f"{choices}, or block the plugin you do not want (block_plugins)"
-    )
-
-
-def unknown_pass_message(name: str, plugins: PluginSet) -> str:
-    installed = sorted(plugins.passes)
-    if ":" in name:  # a qualified name, or an option without a value (PASSKIT_PASSES)
-        qualified = sorted(plugins.qualified)
-        msg = (
-            f"unknown pass {cut_repr(name)} in passes: no installed distribution "
-            f"{cut_repr(name.rpartition(':')[0])} registers a pass {cut_repr(name.rpartition(':')[2])}"
-            f"{suggest(name, qualified)} (an option is written name:option=value). "
-            f"Installed passes: {', '.join(qualified) or '(none)'}."
-        )
-    else:
-        msg = f"unknown pass {cut_repr(name)} in passes{suggest(name, installed)}. "
-        msg += f"Installed passes: {', '.join(installed) or '(none)'}."
-    if plugins.failures:
-        msg += " Plugins that failed to load (see `passkit list`): "
-        msg += ", ".join(sorted({f.name for f in plugins.failures})) + "."
-    if plugins.mistakes:
-        msg += " Plugins that loaded with a mistake: " + "; ".join(str(m) for m in plugins.mistakes) + "."
-    return msg
 
 
 def order_passes(passes: list[Pass]) -> list[Pass]:
@@ -310,7 +224,5 @@ def build_pipeline(config: Config | dict[str, Any] | None = None, **overrides: A
     Plugins that loaded with a mistake are warned of here, once per process
     (:class:`passkit.PluginMistakeWarning`), before the passes are looked up."""
     cfg = load_config(config, **overrides)
-    plugins = plugins_for(cfg)
-    warn_mistakes(plugins.mistakes, stacklevel=2)
-    passes = instantiate(cfg, plugins)
+    plugins, passes = passes_for(cfg)
     return Pipeline(cfg, plugins, passes)

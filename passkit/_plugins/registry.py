@@ -9,6 +9,12 @@ likely a mistake (``passkit_*`` functions without ``@passkit.hookimpl``, or no h
 is recorded as a :class:`~passkit._plugins.checks.PluginMistake`
 (:mod:`passkit._plugins.checks`). Hooks called later (at compile and
 CLI time) are isolated too, by :mod:`passkit._plugins.hooks`, through :meth:`PluginSet.call`.
+
+A config's pass names are resolved here too: :func:`passes_for`, all that building a
+pipeline asks of the plugin wing, gives the plugin set a config allows and one pass object
+per enabled name (:func:`instantiate`: options validated; an unknown or clashing name is a
+:class:`~passkit.errors.ConfigError` that says why, a ``disable`` or plugin entry that names
+nothing a warning).
 """
 
 from __future__ import annotations
@@ -25,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from .. import hookspecs, logs
-from ..errors import PluginError, describe
-from ..pass_base import Pass
+from ..errors import ConfigError, PluginError, cut_repr, describe, suggest, warn_config
+from ..pass_base import Pass, validate_options
 from . import hooks
-from .checks import PluginMistake, find_mistakes
+from .checks import PluginMistake, find_mistakes, warn_mistakes
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -441,6 +447,101 @@ def plugins_for(config: Config) -> PluginSet:
         block=config.block_plugins,
         strict=config.strict_plugins,
     )
+
+
+def passes_for(config: Config, stacklevel: int = 2) -> tuple[PluginSet, list[Pass]]:
+    """The plugin set ``config`` allows and the pass objects its entries name in it
+    (:func:`instantiate`): what a pipeline is built from. Plugins that loaded with a
+    mistake are warned of first, once per process (:class:`passkit.PluginMistakeWarning`,
+    attributed as :func:`~passkit._plugins.checks.warn_mistakes`'s ``stacklevel`` says,
+    counted from the caller: 2, the caller's caller)."""
+    plugins = plugins_for(config)
+    warn_mistakes(plugins.mistakes, stacklevel=stacklevel + 1)
+    return plugins, instantiate(config, plugins)
+
+
+def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
+    """One pass object per enabled name, options validated, in config order."""
+    warn_unknown_names(config, plugins)
+    out: list[Pass] = []
+    source = f"{config.passes_from}: " if config.passes_from else ""  # e.g. "PASSKIT_PASSES: "
+    for entry in config.passes:
+        info = plugins.lookup(entry.name)
+        if info is None and entry.name in plugins.clashes:
+            raise ConfigError(source + clash_message(entry.name, plugins))
+        if info is None:
+            raise ConfigError(source + unknown_pass_message(entry.name, plugins))
+        try:
+            options = validate_options(info.cls, entry.options, info.plugin.origin)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}{exc}") from exc.__cause__
+        try:
+            instance = info.cls(options)
+            instance.identity()  # the options' serialization is the pass's code too
+        except Exception as exc:
+            raise ConfigError(
+                f"passes.{entry.name}: pass {entry.name!r} ({info.plugin.origin}) raised "
+                f"{describe(exc)} when passkit set it up (a bug in the pass, not in your config)"
+            ) from exc
+        out.append(instance)
+    return out
+
+
+def warn_unknown_names(config: Config, plugins: PluginSet) -> None:
+    """A ``disable`` entry no installed pass has, or a ``plugins`` / ``block_plugins`` entry
+    no installed plugin or distribution has, does nothing: say so (a typo there lets the
+    pass or plugin meant run)."""
+    passes = {*plugins.passes, *plugins.clashes, *plugins.qualified}
+    for name in config.disable:
+        if name not in passes and plugins.lookup(name) is None:
+            warn_config(
+                f"disable: no installed pass is named {cut_repr(name)}{suggest(name, sorted(passes))}; "
+                "the entry does nothing"
+            )
+    known = {p.name for p in plugins.plugins}
+    for found in plugins.found[ENTRY_POINT_GROUP]:
+        dist = found.distribution
+        known.update((found.ep.name, dist, normalize(dist)) if dist else (found.ep.name,))
+    for field, names in (("plugins", config.plugins or []), ("block_plugins", config.block_plugins)):
+        for name in names:
+            if name not in known:
+                warn_config(
+                    f"{field}: no installed plugin or distribution is named {cut_repr(name)}"
+                    f"{suggest(name, sorted(known))}; the entry does nothing"
+                )
+
+
+def clash_message(name: str, plugins: PluginSet) -> str:
+    """Why an enabled bare name that several distributions register is an error."""
+    infos = plugins.clashes[name]
+    who = "; ".join(f"{owner(i.plugin)} ({i.plugin.origin})" for i in infos)
+    choices = " or ".join(repr(f"{owner(i.plugin)}:{name}") for i in infos)
+    return (
+        f"pass {name!r} is registered by more than one distribution ({who}); passkit does not "
+        f"pick one (an installed package must not be able to replace another's pass): enable "
+        f"{choices}, or block the plugin you do not want (block_plugins)"
+    )
+
+
+def unknown_pass_message(name: str, plugins: PluginSet) -> str:
+    installed = sorted(plugins.passes)
+    if ":" in name:  # a qualified name, or an option without a value (PASSKIT_PASSES)
+        qualified = sorted(plugins.qualified)
+        msg = (
+            f"unknown pass {cut_repr(name)} in passes: no installed distribution "
+            f"{cut_repr(name.rpartition(':')[0])} registers a pass {cut_repr(name.rpartition(':')[2])}"
+            f"{suggest(name, qualified)} (an option is written name:option=value). "
+            f"Installed passes: {', '.join(qualified) or '(none)'}."
+        )
+    else:
+        msg = f"unknown pass {cut_repr(name)} in passes{suggest(name, installed)}. "
+        msg += f"Installed passes: {', '.join(installed) or '(none)'}."
+    if plugins.failures:
+        msg += " Plugins that failed to load (see `passkit list`): "
+        msg += ", ".join(sorted({f.name for f in plugins.failures})) + "."
+    if plugins.mistakes:
+        msg += " Plugins that loaded with a mistake: " + "; ".join(str(m) for m in plugins.mistakes) + "."
+    return msg
 
 
 def reset() -> None:

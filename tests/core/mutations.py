@@ -17,9 +17,9 @@ import torch
 import torch.fx
 
 import passkit
-from passkit._pipeline.build import Pipeline, instantiate
+from passkit._pipeline.build import Pipeline
 from passkit._pipeline.numeric_check import _differs, _run, random_inputs
-from passkit._plugins.registry import PluginInfo, PluginSet
+from passkit._plugins.registry import PluginInfo, PluginSet, instantiate
 from passkit.config import load_config
 from passkit.graph_utils import snapshot
 

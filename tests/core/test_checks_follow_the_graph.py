@@ -319,8 +319,8 @@ def test_numeric_verify_says_when_it_could_not_run_a_graph():
     """A graph it cannot run here (an input without a recorded value): a note, not silence."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from passkit._pipeline.build import Pipeline, instantiate
-    from passkit._plugins.registry import PluginInfo, PluginSet
+    from passkit._pipeline.build import Pipeline
+    from passkit._plugins.registry import PluginInfo, PluginSet, instantiate
     from passkit.config import load_config
 
     from .support import PLUGIN

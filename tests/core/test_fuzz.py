@@ -22,8 +22,8 @@ import torch
 import passkit
 import passkit._plugins.registry
 from passkit import hookimpl
-from passkit._pipeline.build import Pipeline, instantiate
-from passkit._plugins.registry import PluginInfo, PluginSet
+from passkit._pipeline.build import Pipeline
+from passkit._plugins.registry import PluginInfo, PluginSet, instantiate
 from passkit.config import load_config
 from passkit.errors import MESSAGE_LIMIT
 

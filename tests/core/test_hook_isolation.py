@@ -12,8 +12,8 @@ import torch
 
 import passkit
 from passkit import hookimpl
-from passkit._pipeline.build import Pipeline, instantiate
-from passkit._plugins.registry import PluginInfo, PluginSet, get_plugins
+from passkit._pipeline.build import Pipeline
+from passkit._plugins.registry import PluginInfo, PluginSet, get_plugins, instantiate
 
 from .support import PLUGIN, register_all, small_fn
 

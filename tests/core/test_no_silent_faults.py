@@ -20,8 +20,8 @@ import torch
 
 import passkit
 import passkit._plugins.registry
-from passkit._pipeline.build import Pipeline, instantiate
-from passkit._plugins.registry import Found, PassNameClashWarning, PluginInfo, PluginSet
+from passkit._pipeline.build import Pipeline
+from passkit._plugins.registry import Found, PassNameClashWarning, PluginInfo, PluginSet, instantiate
 from passkit.config import load_config
 from passkit.errors import ConfigWarning
 
