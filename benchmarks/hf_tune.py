@@ -55,8 +55,10 @@ def stored_decisions(cache: Path) -> list[Any]:
     return [decisions.load(p) for p in sorted((cache / "fusion-decisions").glob("*.json"))]
 
 
-def restored(notes: dict[str, str]) -> bool:
-    return any("fuse decision: stored" in n or "stored fuse decision" in n for n in notes.values())
+def restored(report: dict[str, Any]) -> bool:
+    """Whether a compile's report says it used the stored decision."""
+    note = report.get("decision", "")
+    return "fuse decision: stored" in note or "stored fuse decision" in note
 
 
 def table(args: argparse.Namespace, found: list[Any], fresh: dict[str, Any]) -> tuple[str, list[dict]]:
@@ -108,9 +110,9 @@ def table(args: argparse.Namespace, found: list[Any], fresh: dict[str, Any]) -> 
     lines += ["", "The fresh program's compiles (passkit):", ""]
     for rep in reports:
         fused = ", ".join(f"{p} {st} {m}" for p, (st, m) in rep["passes"].items())
-        note = next((n for n in rep["notes"].values() if "fuse decision" in n), "no fuse decision note")
+        note = rep.get("decision") or "no fuse decision note"
         lines.append(f"- {rep['range']}: {fused}; {note[:240]}")
-    everyone = all(restored(rep["notes"]) for rep in reports) and bool(reports)
+    everyone = all(restored(rep) for rep in reports) and bool(reports)
     lines += ["", f"Every compile found the stored decision: {'yes' if everyone else 'NO'}."]
     lines += ["", "Tuning medians (us, slowest rank):", ""]
     labels = sorted({k for m in decision.medians_us.values() for k in m})
@@ -137,7 +139,14 @@ def main() -> None:
     if args.smoke:
         args.tokens, args.layers, args.budget, args.rounds = [1, 8], 1, 240.0, 2
     cache = args.cache or Path(f"/tmp/hf_tune_cache_{os.getpid()}")
-    env = {**os.environ, "PASSKIT_CACHE_DIR": str(cache), "HF_TUNE_LAYERS": str(args.layers)}
+    # both caches in one fresh folder: an Inductor cache hit of an earlier program's compile
+    # would have its report in another passkit cache (a hit without its report)
+    env = {
+        **os.environ,
+        "PASSKIT_CACHE_DIR": str(cache),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "HF_TUNE_LAYERS": str(args.layers),
+    }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"hf_tune_w{args.world}" + ("_ro" if args.compile_mode == "reduce-overhead" else "")
     log = args.out_dir / f"{stem}.log"

@@ -246,3 +246,41 @@ def test_no_benchmark_leaves_with_os_exit_outside_a_simulated_rank_failure():
         if "os._exit(" in line
     ]
     assert offenders == []
+
+
+@pytest.mark.slow  # passkit tune-model, then a fresh program: about 5 minutes on 2 cores
+def test_hf_tune_smoke_run_stores_and_restores_the_decision(tmp_path):
+    """`passkit tune-model` on the HF Llama (2 gloo ranks, reference op), then a fresh
+    hf_tp.py program: every compile's report names the stored decision, the 1-token
+    recompile's included (CPU timings mean nothing)."""
+    pytest.importorskip("transformers")
+    out = subprocess.run(
+        [sys.executable, "benchmarks/hf_tune.py", "--smoke", "--out-dir", str(tmp_path), "--cache", str(tmp_path / "c")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=2400,  # a hang bound on a loaded 2-core machine
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Every compile found the stored decision: yes." in out.stdout, out.stdout[-3000:]
+    record = json.loads((tmp_path / "hf_tune_w2.json").read_text())
+    assert [r["tokens"] for r in record["rows"]] == [1, 8]
+    assert len(list((tmp_path / "c" / "fusion-decisions").glob("*.json"))) == 2  # the 1-token graph's too
+
+
+@pytest.mark.slow
+def test_hf_tp_profile_smoke_run_skips_guards_with_the_same_outputs(tmp_path):
+    """The attribution script's `ro-skip` mode: the `ro` variants called with Dynamo's guard
+    evaluation skipped once warm, checked equal to the plain calls, timed beside them."""
+    pytest.importorskip("transformers")
+    out = subprocess.run(
+        [sys.executable, "benchmarks/hf_tp_profile.py", "--smoke", "--modes", "ro", "ro-skip", "--out", str(tmp_path / "p")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for variant in ("passkit reduce-overhead skip-guards", "ceiling reduce-overhead skip-guards"):
+        assert f"| {variant} | 8 |" in out.stdout
+    assert "excess over `ceiling reduce-overhead skip-guards`" in out.stdout

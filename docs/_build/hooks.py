@@ -56,6 +56,8 @@ RESULT_KINDS = (
     # (file name prefix, group, what the file measures); the longest matching prefix wins
     ("hf_tp_profile", "Where the time goes", "HF Llama TP, time by cause"),
     ("hf_tp", "Model level", "HF Llama 8B-shaped, DTensor TP"),
+    ("hf_tune", "Measured decisions", "HF Llama TP, tuned, stored, restored"),
+    ("tuned_e2e", "Measured decisions", "Llama stack, tuned vs tabled"),
     ("fusion_e2e_fp8", "Model level", "Llama 8B-shaped stack, FP8 fusion"),
     ("fusion_e2e", "Model level", "Llama 8B-shaped stack, fusion passes"),
     ("coverage_decode", "Model level", "Qwen3-MoE-shaped decode"),
@@ -95,6 +97,11 @@ VARIANTS = {
     "ro_default": "reduce-overhead, default mode",
     "ro": "reduce-overhead",
     "overlap": "allreduce_overlap, captured whole",
+    "8layers": "8 layers, captured whole",
+    "ro_skip": "reduce-overhead, guards skipped",
+    "ro_ceiling": "reduce-overhead and the ceiling",
+    "llama8b": "8-layer decode",
+    "llama8b_ro": "8-layer decode, reduce-overhead",
 }
 """Words of a result file's name after its hardware, spelled out in its title."""
 GPU = re.compile(r"\b(?:NVIDIA )?(H100|H200|A100|B200|L40S?)\b")
