@@ -203,22 +203,13 @@ def _time(step: Any, args: argparse.Namespace, cuda: bool, graphs_of_its_own: bo
     captured (a host sync in the experts' routing), of a plain call timed with events
     (said in the output: the label ends with ``*``). ``graphs_of_its_own``: the step replays
     Inductor's CUDA graphs (``reduce-overhead``): its calls are timed with events, after
-    warm-up calls (the first ones record the graphs)."""
+    warm-up calls (the first ones record the graphs), the ranks lined up by a barrier before
+    each (a collective waits for both)."""
     if cuda and graphs_of_its_own:
+        from passkit_fusion.tuning.timing import call_median_us
+
         with torch.no_grad():
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-            torch.distributed.barrier()  # the ranks start timing together (a collective waits for both)
-            times = []
-            for _ in range(args.replays):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(times)
+            return call_median_us(step, calls=args.replays, before_call=torch.distributed.barrier)
     if cuda:
         from passkit_fusion.tuning.timing import replay_median_us
 

@@ -254,13 +254,7 @@ def test_hf_tune_smoke_run_stores_and_restores_the_decision(tmp_path):
     hf_tp.py program: every compile's report names the stored decision, the 1-token
     recompile's included (CPU timings mean nothing)."""
     pytest.importorskip("transformers")
-    out = subprocess.run(
-        [sys.executable, "benchmarks/hf_tune.py", "--smoke", "--out-dir", str(tmp_path), "--cache", str(tmp_path / "c")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=2400,  # a hang bound on a loaded 2-core machine
-    )
+    out = _script("benchmarks/hf_tune.py", "--smoke", "--out-dir", tmp_path, "--cache", tmp_path / "c")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Every compile found the stored decision: yes." in out.stdout, out.stdout[-3000:]
     record = json.loads((tmp_path / "hf_tune_w2.json").read_text())
@@ -273,14 +267,15 @@ def test_hf_tp_profile_smoke_run_skips_guards_with_the_same_outputs(tmp_path):
     """The attribution script's `ro-skip` mode: the `ro` variants called with Dynamo's guard
     evaluation skipped once warm, checked equal to the plain calls, timed beside them."""
     pytest.importorskip("transformers")
-    out = subprocess.run(
-        [sys.executable, "benchmarks/hf_tp_profile.py", "--smoke", "--modes", "ro", "ro-skip", "--out", str(tmp_path / "p")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
+    out = _script("benchmarks/hf_tp_profile.py", "--smoke", "--modes", "ro", "ro-skip", "--out", tmp_path / "p")
     assert out.returncode == 0, out.stderr[-3000:]
     for variant in ("passkit reduce-overhead skip-guards", "ceiling reduce-overhead skip-guards"):
         assert f"| {variant} | 8 |" in out.stdout
     assert "excess over `ceiling reduce-overhead skip-guards`" in out.stdout
+
+
+def _script(*args: object) -> subprocess.CompletedProcess[str]:
+    """A benchmark script run from the repo root, its output captured (2400 s: a hang bound
+    for two gloo ranks compiling a Llama on a loaded 2-core machine)."""
+    argv = [sys.executable, *map(str, args)]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=2400)

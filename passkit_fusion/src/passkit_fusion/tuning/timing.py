@@ -101,15 +101,7 @@ def replay_median_us(
     graph = _capture(step, warmup=warmup, ops_per_graph=1, capture_error_mode="global")
     if before_replays is not None:
         before_replays()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return statistics.median(_waited_us(graph.replay) for _ in range(replays))
 
 
 def call_median_us(
@@ -133,10 +125,15 @@ def call_median_us(
     for _ in range(calls):
         if before_call is not None:
             before_call()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+        times.append(_waited_us(step))
     return statistics.median(times)
+
+
+def _waited_us(run: Callable[[], object]) -> float:
+    """Microseconds between CUDA events around ``run()``, the host waiting for the end."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
