@@ -350,7 +350,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
                 "passes": {p: [r[p].status, r[p].matches] for p in r.names() if p in PASSES},
                 "notes": {p: r[p].reason or "; ".join(r[p].notes)[:300] for p in r.names() if p in PASSES},
                 "decision": next(
-                    (n for p in r.names() for n in (r[p].reason or "", *r[p].notes) if "fuse decision" in n), ""
+                    (n for p in r.names() for n in (r[p].reason or "", *r[p].notes) if "decision" in n), ""
                 ),
             }
             for r in backend.reports
