@@ -62,14 +62,19 @@ def restored(report: dict[str, Any]) -> bool:
     return any(s in note for s in ("fuse decision: stored", "stored fuse decision", "(stored decision)"))
 
 
+def mode_suffix(args: argparse.Namespace) -> str:
+    """How hf_tp.py names the variants of ``--compile-mode``: ``" reduce-overhead"`` or ``""``."""
+    return " reduce-overhead" if args.compile_mode == "reduce-overhead" else ""
+
+
 def table(args: argparse.Namespace, found: list[Any], fresh: dict[str, Any]) -> tuple[str, list[dict]]:
     """The markdown report and its rows."""
-    ro = " reduce-overhead" if args.compile_mode == "reduce-overhead" else ""
+    ro = mode_suffix(args)
     ind, pk = f"inductor{ro}", f"passkit{ro}"
     decision = found[0]
     rows = []
     for t in args.tokens:
-        medians = {k: v for k, v in decision.medians_us.get(t, {}).items()}
+        medians = decision.medians_us.get(t, {})
         best = min(medians.items(), key=lambda kv: kv[1]) if medians else None
         base = medians.get("inductor")
         row: dict[str, Any] = {
@@ -149,7 +154,8 @@ def main() -> None:
         "HF_TUNE_LAYERS": str(args.layers),
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"hf_tune_w{args.world}" + ("_ro" if args.compile_mode == "reduce-overhead" else "")
+    ro = mode_suffix(args)
+    stem = f"hf_tune_w{args.world}" + ("_ro" if ro else "")
     log = args.out_dir / f"{stem}.log"
     tokens = [str(t) for t in args.tokens]
     tune = [sys.executable, "-m", "passkit.cli", "tune-model", "hf_tp:tune_target", "--world-size", str(args.world)]
@@ -164,7 +170,6 @@ def main() -> None:
     found = stored_decisions(cache)
     if not found:
         raise SystemExit(f"passkit tune-model stored no decision under {cache} (log: {log})")
-    ro = " reduce-overhead" if args.compile_mode == "reduce-overhead" else ""
     fresh_out = args.out_dir / f"{stem}_fresh"
     check = [sys.executable, "hf_tp.py", "--world", str(args.world), "--one-process", "--tokens", *tokens]
     check += ["--layers", str(args.layers), "--rounds", str(args.rounds), "--out", str(fresh_out)]

@@ -86,12 +86,16 @@ def cuda_graph_timer(replays: int = 100, group: Any = None) -> Timer:
     from .timing import replay_median_us
 
     def timer(step: Callable[[], object], trial: Trial) -> float:
-        import torch.distributed as dist
-
-        before = (lambda: dist.barrier(group=group)) if trial.world_size > 1 else None
-        return replay_median_us(step, replays=replays, before_replays=before)
+        return replay_median_us(step, replays=replays, before_replays=_barrier(group, trial))
 
     return timer
+
+
+def _barrier(group: Any, trial: Trial) -> Callable[[], object] | None:
+    """What lines the ranks up before a timing: a barrier on ``group``, None for one rank."""
+    import torch.distributed as dist
+
+    return (lambda: dist.barrier(group=group)) if trial.world_size > 1 else None
 
 
 def cuda_call_timer(calls: int = 100, group: Any = None) -> Timer:
@@ -101,10 +105,7 @@ def cuda_call_timer(calls: int = 100, group: Any = None) -> Timer:
     from .timing import call_median_us
 
     def timer(step: Callable[[], object], trial: Trial) -> float:
-        import torch.distributed as dist
-
-        before = (lambda: dist.barrier(group=group)) if trial.world_size > 1 else None
-        return call_median_us(step, calls=calls, before_call=before)
+        return call_median_us(step, calls=calls, before_call=_barrier(group, trial))
 
     return timer
 
