@@ -8,7 +8,8 @@
 #     GATE_STEPS="hf e2e" bash benchmarks/gpu_gate.sh        # tool is limited to 10 minutes)
 # Steps: probe (versions, flashinfer JIT build, kernels saved to $OUT), host (the fused op's
 # host time per call, benchmarks/op_host_cost.py), tests (tests/gpu at
-# GPU_WORLD_SIZE=$GATE_WORLD but the users' order), users (tests/gpu/test_users_order_gpu.py:
+# GPU_WORLD_SIZE=$GATE_WORLD but the users' order), suite (the whole of tests/gpu as one command,
+# SUITE_PARALLEL modules at a time: tests/gpu/conftest.py keeps a module's shared world on one worker), users (tests/gpu/test_users_order_gpu.py:
 # each pass set x mode x first call in a fresh program ending with destroy_process_group(),
 # USERS_PARALLEL cases at a time with pytest-xdist), control (benchmarks/users_order_control.py:
 # the same program ended through passkit's teardown and through torch's alone), hf (benchmarks/hf_tp.py: Hugging Face Llama TP=2, DTensor, tokens
@@ -29,6 +30,7 @@ for s in ${GATE_STEPS:-probe users tests hf e2e}; do
     probe) step "${PROBE_LIMIT:-330}" python3 benchmarks/gpu_probe.py; bash .gpu-carry/save-jit.sh ;;
     host) step "${HOST_LIMIT:-120}" python3 benchmarks/op_host_cost.py --device cuda --world "$WORLD" --out "$OUT/op_host_cost" ${HOST_ARGS:-} ;;
     tests) GPU_WORLD_SIZE=$WORLD step "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-tests/gpu --deselect tests/gpu/test_users_order_gpu.py} ;;
+    suite) USERS_ORDER_LOG=$OUT/users_w$WORLD.jsonl GPU_WORLD_SIZE=$WORLD step "${SUITE_LIMIT:-540}" python3 -m pytest -q -p no:cacheprovider -n "${SUITE_PARALLEL:-6}" --dist loadgroup tests/gpu ${SUITE_ARGS:-} ;;
     users) USERS_ORDER_LOG=$OUT/users_w$WORLD.jsonl GPU_WORLD_SIZE=$WORLD step "${USERS_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -n "${USERS_PARALLEL:-4}" tests/gpu/test_users_order_gpu.py ${USERS_ARGS:-} ;;
     control) step "${CONTROL_LIMIT:-200}" python3 benchmarks/users_order_control.py --world "$WORLD" ${CONTROL_ARGS:-} ;;
     hf) step "${HF_LIMIT:-420}" python3 benchmarks/hf_tp.py --world "$WORLD" --out "$OUT/hf_tp" ${HF_ARGS:-} ;;

@@ -60,13 +60,16 @@ VARIANTS = {
     "passkit overlap reduce-overhead": ("overlap2", "reduce-overhead"),
     "passkit overlap4": ("overlap4", None),
     "passkit overlap4 reduce-overhead": ("overlap4", "reduce-overhead"),
+    "passkit overlap nccl": ("overlap2nccl", None),
+    "passkit overlap nccl reduce-overhead": ("overlap2nccl", "reduce-overhead"),
 }
 """name -> (pass set, mode). ``serving``: the README's serving config; ``allreduce_rmsnorm``:
 that pass alone; ``sp4096`` / ``sp2048``: the serving config with sequence parallelism and
 async TP from 4096 / 2048 tokens; ``pdl``: the serving config, the fused kernel launched with
 programmatic dependent launch (``launch_with_pdl``, set while the variant compiles and records
 its CUDA graphs); ``overlap2`` / ``overlap4``: ``allreduce_overlap`` from 2048 tokens (2 or 4
-chunks), ``allreduce_rmsnorm`` below; ``ceiling``: every all-reduce removed (wrong output; the time a forward
+chunks, each moved by the copy engines), ``allreduce_rmsnorm`` below; ``overlap2nccl``: the
+same with an NCCL all-reduce per chunk; ``ceiling``: every all-reduce removed (wrong output; the time a forward
 would take if the all-reduces cost nothing: no fusion of them can beat it). The first four
 are the gate's; ``--variants`` adds others."""
 GATE = list(VARIANTS)[:4]
@@ -83,6 +86,8 @@ EXTRA = {
     "overlap-ro": "passkit overlap reduce-overhead",
     "overlap4": "passkit overlap4",
     "overlap4-ro": "passkit overlap4 reduce-overhead",
+    "overlap-nccl": "passkit overlap nccl",
+    "overlap-nccl-ro": "passkit overlap nccl reduce-overhead",
 }
 """``--variants`` names for the variants beyond the gate's."""
 
@@ -102,7 +107,9 @@ def pass_set(kind: str, impl: str) -> list:
     if kind == "ceiling":
         return [CEILING, "cleanup"]
     if kind.startswith("overlap"):
-        return [{"name": "allreduce_overlap", "min_tokens": 2048, "chunks": int(kind[7:])}, arn, "cleanup"]
+        chunks, nccl = kind[7:].removesuffix("nccl"), kind.endswith("nccl")
+        overlap = {"name": "allreduce_overlap", "min_tokens": 2048, "chunks": int(chunks)}
+        return [{**overlap, "transport": "nccl" if nccl else "copy_engine"}, arn, "cleanup"]
     return [p if p != "allreduce_rmsnorm" else arn for p in SERVING]
 
 

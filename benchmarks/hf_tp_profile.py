@@ -71,6 +71,7 @@ SKIP = " skip-guards"
 GRAPH_EXTRA = {
     "overlap-graph": "passkit overlap graph",
     "overlap4-graph": "passkit overlap4 graph",
+    "overlap-nccl-graph": "passkit overlap nccl graph",
     "arn-graph": "passkit allreduce_rmsnorm graph",
 }
 """``--variants`` names of captured variants beyond ``hf_tp.py``'s extras."""

@@ -25,6 +25,8 @@ HEAVY = (
     "passkit_fusion.async_tp.ops",
     "passkit_fusion.async_tp.runtime",
     "passkit_fusion.async_tp.host",
+    "passkit_fusion.allreduce_overlap.ops",
+    "passkit_fusion.allreduce_overlap.runtime",
     "passkit_fusion.patterns.sites",
     "passkit_fusion.collective",
     "passkit_fusion.tuning.tables",

@@ -1,10 +1,12 @@
 """``allreduce_overlap``: a row-parallel matmul and its all-reduce split into token chunks.
 
-Graphs in a fake world (which sites it splits, which it leaves and why, the token range it
-declares, the order of the chunks' ops), numerics in a 2-rank gloo world (passkit's eager
-mode, and once through Inductor) against the eager model, composed with
-``allreduce_rmsnorm`` below its range. Whether it pays is a GPU measurement
-(``benchmarks/hf_tp_profile.py --variants overlap-graph``)."""
+Graphs in a fake world (which sites it rewrites, which it leaves and why, the token range it
+declares, the order of the chunks' ops with ``transport="nccl"``, one op per site with the
+default ``"copy_engine"``), numerics in a 2-rank gloo world (passkit's eager mode, and once
+through Inductor) against the eager model, composed with ``allreduce_rmsnorm`` below its
+range. The copy-engine op's CUDA path runs in ``tests/gpu/test_allreduce_overlap_gpu.py``;
+whether it pays is a GPU measurement (``benchmarks/hf_tp_profile.py --variants
+overlap-graph``)."""
 
 from __future__ import annotations
 
@@ -21,24 +23,51 @@ from passkit_testing import assert_close, count_ops, fake_world, gloo_world, run
 
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
 MM = "aten.mm.default"
+FUSED = "passkit_fusion.matmul_all_reduce.default"
 SITES = 4  # TinyLlama's two layers: attention's and the MLP's output projections
 OVERLAP = {"name": "allreduce_overlap", "min_tokens": 1}
 NO_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
 
 
-def _traced(chunks: int, seq: int = 16, sharding: str = "dtensor") -> Any:
+def _traced(chunks: int, seq: int = 16, sharding: str = "dtensor", transport: str = "nccl") -> Any:
     with fake_world(2) as world:
         model = TinyLlama(LlamaConfig()).to(torch.bfloat16)
         if sharding == "dtensor":
             shard_dtensor(model, world.mesh)
         else:
             shard_functional(model, world.group, 0, 2)
-        return run_passes(model, torch.randint(0, 256, (1, seq)), passes=[{**OVERLAP, "chunks": chunks}])
+        passes = [{**OVERLAP, "chunks": chunks, "transport": transport}]
+        return run_passes(model, torch.randint(0, 256, (1, seq)), passes=passes)
+
+
+@pytest.mark.parametrize("sharding", ["dtensor", "functional"])
+def test_by_default_each_output_projection_becomes_one_copy_engine_op(sharding):
+    result = _traced(4, sharding=sharding, transport="copy_engine")
+    before, after = result.graph_before, result.graph_after
+    embedding = count_ops(before, ALL_REDUCE) - SITES
+    assert count_ops(after, ALL_REDUCE) == embedding
+    assert count_ops(after, FUSED) == SITES
+    assert count_ops(after, MM) == count_ops(before, MM) - SITES
+    ops = [n for n in after.graph.nodes if n.target is torch.ops.passkit_fusion.matmul_all_reduce.default]
+    group = next(n for n in before.graph.nodes if str(n.target) == ALL_REDUCE).args[2]
+    # (a, b, group, chunks, max_tokens, timeout_s): the runtime's settings fixed in the graph
+    assert {n.args[2:] for n in ops} == {(group, 4, 0, 180.0)}
+    assert all(
+        n.meta["val"].shape == n.args[0].meta["val"].shape[:1] + n.args[1].meta["val"].shape[1:] for n in ops
+    )
+    record = result.report["allreduce_overlap"]
+    assert (record.status, record.matches) == ("ran", SITES)
+    assert record.notes[0].startswith(
+        f"{SITES} matmul + all-reduce site(s) split into 4 token chunks (one copy-engine op each)"
+    )
+    from passkit_fusion.allreduce_overlap import AllReduceOverlapOptions
+
+    assert AllReduceOverlapOptions().transport == "copy_engine"
 
 
 @pytest.mark.parametrize("chunks", [2, 4])
 @pytest.mark.parametrize("sharding", ["dtensor", "functional"])
-def test_each_output_projection_is_split_into_chunks(chunks, sharding):
+def test_with_nccl_each_output_projection_is_split_into_chunks(chunks, sharding):
     result = _traced(chunks, sharding=sharding)
     before, after = result.graph_before, result.graph_after
     embedding = count_ops(before, ALL_REDUCE) - SITES  # the vocab-parallel embedding's sum
@@ -47,7 +76,9 @@ def test_each_output_projection_is_split_into_chunks(chunks, sharding):
     assert count_ops(after, "aten.cat.default") == count_ops(before, "aten.cat.default") + SITES
     record = result.report["allreduce_overlap"]
     assert (record.status, record.matches) == ("ran", SITES)
-    assert record.notes[0].startswith(f"{SITES} matmul + all-reduce site(s) split into {chunks} token chunks")
+    assert record.notes[0].startswith(
+        f"{SITES} matmul + all-reduce site(s) split into {chunks} token chunks (NCCL"
+    )
     if embedding:
         assert "its input is not a matmul's output" in record.notes[1]
 
@@ -63,15 +94,37 @@ def test_each_chunks_all_reduce_is_issued_before_the_next_chunks_matmul_and_wait
         assert MM in between and "_c10d_functional.wait_tensor.default" not in between, between
 
 
-def test_the_token_range_is_multiples_of_the_chunks_from_min_tokens():
+def test_the_token_range_starts_at_min_tokens_in_multiples_of_the_chunks_with_nccl():
     from passkit_fusion.allreduce_overlap import AllReduceOverlap
 
-    p = AllReduceOverlap(chunks=4, min_tokens=1024, max_tokens=8192)
+    p = AllReduceOverlap(chunks=4, min_tokens=1024, max_tokens=8192, transport="nccl")
     assert p.token_constraint(None) == TokenConstraint(min_tokens=1024, max_tokens=8192, multiple_of=4)
+    # the copy-engine op cuts any count itself: no multiple, no constraint when unrestricted
+    p = AllReduceOverlap(chunks=4, min_tokens=1024, max_tokens=8192)
+    assert p.token_constraint(None) == TokenConstraint(min_tokens=1024, max_tokens=8192)
+    assert AllReduceOverlap(chunks=4, restrict_tokens=False).token_constraint(None) is None
+    assert AllReduceOverlap(chunks=4, restrict_tokens=False, transport="nccl").token_constraint(
+        None
+    ) == TokenConstraint(multiple_of=4)
     with pytest.raises(ValueError, match="max_tokens=8 is below min_tokens=16"):
         AllReduceOverlap(min_tokens=16, max_tokens=8)
     with pytest.raises(ValueError):
         AllReduceOverlap(chunks=1)
+    with pytest.raises(ValueError, match="transport"):
+        AllReduceOverlap(transport="nvshmem")
+
+
+def test_chunk_bounds_cover_every_row_once():
+    from passkit_fusion.allreduce_overlap.runtime import chunk_bounds
+
+    assert chunk_bounds(10, 4) == [(0, 2), (2, 4), (4, 6), (6, 10)]
+    assert chunk_bounds(3, 4) == [(0, 1), (1, 2), (2, 3)]
+    assert chunk_bounds(1, 2) == [(0, 1)]
+    assert chunk_bounds(0, 2) == []
+    for rows in range(1, 40):
+        for k in (2, 3, 4, 8):
+            bounds = chunk_bounds(rows, k)
+            assert [r for lo, hi in bounds for r in range(lo, hi)] == list(range(rows))
 
 
 def test_a_matmul_read_elsewhere_is_left_with_its_reason():
@@ -82,6 +135,7 @@ def test_a_matmul_read_elsewhere_is_left_with_its_reason():
 
     with fake_world(2):
         result = run_passes(fn, torch.randn(8, 16), torch.randn(16, 16), passes=[OVERLAP])
+    assert count_ops(result.graph_after, FUSED) == 0
     record = result.report["allreduce_overlap"]
     assert (record.status, record.matches) == ("ran", 0)
     assert "the matmul's output is also read elsewhere" in "; ".join(record.notes)
@@ -90,12 +144,15 @@ def test_a_matmul_read_elsewhere_is_left_with_its_reason():
 # -- numerics in a 2-rank gloo world --------------------------------------------------------
 
 
-def _run(rank: int, world_size: int, mode: str) -> dict[str, Any]:
+def _run(rank: int, world_size: int, mode: str, transport: str) -> dict[str, Any]:
+    from passkit_fusion.allreduce_overlap import runtime
+
     torch._dynamo.reset()
+    runtime.reset_stats()
     model = TinyLlama(LlamaConfig(kv_heads=4)).float().eval()
     shard_functional(model, dist.group.WORLD, rank, world_size)
     passes = [
-        {"name": "allreduce_overlap", "min_tokens": 8, "chunks": 2},
+        {"name": "allreduce_overlap", "min_tokens": 8, "chunks": 2, "transport": transport},
         {"name": "allreduce_rmsnorm", "implementation": "reference"},
         "cleanup",
     ]
@@ -109,20 +166,21 @@ def _run(rank: int, world_size: int, mode: str) -> dict[str, Any]:
     records = {
         r.token_range: {rec.name: (rec.status, rec.matches) for rec in r.records} for r in backend.reports
     }
-    return {"calls": calls, "records": records}
+    return {"calls": calls, "records": records, "stats": runtime.stats()}
 
 
-def _eager_rank(rank: int, world_size: int) -> dict[str, Any]:
-    return _run(rank, world_size, "eager")
+def _eager_rank(rank: int, world_size: int, transport: str) -> dict[str, Any]:
+    return _run(rank, world_size, "eager", transport)
 
 
-def _inductor_rank(rank: int, world_size: int) -> dict[str, Any]:
-    return _run(rank, world_size, "inductor")
+def _inductor_rank(rank: int, world_size: int, transport: str) -> dict[str, Any]:
+    return _run(rank, world_size, "inductor", transport)
 
 
-@pytest.fixture(scope="module")
-def eager_world() -> list[dict[str, Any]]:
-    return gloo_world(_eager_rank, 2, timeout=400, env=NO_CACHES)
+@pytest.fixture(scope="module", params=["nccl", "copy_engine"])
+def eager_world(request) -> list[dict[str, Any]]:
+    ranks = gloo_world(_eager_rank, 2, args=(request.param,), timeout=400, env=NO_CACHES)
+    return [{**rank, "transport": request.param} for rank in ranks]
 
 
 def test_matches_eager_at_every_token_count_in_a_gloo_world(eager_world):
@@ -136,18 +194,28 @@ def test_overlap_takes_its_range_and_allreduce_rmsnorm_the_rest(eager_world):
     # the first call (8 tokens) compiles statically: the overlap pass, first in the pipeline, takes the sites
     assert records[None]["allreduce_overlap"] == ("ran", SITES)
     ranged = {k: v for k, v in records.items() if k is not None}
-    overlap = [v for k, v in ranged.items() if "multiples of 2" in k]
+    mine = "multiples of 2" if eager_world[0]["transport"] == "nccl" else ">= 8"
+    overlap = [v for k, v in ranged.items() if mine in k]
     assert overlap and all(v["allreduce_overlap"] == ("ran", SITES) for v in overlap), ranged
-    rest = [v for k, v in ranged.items() if "multiples of 2" not in k]
+    rest = [v for k, v in ranged.items() if mine not in k]
     assert rest and all(v["allreduce_rmsnorm"][0] == "ran" and v["allreduce_rmsnorm"][1] > 0 for v in rest), (
         ranged
     )
     assert len({str(rank["records"]) for rank in eager_world}) == 1
 
 
+def test_off_cuda_the_copy_engine_op_runs_its_functional_all_reduce_and_says_so(eager_world):
+    stats = eager_world[0]["stats"]
+    if eager_world[0]["transport"] == "nccl":
+        assert stats == {}
+    else:  # calls at 8, 12 tokens (4 sites each, first compile + its range); never silently
+        assert stats["fallback"] == stats["fallback:not_cuda"] > 0 and "copy_engine" not in stats
+
+
 @pytest.mark.slow
-def test_through_inductor_in_a_gloo_world():
-    ranks = gloo_world(_inductor_rank, 2, timeout=600, env=NO_CACHES)
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+def test_through_inductor_in_a_gloo_world(transport):
+    ranks = gloo_world(_inductor_rank, 2, args=(transport,), timeout=600, env=NO_CACHES)
     for rank in ranks:
         for got, want in rank["calls"].values():
             assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -25,6 +25,7 @@ OP_MODULES = (
     "passkit_fusion.allreduce_layernorm.ops",
     "passkit_fusion.sequence_parallel.ops",
     "passkit_fusion.async_tp.ops",
+    "passkit_fusion.allreduce_overlap.ops",
 )
 """The modules whose import defines every ``passkit_fusion::*`` op."""
 

@@ -4,12 +4,17 @@ matmul itself, in token chunks.
 At long prompts the all-reduce after a row-parallel matmul (attention's output projection,
 the MLP's down projection) is a large transfer that the step waits for: on 2x H200, 75 us a
 site at 2048 tokens and 250 us at 8192 for an 8B-shaped layer, 14-19% of a forward
-(``benchmarks/results/hf_tp_profile_*``). The pass splits the matmul along its rows (the
-tokens) into ``chunks`` pieces and all-reduces each piece as soon as it is computed, so
-chunk ``i``'s all-reduce runs on NCCL's stream while chunk ``i+1``'s matmul runs::
+(``benchmarks/results/hf_tp_profile_*``). The pass cuts the matmul along its rows (the
+tokens) into ``chunks`` pieces and moves each piece to the other ranks as soon as it is
+computed, while the next piece's matmul runs. Two transports:
 
-    mm(a, b) -> all_reduce -> wait     becomes
-    mm(a_0, b) -> all_reduce ; mm(a_1, b) -> all_reduce ; ... ; cat(wait_0, wait_1, ...)
+* ``"copy_engine"`` (the default): the site becomes one op,
+  ``passkit_fusion.matmul_all_reduce``, which writes each chunk into symmetric memory and
+  has the copy engines pull the peers' chunks beside the next chunk's matmul (no SMs taken
+  from the GEMM), then adds the partials in rank order (:mod:`.runtime`);
+* ``"nccl"``: the graph gets ``mm(a_0, b) -> all_reduce ; mm(a_1, b) -> all_reduce ; ... ;
+  cat(wait_0, ...)``, NCCL's kernels beside the GEMM (measured slower on 2x H200: the two
+  contend for SMs).
 
 Every row is reduced exactly as before (the same sum of the same partial rows), so the
 output is the same up to the matmul's own rounding on a smaller problem. Enable it by name,
@@ -17,15 +22,16 @@ before the passes that take the same all-reduces at other sizes::
 
     passkit.backend(passes=["allreduce_overlap", "allreduce_rmsnorm", "cleanup"])
 
-It declares a token constraint (multiples of ``chunks`` from ``min_tokens``), so a compile
-with a dynamic token dimension gets a specialization with it and the other sizes without;
-where it applies it takes the sites ``allreduce_rmsnorm`` and ``sequence_parallel`` would
-(the one first in the pipeline takes them).
+It declares a token constraint (from ``min_tokens``; multiples of ``chunks`` with
+``"nccl"``), so a compile with a dynamic token dimension gets a specialization with it and
+the other sizes without; where it applies it takes the sites ``allreduce_rmsnorm`` and
+``sequence_parallel`` would (the one first in the pipeline takes them).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pydantic
 import torch.fx as fx
@@ -43,6 +49,8 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
+    transport: Literal["copy_engine", "nccl"] = "copy_engine"
+    """how each chunk reaches the other ranks: "copy_engine" (symmetric memory, the copy engines pull it; CUDA only, elsewhere a functional all-reduce) or "nccl" (an all-reduce per chunk, NCCL's kernels beside the matmul)"""
     chunks: int = pydantic.Field(2, ge=2, le=16)
     """how many token chunks each matmul and its all-reduce are split into (the last chunk's all-reduce is not overlapped: more chunks hide more of it, each matmul is smaller)"""
     min_tokens: int = pydantic.Field(2048, ge=1)
@@ -50,7 +58,9 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
     max_tokens: int | None = pydantic.Field(None, ge=1)
     """the largest token count the pass rewrites (None: no bound)"""
     restrict_tokens: bool = True
-    """apply min_tokens/max_tokens (the sizes outside compile apart, without the pass); False: every multiple of chunks"""
+    """apply min_tokens/max_tokens (the sizes outside compile apart, without the pass); False: every size (every multiple of chunks with "nccl")"""
+    collective_timeout_s: float = pydantic.Field(180.0, gt=0)
+    """the bound on the ranks' agreement when the copy-engine buffer is set up (a rank missing fails every rank instead of hanging)"""
 
     @pydantic.model_validator(mode="after")
     def _bounds(self) -> AllReduceOverlapOptions:
@@ -74,6 +84,8 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
     source_files = (
         str(_HERE / "pass_.py"),
         str(_HERE / "rewrite.py"),
+        str(_HERE / "ops.py"),
+        str(_HERE / "runtime.py"),
         str(_HERE.parent / "patterns/marks.py"),
     )
 
@@ -83,13 +95,14 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
         """Multiples of ``chunks`` (equal chunks) from ``min_tokens`` to ``max_tokens``; a
         measured or stored fuse decision for this graph (``passkit tune-model``) replaces
         the bounds unless they are set."""
-        chunks = self.options.chunks
-        if (applied := self.decided(ctx, multiple_of=chunks)) is not None:
+        # the copy-engine op cuts any row count itself; NCCL's split wants equal chunks
+        multiple = self.options.chunks if self.options.transport == "nccl" else 1
+        if (applied := self.decided(ctx, multiple_of=multiple)) is not None:
             return applied.constraint
         if not self.options.restrict_tokens:
-            return TokenConstraint(multiple_of=chunks)
+            return TokenConstraint(multiple_of=multiple) if multiple > 1 else None
         return TokenConstraint(
-            min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens, multiple_of=chunks
+            min_tokens=self.options.min_tokens, max_tokens=self.options.max_tokens, multiple_of=multiple
         )
 
     def skip_reason(self, ctx: CompileContext) -> str | None:
@@ -100,12 +113,17 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
 
         sites, reasons = find(gm.graph)
         notes: list[str] = []
+        opts = self.options
         if sites:
-            rewriter = Rewriter(gm.graph, self.name, self.options.chunks)
+            rewriter = Rewriter(
+                gm.graph, self.name, opts.chunks, opts.max_tokens or 0, opts.collective_timeout_s
+            )
+            rewrite = rewriter.fuse if opts.transport == "copy_engine" else rewriter.split
             for site in sites:
-                rewriter.split(site)
+                rewrite(site)
+            how = "one copy-engine op each" if opts.transport == "copy_engine" else "NCCL all-reduces"
             notes.append(
-                f"{len(sites)} matmul + all-reduce site(s) split into {self.options.chunks} token chunks: "
+                f"{len(sites)} matmul + all-reduce site(s) split into {opts.chunks} token chunks ({how}): "
                 + ", ".join(s.all_reduce.name for s in sites)
             )
         if reasons:

@@ -1,6 +1,10 @@
 """Find ``mm -> (views) -> all_reduce -> wait_tensor`` and split it along the matmul's rows.
 
-``y = all_reduce(mm(a, b))`` becomes, for ``k`` chunks of ``a``'s rows (the tokens)::
+With ``transport="copy_engine"`` (:meth:`Rewriter.fuse`) the site becomes one op,
+``passkit_fusion.matmul_all_reduce(a, b, group, chunks, ...)``, which chunks the rows itself
+and moves each chunk on the copy engines (:mod:`.runtime`). With ``transport="nccl"``
+(:meth:`Rewriter.split`) ``y = all_reduce(mm(a, b))`` becomes, for ``k`` chunks of ``a``'s
+rows (the tokens)::
 
     y_i = all_reduce(mm(a[i*c : (i+1)*c], b))      # i = 0..k-1, c = rows // k (the last
     y   = cat([wait(y_0), ..., wait(y_k-1)], 0)    #   chunk ends at the last row)
@@ -75,9 +79,11 @@ def find(graph: fx.Graph) -> tuple[list[Site], list[str]]:
 
 
 class Rewriter:
-    """Splits the sites of one graph (``chunks`` each)."""
+    """Rewrites the sites of one graph (``chunks`` each)."""
 
-    def __init__(self, graph: fx.Graph, pass_name: str, chunks: int):
+    def __init__(
+        self, graph: fx.Graph, pass_name: str, chunks: int, max_tokens: int = 0, timeout_s: float = 180.0
+    ):
         from torch._guards import detect_fake_mode
 
         self.graph = graph
@@ -88,6 +94,8 @@ class Rewriter:
         if self.fake_mode is None:
             raise RuntimeError(f"{pass_name}: the graph's tensors carry no fake values")
         self._index = 0
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
 
     def _call(self, target: Any, args: tuple[Any, ...], like: fx.Node) -> fx.Node:
         node = self.graph.call_function(target, args)
@@ -98,6 +106,19 @@ class Rewriter:
             node.meta["stack_trace"] = like.meta["stack_trace"]
         marks.mark(node, self.pass_name, self._index)
         return node
+
+    def fuse(self, site: Site) -> None:
+        """Replace ``site`` by one ``passkit_fusion.matmul_all_reduce`` (copy-engine transport)."""
+        from . import ops  # registers the op
+
+        group = site.all_reduce.args[2]
+        args = (site.mm.args[0], site.mm.args[1], group, self.chunks, self.max_tokens, self.timeout_s)
+        with self.graph.inserting_before(site.mm):
+            out = self._call(ops.matmul_all_reduce_op(), args, like=site.all_reduce)
+        with self.graph.inserting_after(out):
+            for view in site.views:  # the old views, on the whole sum
+                out = self._call(view.target, (out, *view.args[1:]), like=view)
+        self._replace(site, out)
 
     def split(self, site: Site) -> None:
         """Replace ``site`` by its chunks."""
@@ -136,6 +157,9 @@ class Rewriter:
             out = self._call(aten.cat.default, (waited, 0), like=site.wait)
             for view in site.views:  # the old views, on the whole sum
                 out = self._call(view.target, (out, *view.args[1:]), like=view)
+        self._replace(site, out)
+
+    def _replace(self, site: Site, out: fx.Node) -> None:
         site.wait.replace_all_uses_with(out)
         for node in (site.wait, site.all_reduce, *reversed(site.views), site.mm):
             self.graph.erase_node(node)

@@ -1,0 +1,48 @@
+"""The op the ``allreduce_overlap`` pass leaves in the graph with ``transport="copy_engine"``.
+
+``torch.ops.passkit_fusion.matmul_all_reduce(a, b, group_name, chunks, max_tokens,
+timeout_s)`` is ``all_reduce_sum(a @ b)`` over ``group_name``: on CUDA with symmetric memory
+the matmul in ``chunks`` row chunks with each chunk's transfer on the copy engines beside the
+next chunk's matmul (:mod:`.runtime`); elsewhere (gloo, CPU) a matmul and a functional
+all-reduce. The runtime's settings are arguments, fixed in the graph at compile time, so that
+a graph restored from Inductor's cache behaves the same.
+
+A functional custom op with a fake implementation: it traces, compiles and re-propagates like
+an ATen op. Importing this module registers it (the pass does when it rewrites; a first
+look-up does too, through :mod:`passkit_fusion.lazy_ops`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import runtime
+
+OP = "passkit_fusion::matmul_all_reduce"
+
+
+@torch.library.custom_op(
+    OP,
+    mutates_args=(),
+    schema="(Tensor a, Tensor b, str group_name, int chunks, int max_tokens, float timeout_s) -> Tensor",
+)
+def matmul_all_reduce(
+    a: torch.Tensor, b: torch.Tensor, group_name: str, chunks: int, max_tokens: int, timeout_s: float
+) -> torch.Tensor:
+    """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
+    Collective: every rank calls it with the same shapes, in the same order."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(
+            f"passkit_fusion.matmul_all_reduce takes 2-d a and b, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    return runtime.matmul_all_reduce(a, b, group_name, chunks, max_tokens, timeout_s)
+
+
+@matmul_all_reduce.register_fake
+def _fake(a, b, group_name, chunks, max_tokens, timeout_s):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def matmul_all_reduce_op() -> torch._ops.OpOverload:
+    """The op's overload, as a graph node's target."""
+    return torch.ops.passkit_fusion.matmul_all_reduce.default

@@ -1,0 +1,237 @@
+"""What runs behind ``torch.ops.passkit_fusion.matmul_all_reduce``: a row-parallel matmul
+whose all-reduce is carried by the GPUs' copy engines, chunk by chunk, beside the matmul.
+
+NCCL's all-reduce is a kernel: run beside a GEMM it takes SMs and memory bandwidth from it
+(on 2x H200 a chunk's all-reduce took 228-258 us beside a matmul against 136-141 us alone).
+A copy between GPUs of one host is done by the copy engines instead, which take no SMs. So
+for ``y = all_reduce(a @ b)`` on ``W`` ranks, with the rows (tokens) cut into ``k`` chunks::
+
+    compute stream   barrier  mm_0 -> mine[0]   mm_1 -> mine[1]   ...   add_0 ... add_k-1
+    copy stream                  barrier  pull_0      barrier  pull_1 ...
+
+* ``mine`` is this rank's region of a symmetric-memory buffer (every rank can read every
+  rank's): chunk ``i``'s product is written there;
+* on a second stream, once every rank has written chunk ``i`` (a barrier on the group's
+  signal pads: a one-block kernel), chunk ``i`` of each peer's region is copied here
+  (``Tensor.copy_`` between peer-mapped memory: a copy-engine transfer);
+* the compute stream goes on with chunk ``i+1``'s matmul meanwhile, and adds the partials
+  of each chunk once its copies are done, **in rank order on every rank**, so that every
+  rank holds bit-identical rows (``x_0 + x_1 + ...``: the same additions in the same order);
+* the barrier that opens the call makes every rank wait until the others have finished
+  reading its region in the previous call (each rank's compute stream joins its copies
+  before it returns), so the region can be written again.
+
+Only the last chunk's copy and the adds are not hidden. Every rank pulls every peer's chunk
+(``W - 1`` copies of the chunk): the fewest steps, optimal bytes at ``W = 2``.
+
+The buffer is set up as the other fused ops' resources are: never during CUDA-graph capture
+(a call captured before it is large enough runs :func:`unfused`, which is capturable), after
+:func:`passkit_fusion.collective.agree` (a bounded wait; every rank the same size, torch and
+passkit-fusion versions), sized for ``max_tokens`` tokens when given, to a power of two. A
+buffer is never freed while the process runs: a CUDA graph captured over it may replay
+(growing allocates a new one and keeps the old referenced).
+
+Off CUDA (gloo, the CPU tests) and where symmetric memory is not available, :func:`unfused`
+computes the same sum with a functional all-reduce. Process-wide state, not thread-safe.
+Imports without CUDA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..async_tp import torch_api
+from ..async_tp.runtime import target_bytes
+from ..collective import agree, resolve_group
+from ..collective.resources import outside_graph_pools
+
+COPY_ENGINE = "copy_engine"
+FALLBACK = "fallback"
+STEP = "allreduce_overlap:symm_mem"
+DEFAULT_RESERVE_TOKENS = 16384
+"""Tokens a buffer is sized for when the pass sets no ``max_tokens`` (64 MiB a rank at hidden
+4096 in bf16): growth, which allocates a second buffer, is then rare."""
+
+_OPEN_CHANNEL = 0  # the compute stream's barrier at the start of a call
+_CHUNK_CHANNEL = 1  # the copy stream's barrier before each chunk's pull
+
+
+@dataclasses.dataclass
+class _Buffer:
+    tensor: torch.Tensor
+    handle: Any  # torch's _SymmetricMemory for ``tensor``
+    nbytes: int
+
+
+_buffers: dict[str, _Buffer] = {}
+"""The live buffer per process-group name."""
+_retired: list[_Buffer] = []
+"""Buffers replaced by larger ones: kept, since a captured CUDA graph may still use them."""
+_streams: dict[int, torch.cuda.Stream] = {}
+_stats: Counter[str] = Counter()
+
+
+def stats() -> dict[str, int]:
+    """Calls per path (``copy_engine``, ``fallback``, ``fallback:<reason>``) since the last
+    reset. Calls replayed from a CUDA graph are not seen (its capture counts once)."""
+    return dict(_stats)
+
+
+def reset_stats() -> None:
+    _stats.clear()
+
+
+def reserved_bytes(group_name: str) -> int:
+    """The buffer size agreed for ``group_name`` so far (0: none)."""
+    buf = _buffers.get(group_name)
+    return buf.nbytes if buf else 0
+
+
+def chunk_bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """``[(start, end), ...]``: ``rows`` cut into ``min(chunks, rows)`` contiguous pieces of
+    ``rows // k`` rows, the last one up to the end (none for 0 rows)."""
+    k = max(1, min(chunks, rows))
+    size = rows // k
+    return [(i * size, rows if i == k - 1 else (i + 1) * size) for i in range(k)] if rows else []
+
+
+# ------------------------------------------------------------------------------ calls --
+
+
+def matmul_all_reduce(
+    a: torch.Tensor, b: torch.Tensor, group_name: str, chunks: int, max_tokens: int, timeout_s: float
+) -> torch.Tensor:
+    """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
+    Collective: every rank calls it with the same shapes, in the same order."""
+    reason = _why_unfused(a, b)
+    if not reason:
+        need = a.shape[0] * b.shape[1] * a.element_size()
+        reason = _ensure_buffer(group_name, need, a.shape[0], max_tokens, timeout_s)
+    if reason:
+        _record(FALLBACK, reason)
+        return unfused(a, b, group_name)
+    _record(COPY_ENGINE)
+    return _pipelined(a, b, _buffers[group_name].handle, chunks)
+
+
+def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:
+    """``all_reduce_sum(a @ b)`` with a functional all-reduce (any backend; capturable)."""
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.all_reduce(torch.mm(a, b), "sum", group_name))
+
+
+def _why_unfused(a: torch.Tensor, b: torch.Tensor) -> str:
+    if a.device.type != "cuda":
+        return "not_cuda"
+    if torch_api.symm_mem_unavailable():
+        return "no_symmetric_memory"
+    if a.dtype != b.dtype:
+        return "mixed_dtypes"
+    return ""
+
+
+def _pipelined(a: torch.Tensor, b: torch.Tensor, handle: Any, chunks: int) -> torch.Tensor:
+    rows, n = a.shape[0], b.shape[1]
+    rank, world = handle.rank, handle.world_size
+    out = torch.empty((rows, n), dtype=a.dtype, device=a.device)
+    bounds = chunk_bounds(rows, chunks)
+    if not bounds:
+        return out
+    peers = [r for r in range(world) if r != rank]
+    pulled = torch.empty((len(peers), rows, n), dtype=a.dtype, device=a.device)
+    compute = torch.cuda.current_stream()
+    copies = _copy_stream(a.device)
+
+    def region(r: int, start: int, end: int) -> torch.Tensor:
+        return handle.get_buffer(r, (end - start, n), a.dtype, start * n)
+
+    handle.barrier(channel=_OPEN_CHANNEL)  # every peer is done reading our region (last call)
+    done = []
+    for start, end in bounds:
+        torch.mm(a[start:end], b, out=region(rank, start, end))
+        copies.wait_stream(compute)
+        with torch.cuda.stream(copies):
+            handle.barrier(channel=_CHUNK_CHANNEL)  # every rank has written this chunk
+            for j, peer in enumerate(peers):
+                pulled[j, start:end].copy_(region(peer, start, end))
+            event = torch.cuda.Event()
+            event.record(copies)
+        done.append(event)
+    for (start, end), event in zip(bounds, done, strict=True):
+        compute.wait_event(event)
+        parts = [
+            region(rank, start, end) if r == rank else pulled[peers.index(r), start:end] for r in range(world)
+        ]
+        total = torch.add(parts[0], parts[1], out=out[start:end])
+        for part in parts[2:]:
+            total.add_(part)
+    return out  # the compute stream has waited for every copy: ``pulled`` may be freed
+
+
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _streams:
+        # high priority: its one-block barrier gets an SM as soon as one frees beside a GEMM
+        _streams[index] = torch.cuda.Stream(device=index, priority=-1)
+    return _streams[index]
+
+
+def _record(path: str, reason: str = "") -> None:
+    _stats[path] += 1
+    if reason:
+        _stats[f"{path}:{reason}"] += 1
+
+
+# ------------------------------------------------------------------------------ set-up --
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _ensure_buffer(group_name: str, need: int, tokens: int, max_tokens: int, timeout_s: float) -> str:
+    """Make sure ``group_name`` has a buffer of ``need`` bytes; ``""`` or why not.
+    Collective when it allocates (every rank calls it with the same shapes)."""
+    if need <= reserved_bytes(group_name):
+        return ""
+    if _capturing():
+        return "buffer_not_ready_in_capture"
+    size = target_bytes(need, tokens, max_tokens or max(tokens, DEFAULT_RESERVE_TOKENS))
+    group = resolve_group(group_name)
+    agree(
+        group,
+        STEP,
+        {
+            "bytes": size,
+            "torch": torch.__version__,
+            "passkit_fusion": _version(),
+            "multicast_disabled": os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST", ""),
+        },
+        timeout_s=timeout_s,
+        describe=f"symmetric-memory buffer of {size} bytes on {dist.get_world_size(group)} ranks",
+    )
+    device = torch.device("cuda", torch.cuda.current_device())
+    buf = outside_graph_pools(lambda: _allocate(group_name, size, device), "symmetric-memory buffer")
+    if (old := _buffers.get(group_name)) is not None:
+        _retired.append(old)
+    _buffers[group_name] = buf
+    return ""
+
+
+def _allocate(group_name: str, nbytes: int, device: torch.device) -> _Buffer:
+    sm = torch_api.symm_mem()
+    torch_api.enable_group(group_name)
+    tensor = sm.empty(nbytes, dtype=torch.uint8, device=device)
+    return _Buffer(tensor, sm.rendezvous(tensor, group_name), nbytes)
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
