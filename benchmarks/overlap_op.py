@@ -9,8 +9,8 @@ rounds' medians), CUDA-graph replays of:
 - ``mm``: the matmul alone: the ceiling, what the step would cost if the all-reduce were free;
 - ``nccl``: the matmul, then NCCL's all-reduce (torch's functional collective: Inductor's graph);
 - ``ce2`` / ``ce4``: ``passkit_fusion.matmul_all_reduce`` with 2 / 4 chunks: each chunk's
-  transfer on the copy engines beside the next chunk's matmul (``allreduce_overlap``'s default
-  transport).
+  transfer on the copy engines (2 lanes: two streams, each a half of the chunk) beside the next
+  chunk's matmul (``allreduce_overlap``'s default transport); ``ce2x1`` / ``ce4x4``: 1 and 4 lanes.
 
 "kept" is the share of the all-reduce's cost an overlapped variant wins back:
 ``(nccl - ce) / (nccl - mm)``. Numerics: each ``ce`` output against NCCL's (relative error).
@@ -36,7 +36,9 @@ import torch.multiprocessing as mp
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 PROJECTIONS = {"o_proj": HIDDEN, "down_proj": INTERMEDIATE}
-VARIANTS = ("mm", "nccl", "ce2", "ce4")
+VARIANTS = ("mm", "nccl", "ce2", "ce4", "ce2x1", "ce4x4")
+CE = {"ce2": (2, 2), "ce4": (4, 2), "ce2x1": (2, 1), "ce4x4": (4, 4)}
+"""copy-engine variants: (chunks, copy lanes)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--probe-copies",
+        action="store_true",
+        help="first print the copy engines' rate between GPU 0 and 1 (push, pull; one way, both ways at once)",
+    )
     args = parser.parse_args(argv)
     if torch.cuda.device_count() < args.world:
         print(f"needs {args.world} GPUs, found {torch.cuda.device_count()}", file=sys.stderr)
@@ -67,6 +74,8 @@ def _rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
         device_id=torch.device("cuda", rank),
     )
     try:
+        if args.probe_copies:
+            _probe_copies(rank)
         rows = []
         for tokens in args.tokens:
             for proj, width in PROJECTIONS.items():
@@ -96,12 +105,14 @@ def _measure(args: argparse.Namespace, tokens: int, proj: str, width: int) -> di
     steps: dict[str, Callable[[], object]] = {
         "mm": lambda: a @ b,
         "nccl": lambda: funcol.wait_tensor(funcol.all_reduce(a @ b, "sum", name)),
-        "ce2": lambda: op(a, b, name, 2, 16384, 120.0),
-        "ce4": lambda: op(a, b, name, 4, 16384, 120.0),
+        **{
+            v: (lambda c=c, lanes=lanes: op(a, b, name, c, lanes, 16384, 120.0))
+            for v, (c, lanes) in CE.items()
+        },
     }
     ref = steps["nccl"]()
     row: dict[str, object] = {"tokens": tokens, "proj": proj, "k": k}
-    for v in ("ce2", "ce4"):
+    for v in CE:
         got = steps[v]()
         row[f"{v}_rel_err"] = float((got.float() - ref.float()).norm() / ref.float().norm())
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -112,6 +123,41 @@ def _measure(args: argparse.Namespace, tokens: int, proj: str, width: int) -> di
     for v in VARIANTS:
         row[v] = _max_over_ranks(statistics.median(samples[v]))
     return row
+
+
+def _probe_copies(rank: int) -> None:
+    """GB/s of one ``Tensor.copy_`` between this GPU and the next one's symmetric memory."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    warnings.simplefilter("ignore", FutureWarning)
+    peer = (rank + 1) % dist.get_world_size()
+    mb = 128
+    buf = symm_mem.empty(mb << 20, dtype=torch.uint8, device="cuda")
+    handle = symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
+    local = torch.empty(mb << 20, dtype=torch.uint8, device="cuda")
+    for size_mb in (8, 32, 128):
+        n = size_mb << 20
+        there, here = handle.get_buffer(peer, (n,), torch.uint8, 0), local[:n]
+        for how, both in (("push", False), ("push", True), ("pull", False), ("pull", True)):
+            active = both or rank == 0
+            times = []
+            for _ in range(5):
+                dist.barrier()
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                if active:
+                    (there.copy_(here) if how == "push" else here.copy_(there))
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1000)
+            rate = n / statistics.median(times) / 1e9
+            if rank == 0:
+                print(
+                    f"copy probe: {how} {size_mb} MB, {'both ways' if both else 'one way'}: {rate:.0f} GB/s",
+                    flush=True,
+                )
+    dist.barrier()
 
 
 def _max_over_ranks(us: float) -> float:
@@ -128,7 +174,8 @@ def _kept(r: dict[str, object], v: str) -> str:
 def _line(r: dict[str, object]) -> str:
     return (
         f"| {r['tokens']} | {r['proj']} | {r['mm']} | {r['nccl']} | {r['ce2']} ({_kept(r, 'ce2')}) | "
-        f"{r['ce4']} ({_kept(r, 'ce4')}) | {float(r['ce2_rel_err']):.1e} / {float(r['ce4_rel_err']):.1e} |"  # type: ignore[arg-type]
+        f"{r['ce4']} ({_kept(r, 'ce4')}) | {r['ce2x1']} ({_kept(r, 'ce2x1')}) | {r['ce4x4']} ({_kept(r, 'ce4x4')}) | "
+        f"{max(float(r[f'{v}_rel_err']) for v in CE):.1e} |"  # type: ignore[arg-type]
     )
 
 
@@ -143,8 +190,8 @@ def _report(args: argparse.Namespace, rows: list[dict[str, object]]) -> None:
         "NCCL's cost won back, (nccl - ce) / (nccl - mm).",
         "",
         "| tokens | projection | mm alone (ceiling) | mm + NCCL all-reduce | copy engine, 2 chunks | "
-        "copy engine, 4 chunks | rel. err vs NCCL (2 / 4) |",
-        "|---|---|---|---|---|---|---|",
+        "copy engine, 4 chunks | 2 chunks, 1 lane | 4 chunks, 4 lanes | max rel. err vs NCCL |",
+        "|---|---|---|---|---|---|---|---|---|",
         *(_line(r) for r in rows),
     ]
     text = "\n".join(lines) + "\n"

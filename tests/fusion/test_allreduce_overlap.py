@@ -50,8 +50,8 @@ def test_by_default_each_output_projection_becomes_one_copy_engine_op(sharding):
     assert count_ops(after, MM) == count_ops(before, MM) - SITES
     ops = [n for n in after.graph.nodes if n.target is torch.ops.passkit_fusion.matmul_all_reduce.default]
     group = next(n for n in before.graph.nodes if str(n.target) == ALL_REDUCE).args[2]
-    # (a, b, group, chunks, max_tokens, timeout_s): the runtime's settings fixed in the graph
-    assert {n.args[2:] for n in ops} == {(group, 4, 0, 180.0)}
+    # (a, b, group, chunks, lanes, max_tokens, timeout_s): the runtime's settings fixed in the graph
+    assert {n.args[2:] for n in ops} == {(group, 4, 2, 0, 180.0)}
     assert all(
         n.meta["val"].shape == n.args[0].meta["val"].shape[:1] + n.args[1].meta["val"].shape[1:] for n in ops
     )

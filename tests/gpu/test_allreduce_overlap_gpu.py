@@ -61,12 +61,12 @@ def _nccl(a: torch.Tensor, b: torch.Tensor, group: str) -> torch.Tensor:
 
 
 def _scenarios(rank: int, world: int) -> dict[str, Any]:
-    from passkit_fusion.allreduce_overlap import runtime
+    from passkit_fusion.allreduce_overlap import ops, runtime
 
     warnings.simplefilter("ignore", FutureWarning)
     torch._dynamo.config.cache_size_limit = 64
     group = dist.group.WORLD.group_name
-    op = torch.ops.passkit_fusion.matmul_all_reduce.default
+    op = ops.matmul_all_reduce_op()
     gen = torch.Generator(device="cuda").manual_seed(100 + rank)  # each rank its own partials
     out: dict[str, Any] = {}
 
@@ -77,7 +77,7 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
     for rows in OP_ROWS:
         for chunks in (2, 4):
             a = torch.randn(rows, F // world, generator=gen, device="cuda", dtype=BF16)
-            got = op(a, b, group, chunks, 0, 60.0)
+            got = op(a, b, group, chunks, 2, 0, 60.0)
             checks[f"{rows}x{chunks}"] = {
                 "rel_error": _rel_error(got, _nccl(a, b, group)),
                 "identical": _identical_on_every_rank(got),
@@ -86,7 +86,7 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
 
     # -- many calls in flight: the buffer is not overwritten under a peer's copy ----------
     inputs = [torch.randn(2048, F // world, generator=gen, device="cuda", dtype=BF16) for _ in range(12)]
-    results = [op(a, b, group, 4, 0, 60.0) for a in inputs]  # no synchronisation in between
+    results = [op(a, b, group, 4, 3, 0, 60.0) for a in inputs]  # no synchronisation in between
     torch.cuda.synchronize()
     out["back_to_back"] = [_rel_error(r, _nccl(a, b, group)) for r, a in zip(results, inputs, strict=True)]
 
@@ -160,7 +160,7 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
     stream.wait_stream(torch.cuda.current_stream())
     g2 = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g2, stream=stream):
-        captured = op(a, b, fresh.group_name, 2, 0, 60.0)
+        captured = op(a, b, fresh.group_name, 2, 1, 0, 60.0)
     g2.replay()
     torch.cuda.synchronize()
     out["capture_first"] = {

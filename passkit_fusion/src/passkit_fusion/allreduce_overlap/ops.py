@@ -1,9 +1,9 @@
 """The op the ``allreduce_overlap`` pass leaves in the graph with ``transport="copy_engine"``.
 
-``torch.ops.passkit_fusion.matmul_all_reduce(a, b, group_name, chunks, max_tokens,
+``torch.ops.passkit_fusion.matmul_all_reduce(a, b, group_name, chunks, lanes, max_tokens,
 timeout_s)`` is ``all_reduce_sum(a @ b)`` over ``group_name``: on CUDA with symmetric memory
-the matmul in ``chunks`` row chunks with each chunk's transfer on the copy engines beside the
-next chunk's matmul (:mod:`.runtime`); elsewhere (gloo, CPU) a matmul and a functional
+the matmul in ``chunks`` row chunks with each chunk's transfer on the copy engines (``lanes``
+streams at once) beside the next chunk's matmul (:mod:`.runtime`); elsewhere (gloo, CPU) a matmul and a functional
 all-reduce. The runtime's settings are arguments, fixed in the graph at compile time, so that
 a graph restored from Inductor's cache behaves the same.
 
@@ -24,10 +24,18 @@ OP = "passkit_fusion::matmul_all_reduce"
 @torch.library.custom_op(
     OP,
     mutates_args=(),
-    schema="(Tensor a, Tensor b, str group_name, int chunks, int max_tokens, float timeout_s) -> Tensor",
+    schema=(
+        "(Tensor a, Tensor b, str group_name, int chunks, int lanes, int max_tokens, float timeout_s) -> Tensor"
+    ),
 )
 def matmul_all_reduce(
-    a: torch.Tensor, b: torch.Tensor, group_name: str, chunks: int, max_tokens: int, timeout_s: float
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_name: str,
+    chunks: int,
+    lanes: int,
+    max_tokens: int,
+    timeout_s: float,
 ) -> torch.Tensor:
     """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
     Collective: every rank calls it with the same shapes, in the same order."""
@@ -35,11 +43,15 @@ def matmul_all_reduce(
         raise ValueError(
             f"passkit_fusion.matmul_all_reduce takes 2-d a and b, got {tuple(a.shape)} and {tuple(b.shape)}"
         )
-    return runtime.matmul_all_reduce(a, b, group_name, chunks, max_tokens, timeout_s)
+    if chunks < 1 or lanes < 1:
+        raise ValueError(
+            f"passkit_fusion.matmul_all_reduce: chunks and lanes must be >= 1, got {chunks}, {lanes}"
+        )
+    return runtime.matmul_all_reduce(a, b, group_name, chunks, lanes, max_tokens, timeout_s)
 
 
 @matmul_all_reduce.register_fake
-def _fake(a, b, group_name, chunks, max_tokens, timeout_s):
+def _fake(a, b, group_name, chunks, lanes, max_tokens, timeout_s):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 

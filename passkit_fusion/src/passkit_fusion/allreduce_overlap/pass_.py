@@ -53,6 +53,8 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
     """how each chunk reaches the other ranks: "copy_engine" (symmetric memory, the copy engines pull it; CUDA only, elsewhere a functional all-reduce) or "nccl" (an all-reduce per chunk, NCCL's kernels beside the matmul)"""
     chunks: int = pydantic.Field(2, ge=2, le=16)
     """how many token chunks each matmul and its all-reduce are split into (the last chunk's all-reduce is not overlapped: more chunks hide more of it, each matmul is smaller)"""
+    copy_lanes: int = pydantic.Field(2, ge=1, le=8)
+    """with "copy_engine": how many streams push each chunk at once, each a slice of it (one copy engine each)"""
     min_tokens: int = pydantic.Field(2048, ge=1)
     """the smallest token count the pass rewrites: below it the all-reduce is short and the fused all-reduce + RMSNorm op wins"""
     max_tokens: int | None = pydantic.Field(None, ge=1)
@@ -116,7 +118,12 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
         opts = self.options
         if sites:
             rewriter = Rewriter(
-                gm.graph, self.name, opts.chunks, opts.max_tokens or 0, opts.collective_timeout_s
+                gm.graph,
+                self.name,
+                opts.chunks,
+                opts.max_tokens or 0,
+                opts.collective_timeout_s,
+                opts.copy_lanes,
             )
             rewrite = rewriter.fuse if opts.transport == "copy_engine" else rewriter.split
             for site in sites:

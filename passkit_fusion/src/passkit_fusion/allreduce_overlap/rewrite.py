@@ -82,7 +82,13 @@ class Rewriter:
     """Rewrites the sites of one graph (``chunks`` each)."""
 
     def __init__(
-        self, graph: fx.Graph, pass_name: str, chunks: int, max_tokens: int = 0, timeout_s: float = 180.0
+        self,
+        graph: fx.Graph,
+        pass_name: str,
+        chunks: int,
+        max_tokens: int = 0,
+        timeout_s: float = 180.0,
+        lanes: int = 1,
     ):
         from torch._guards import detect_fake_mode
 
@@ -96,6 +102,7 @@ class Rewriter:
         self._index = 0
         self.max_tokens = max_tokens
         self.timeout_s = timeout_s
+        self.lanes = lanes
 
     def _call(self, target: Any, args: tuple[Any, ...], like: fx.Node) -> fx.Node:
         node = self.graph.call_function(target, args)
@@ -112,7 +119,15 @@ class Rewriter:
         from . import ops  # registers the op
 
         group = site.all_reduce.args[2]
-        args = (site.mm.args[0], site.mm.args[1], group, self.chunks, self.max_tokens, self.timeout_s)
+        args = (
+            site.mm.args[0],
+            site.mm.args[1],
+            group,
+            self.chunks,
+            self.lanes,
+            self.max_tokens,
+            self.timeout_s,
+        )
         with self.graph.inserting_before(site.mm):
             out = self._call(ops.matmul_all_reduce_op(), args, like=site.all_reduce)
         with self.graph.inserting_after(out):

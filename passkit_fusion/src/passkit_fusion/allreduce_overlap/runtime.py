@@ -6,23 +6,26 @@ NCCL's all-reduce is a kernel: run beside a GEMM it takes SMs and memory bandwid
 A copy between GPUs of one host is done by the copy engines instead, which take no SMs. So
 for ``y = all_reduce(a @ b)`` on ``W`` ranks, with the rows (tokens) cut into ``k`` chunks::
 
-    compute stream   barrier  mm_0 -> mine[0]   mm_1 -> mine[1]   ...   add_0 ... add_k-1
-    copy stream                  barrier  pull_0      barrier  pull_1 ...
+    compute stream  barrier  mm_0   mm_1   ...  mm_k-1                      add (rank order)
+    copy lanes                     push_0  push_1  ...  push_k-1  barrier
 
-* ``mine`` is this rank's region of a symmetric-memory buffer (every rank can read every
-  rank's): chunk ``i``'s product is written there;
-* on a second stream, once every rank has written chunk ``i`` (a barrier on the group's
-  signal pads: a one-block kernel), chunk ``i`` of each peer's region is copied here
-  (``Tensor.copy_`` between peer-mapped memory: a copy-engine transfer);
-* the compute stream goes on with chunk ``i+1``'s matmul meanwhile, and adds the partials
-  of each chunk once its copies are done, **in rank order on every rank**, so that every
-  rank holds bit-identical rows (``x_0 + x_1 + ...``: the same additions in the same order);
+* chunk ``i``'s product goes to a plain tensor (``mine``); as soon as it is computed, the
+  copy lanes (``lanes`` streams, each a slice of the chunk, so that several copy engines
+  work at once) push it into this rank's slot of every peer's symmetric-memory buffer
+  (``Tensor.copy_`` into peer-mapped memory: a copy-engine transfer over NVLink);
+* no signal is needed per chunk, so nothing on the copy lanes waits for an SM while the
+  GEMM holds them all (a barrier kernel there would start only when the next matmul ends);
+  one barrier on the group's signal pads after the last push (the GEMMs are done by then)
+  says that every peer's pushes to this rank have landed;
+* the compute stream then adds the partials **in rank order on every rank**
+  (``x_0 + x_1 + ...``: the same additions in the same order), so every rank holds
+  bit-identical rows;
 * the barrier that opens the call makes every rank wait until the others have finished
-  reading its region in the previous call (each rank's compute stream joins its copies
-  before it returns), so the region can be written again.
+  adding what they received in the previous call (the add comes before the next call's
+  opening barrier on their compute stream), so their buffers can be written again.
 
-Only the last chunk's copy and the adds are not hidden. Every rank pulls every peer's chunk
-(``W - 1`` copies of the chunk): the fewest steps, optimal bytes at ``W = 2``.
+Only the last chunk's push, the closing barrier and the add are not hidden. Every rank pushes
+its chunk to every peer (``W - 1`` copies): the fewest steps, optimal bytes at ``W = 2``.
 
 The buffer is set up as the other fused ops' resources are: never during CUDA-graph capture
 (a call captured before it is large enough runs :func:`unfused`, which is capturable), after
@@ -59,7 +62,7 @@ DEFAULT_RESERVE_TOKENS = 16384
 4096 in bf16): growth, which allocates a second buffer, is then rare."""
 
 _OPEN_CHANNEL = 0  # the compute stream's barrier at the start of a call
-_CHUNK_CHANNEL = 1  # the copy stream's barrier before each chunk's pull
+_CLOSE_CHANNEL = 1  # the copy lanes' barrier after the last push
 
 
 @dataclasses.dataclass
@@ -73,7 +76,7 @@ _buffers: dict[str, _Buffer] = {}
 """The live buffer per process-group name."""
 _retired: list[_Buffer] = []
 """Buffers replaced by larger ones: kept, since a captured CUDA graph may still use them."""
-_streams: dict[int, torch.cuda.Stream] = {}
+_lanes: dict[int, list[torch.cuda.Stream]] = {}
 _stats: Counter[str] = Counter()
 
 
@@ -105,19 +108,26 @@ def chunk_bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def matmul_all_reduce(
-    a: torch.Tensor, b: torch.Tensor, group_name: str, chunks: int, max_tokens: int, timeout_s: float
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_name: str,
+    chunks: int,
+    lanes: int,
+    max_tokens: int,
+    timeout_s: float,
 ) -> torch.Tensor:
     """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
     Collective: every rank calls it with the same shapes, in the same order."""
     reason = _why_unfused(a, b)
     if not reason:
-        need = a.shape[0] * b.shape[1] * a.element_size()
+        world = dist.get_world_size(resolve_group(group_name))
+        need = world * a.shape[0] * b.shape[1] * a.element_size()  # a slot per rank
         reason = _ensure_buffer(group_name, need, a.shape[0], max_tokens, timeout_s)
     if reason:
         _record(FALLBACK, reason)
         return unfused(a, b, group_name)
     _record(COPY_ENGINE)
-    return _pipelined(a, b, _buffers[group_name].handle, chunks)
+    return _pipelined(a, b, _buffers[group_name].handle, chunks, lanes)
 
 
 def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:
@@ -136,50 +146,49 @@ def _why_unfused(a: torch.Tensor, b: torch.Tensor) -> str:
     return ""
 
 
-def _pipelined(a: torch.Tensor, b: torch.Tensor, handle: Any, chunks: int) -> torch.Tensor:
+def _pipelined(a: torch.Tensor, b: torch.Tensor, handle: Any, chunks: int, lanes: int) -> torch.Tensor:
     rows, n = a.shape[0], b.shape[1]
     rank, world = handle.rank, handle.world_size
-    out = torch.empty((rows, n), dtype=a.dtype, device=a.device)
+    mine = torch.empty((rows, n), dtype=a.dtype, device=a.device)
+    out = torch.empty_like(mine)
     bounds = chunk_bounds(rows, chunks)
     if not bounds:
         return out
     peers = [r for r in range(world) if r != rank]
-    pulled = torch.empty((len(peers), rows, n), dtype=a.dtype, device=a.device)
     compute = torch.cuda.current_stream()
-    copies = _copy_stream(a.device)
+    copies = _copy_lanes(a.device, lanes)
 
-    def region(r: int, start: int, end: int) -> torch.Tensor:
-        return handle.get_buffer(r, (end - start, n), a.dtype, start * n)
+    def slot(owner: int, writer: int, start: int, end: int) -> torch.Tensor:
+        """Rows ``start:end`` of ``writer``'s slot in ``owner``'s buffer."""
+        return handle.get_buffer(owner, (end - start, n), a.dtype, (writer * rows + start) * n)
 
-    handle.barrier(channel=_OPEN_CHANNEL)  # every peer is done reading our region (last call)
-    done = []
+    handle.barrier(channel=_OPEN_CHANNEL)  # every peer has added what we pushed last call
     for start, end in bounds:
-        torch.mm(a[start:end], b, out=region(rank, start, end))
-        copies.wait_stream(compute)
-        with torch.cuda.stream(copies):
-            handle.barrier(channel=_CHUNK_CHANNEL)  # every rank has written this chunk
-            for j, peer in enumerate(peers):
-                pulled[j, start:end].copy_(region(peer, start, end))
-            event = torch.cuda.Event()
-            event.record(copies)
-        done.append(event)
-    for (start, end), event in zip(bounds, done, strict=True):
-        compute.wait_event(event)
-        parts = [
-            region(rank, start, end) if r == rank else pulled[peers.index(r), start:end] for r in range(world)
-        ]
-        total = torch.add(parts[0], parts[1], out=out[start:end])
-        for part in parts[2:]:
-            total.add_(part)
-    return out  # the compute stream has waited for every copy: ``pulled`` may be freed
+        torch.mm(a[start:end], b, out=mine[start:end])
+        for lane, (lo, hi) in zip(copies, chunk_bounds(end - start, len(copies)), strict=False):
+            lane.wait_stream(compute)
+            with torch.cuda.stream(lane):
+                for peer in peers:
+                    slot(peer, rank, start + lo, start + hi).copy_(mine[start + lo : start + hi])
+    first = copies[0]
+    for lane in copies[1:]:
+        first.wait_stream(lane)
+    with torch.cuda.stream(first):
+        handle.barrier(channel=_CLOSE_CHANNEL)  # every peer's pushes to us have landed
+    compute.wait_stream(first)  # also: ``mine`` is not read by a copy any more once freed
+    parts = [mine if r == rank else slot(rank, r, 0, rows) for r in range(world)]
+    torch.add(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        out.add_(part)
+    return out
 
 
-def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+def _copy_lanes(device: torch.device, lanes: int) -> list[torch.cuda.Stream]:
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _streams:
-        # high priority: its one-block barrier gets an SM as soon as one frees beside a GEMM
-        _streams[index] = torch.cuda.Stream(device=index, priority=-1)
-    return _streams[index]
+    streams = _lanes.setdefault(index, [])
+    while len(streams) < lanes:
+        streams.append(torch.cuda.Stream(device=index))
+    return streams[:lanes]
 
 
 def _record(path: str, reason: str = "") -> None:
