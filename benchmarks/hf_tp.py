@@ -359,6 +359,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
                 "decision": next(
                     (n for p in r.names() for n in (r[p].reason or "", *r[p].notes) if "decision" in n), ""
                 ),
+                # where each pass's token range came from (table, measured, stored, options)
+                "decision_sources": {p: r[p].decision for p in r.names() if p in PASSES and r[p].decision},
             }
             for r in backend.reports
         ]

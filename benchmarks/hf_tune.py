@@ -7,7 +7,7 @@ What a user does, in the user's order, each step its own program:
    ``--compile-mode``, and stores the decision under ``$PASSKIT_CACHE_DIR/fusion-decisions``;
 2. ``hf_tp.py --one-process`` compiles Inductor and passkit's serving config in that mode in
    fresh processes: passkit's compiles find the stored decision by the graph's fingerprint
-   (each compile's report says ``fuse decision: stored ...``), and both are timed in
+   (each compile's pass records say ``decision: stored``), and both are timed in
    interleaved rounds;
 3. one table per token count: the decision's pass set, the best set the tuning measured (its
    speed-up over Inductor), the fresh program's passkit / Inductor, and the ratio of the two
@@ -56,10 +56,11 @@ def stored_decisions(cache: Path) -> list[Any]:
 
 
 def restored(report: dict[str, Any]) -> bool:
-    """Whether a compile's report says it used the stored decision."""
-    note = report.get("decision", "")
-    # a note of a range the pass runs in, or the reason it skips one ("... (stored decision)")
-    return any(s in note for s in ("fuse decision: stored", "stored fuse decision", "(stored decision)"))
+    """Whether a compile's report says it used the stored decision: every pass that says
+    where its token range came from (its record's ``decision``, ran or skipped) says
+    ``stored``."""
+    sources = report.get("decision_sources") or {}
+    return bool(sources) and all(s == "stored" for s in sources.values())
 
 
 def mode_suffix(args: argparse.Namespace) -> str:
@@ -116,8 +117,9 @@ def table(args: argparse.Namespace, found: list[Any], fresh: dict[str, Any]) -> 
     lines += ["", "The fresh program's compiles (passkit):", ""]
     for rep in reports:
         fused = ", ".join(f"{p} {st} {m}" for p, (st, m) in rep["passes"].items())
+        sources = ", ".join(f"{p} {s}" for p, s in (rep.get("decision_sources") or {}).items()) or "none"
         note = rep.get("decision") or "no fuse decision note"
-        lines.append(f"- {rep['range']}: {fused}; {note[:240]}")
+        lines.append(f"- {rep['range']}: {fused}; decisions: {sources}; {note[:240]}")
     everyone = all(restored(rep) for rep in reports) and bool(reports)
     lines += ["", f"Every compile found the stored decision: {'yes' if everyone else 'NO'}."]
     lines += ["", "Tuning medians (us, slowest rank):", ""]

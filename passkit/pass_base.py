@@ -253,6 +253,13 @@ class Pass:
         the same on every rank."""
         return self.tokens
 
+    def decision_source(self, ctx: CompileContext) -> str | None:
+        """Where this pass's token-range decision in ``ctx`` came from, for its report record
+        (:attr:`PassRecord.decision <passkit.PassRecord.decision>`), ran or skipped: a short
+        word the pass defines (a tuned pass: ``"table"``, ``"measured"``, ``"stored"``), the
+        same on every rank. Default: None (the pass does not say)."""
+        return None
+
     # -- called by passkit (a pass's own code, isolated) -------------------------------
     code_failure: PassCodeError | None = None
     """Set when one of this pass's own methods called to plan a compile (:meth:`skip_reason`,
@@ -272,6 +279,22 @@ class Pass:
         if reason is not None and not isinstance(reason, str):
             return str(self._code_failed(f"skip_reason() must return a str or None, got {cut_repr(reason)}"))
         return reason or None
+
+    def checked_decision_source(self, ctx: CompileContext) -> str | None:
+        """:meth:`decision_source`, isolated as :meth:`checked_skip_reason` is: when it raises
+        or returns something else than a string or None, :attr:`code_failure` is set (the
+        pass does not run) and None is returned."""
+        if self.code_failure is not None:
+            return None
+        try:
+            source = self.decision_source(ctx)
+        except Exception as exc:
+            self._code_failed(f"decision_source() raised {describe(exc)}", exc)
+            return None
+        if source is not None and not isinstance(source, str):
+            self._code_failed(f"decision_source() must return a str or None, got {cut_repr(source)}")
+            return None
+        return source or None
 
     def checked_token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
         """:meth:`token_constraint`, validated and isolated: when it raises or returns no

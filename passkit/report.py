@@ -38,6 +38,11 @@ class PassRecord:
     notes: list[str] = dataclasses.field(default_factory=list)
     reproducer: str | None = None
     """Path of the reproducer written for a failure, when a dump directory is set."""
+    decision: str | None = None
+    """Where the pass's token-range decision in this compile came from, as the pass says
+    (:meth:`~passkit.Pass.decision_source`: a short word it defines, e.g. ``"table"`` or
+    ``"stored"``), whether it ran or was skipped; None: the pass does not say. For tools
+    that read reports; the details, for people, belong in its notes."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -154,6 +159,8 @@ class Report:
         for r in self.records:
             nodes = f"{r.nodes_before}->{r.nodes_after}" if r.status == "ran" else "-"
             note = r.reason or "; ".join(r.notes)
+            if r.decision:
+                note = f"{note} [decision: {r.decision}]".lstrip()
             lines.append(
                 f"{r.name:<24} {r.stage:<15} {r.status:<8} {r.matches:>7} {r.ms:>9.2f} {nodes:>13}  {note}"
             )

@@ -248,6 +248,24 @@ def test_no_benchmark_leaves_with_os_exit_outside_a_simulated_rank_failure():
     assert offenders == []
 
 
+def test_hf_tune_reads_each_compiles_decision_from_the_records_field():
+    """A compile found the stored decision when every pass record that names where its token
+    range came from (``PassRecord.decision``, skipped ranges' records too) says ``stored``;
+    the prose notes are not read."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_tune_bench", ROOT / "benchmarks/hf_tune.py")
+    hf_tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf_tune)
+    stored = {"allreduce_rmsnorm": "stored", "sequence_parallel": "stored"}
+    assert hf_tune.restored({"decision": "", "decision_sources": stored})  # a range both skip
+    assert not hf_tune.restored({"decision_sources": {**stored, "sequence_parallel": "table"}})
+    assert not hf_tune.restored({"decision_sources": {"allreduce_rmsnorm": "options"}})
+    assert not hf_tune.restored({"decision_sources": {}})  # a cache hit without its records
+    # the prose alone (a report of an earlier hf_tp.py) no longer counts
+    assert not hf_tune.restored({"decision": "fuse decision: stored (tuned 2026-11-25 in 12 s, in /c)"})
+
+
 @pytest.mark.slow  # passkit tune-model, then a fresh program: about 5 minutes on 2 cores
 def test_hf_tune_smoke_run_stores_and_restores_the_decision(tmp_path):
     """`passkit tune-model` on the HF Llama (2 gloo ranks, reference op), then a fresh

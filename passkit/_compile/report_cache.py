@@ -57,6 +57,7 @@ class _Record(pydantic.BaseModel):
     reason: str | None = None
     notes: list[str] = pydantic.Field(default_factory=list)
     reproducer: str | None = None
+    decision: str | None = None
 
 
 class _HookFailure(pydantic.BaseModel):

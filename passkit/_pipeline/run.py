@@ -279,7 +279,7 @@ class Runner:
         range_skips: dict[str, str],
         baselines: Baselines,
     ) -> PassRecord:
-        record = PassRecord(name=p.name, stage=p.stage.value)
+        record = PassRecord(name=p.name, stage=p.stage.value, decision=p.checked_decision_source(ctx))
         dropped = inductor_state.left_out().get(p.name)
         if dropped is not None:  # Inductor failed on the graph it changed: compiled without it
             record.status, record.reason, record.reproducer = "failed", dropped.reason, dropped.reproducer
@@ -291,7 +291,7 @@ class Runner:
             or p.checked_skip_reason(ctx)
             or self._nothing_to_act_on(p, report)
         )
-        if p.code_failure is not None:  # its skip_reason or token_constraint raised
+        if p.code_failure is not None:  # its skip_reason, token_constraint or decision_source raised
             before_code = graph_code(gm) if dumper else ""
             return self._failed(
                 p, gm, p.code_failure, record, report, dumper, len(report.records) + 1, before_code
@@ -444,7 +444,8 @@ class Runner:
         )
         for p in self.passes:
             why = _outside_range(p, ctx) or reason
-            report.records.append(PassRecord(name=p.name, stage=p.stage.value, reason=why))
+            decision = p.checked_decision_source(ctx)
+            report.records.append(PassRecord(name=p.name, stage=p.stage.value, reason=why, decision=decision))
         self._finish(report, None)
         return report
 

@@ -133,12 +133,40 @@ class RaisingSkipReason(passkit.GraphPass):
         raise AssertionError("a pass whose skip_reason raised must not run")
 
 
+class RaisingDecisionSource(passkit.GraphPass):
+    name = "raising_decision_source"
+
+    def decision_source(self, ctx):
+        raise ValueError("decision_source crashed")
+
+    def run(self, gm, ctx):  # pragma: no cover - must not run
+        raise AssertionError("a pass whose decision_source raised must not run")
+
+
+class GarbageDecisionSource(passkit.GraphPass):
+    name = "garbage_decision_source"
+
+    def decision_source(self, ctx):
+        return {"source": "stored"}
+
+    def run(self, gm, ctx):  # pragma: no cover - must not run
+        raise AssertionError("a pass whose decision_source returned garbage must not run")
+
+
 class BrokenPlugin:
     """The passes above, as one in-process plugin."""
 
     @passkit.hookimpl
     def passkit_register_passes(self):
-        return [ReluTwice, ToHalfAfterRelu, RaisingOptionsPass, RaisingTokenConstraint, RaisingSkipReason]
+        return [
+            ReluTwice,
+            ToHalfAfterRelu,
+            RaisingOptionsPass,
+            RaisingTokenConstraint,
+            RaisingSkipReason,
+            RaisingDecisionSource,
+            GarbageDecisionSource,
+        ]
 
 
 PLUGIN = BrokenPlugin()

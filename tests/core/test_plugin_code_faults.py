@@ -1,5 +1,5 @@
 """A plugin's own code raising anywhere passkit calls it (issue 27): its options model, its
-pass's ``__init__``, ``token_constraint``, ``skip_reason``. Each is a ``ConfigError`` naming
+pass's ``__init__``, ``token_constraint``, ``skip_reason``, ``decision_source``. Each is a ``ConfigError`` naming
 pass, plugin and distribution (set-up time) or a ``failed`` record naming the pass while the
 compile goes on (compile time), never a bare traceback."""
 
@@ -95,6 +95,8 @@ def test_options_validator_under_the_named_backend_names_the_variable_and_pass()
     [
         ("raising_token_constraint", "token_constraint() raised RuntimeError: token_constraint crashed"),
         ("raising_skip_reason", "skip_reason() raised KeyError: 'skip_reason crashed'"),
+        ("raising_decision_source", "decision_source() raised ValueError: decision_source crashed"),
+        ("garbage_decision_source", "decision_source() must return a str or None, got {'source': 'stored'}"),
     ],
 )
 @pytest.mark.parametrize("dynamic", [False, True])

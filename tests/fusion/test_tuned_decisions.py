@@ -205,9 +205,15 @@ def test_a_stored_decision_sets_the_passes_token_ranges(graph_scope, isolated):
     )
     note = AllReduceRMSNorm(implementation="reference", max_tokens=8).decision_note(CTX)
     assert note == "fuse decision: own options (max_tokens set); the stored decision is not applied"
+    assert arrms.decision_source(CTX) == "stored"
+    assert AllReduceRMSNorm(implementation="reference", max_tokens=8).decision_source(CTX) == "options"
+    assert (
+        AllReduceRMSNorm(implementation="reference", restrict_tokens=False).decision_source(CTX) == "options"
+    )
     # outside the compile scope, or with decisions ignored: the tables
     with decisions.ignored():
         assert arrms.token_constraint(CTX) is None
+        assert arrms.decision_source(CTX) == "table"
     assert decisions.lookup(CTX).source == "stored"
 
 
@@ -222,6 +228,7 @@ def test_a_pass_the_decision_never_runs_is_skipped_with_the_reason(graph_scope):
     assert SequenceParallel().skip_reason(CTX) == (
         "the stored fuse decision runs it in no token range (tokens 1..8: allreduce_rmsnorm; tokens >= 9: inductor)"
     )
+    assert SequenceParallel().decision_source(CTX) == "stored"
 
 
 @pytest.mark.parametrize(
@@ -284,6 +291,96 @@ def test_no_file_means_the_tables_with_a_note(graph_scope):
         )
         == f"fuse decision: table ({found.note})"
     )
+
+
+# ------------------------------------------------------- the records' decision (structured)
+
+
+def _run_with(passes, store=None, token_range=None):
+    """The report of ``passes`` run on a small graph in a fake 2-rank world, compiling for
+    ``token_range``; ``store(current)`` first stores or remembers a decision for the graph."""
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    pipeline = passkit.build_pipeline(passes=passes)
+    if token_range is not None:
+        pipeline = pipeline.for_range(token_range, label=str(token_range))
+    with fake_world(2), compiling.scope(gm, (torch.randn(4),), pipeline) as current:
+        if store is not None:
+            store(current)
+        return pipeline.run(gm)
+
+
+def _nowhere(current):
+    """A stored decision that runs allreduce_rmsnorm up to 8 tokens, the others nowhere."""
+    decision = _stored_for(current)
+    decisions.save(FuseDecision(decision.key, (RangeDecision(1, 8, AR), RangeDecision(9, None, ()))))
+
+
+def _corrupt(current):
+    path = decisions.path_for(_stored_for(current).key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{")
+
+
+@pytest.mark.parametrize(
+    ("store", "token_range", "expected"),
+    [
+        # stored: the range a pass runs in, and the ranges it is skipped in, say so alike
+        (lambda c: decisions.save(_stored_for(c)), passkit.TokenRange(1, 64), ("skipped", "skipped", "ran")),
+        (lambda c: decisions.save(_stored_for(c)), passkit.TokenRange(65, 4096), ("skipped",) * 3),
+        (
+            lambda c: decisions.save(_stored_for(c)),
+            passkit.TokenRange(4098, None, 2),
+            ("ran", "skipped", "skipped"),
+        ),
+        # every size at once: the decision runs sequence_parallel (and so async_tp) nowhere
+        (_nowhere, None, ("skipped", "skipped", "ran")),
+    ],
+)
+def test_every_record_names_the_stored_decision_ran_or_skipped(isolated, store, token_range, expected):
+    report = _run_with(PASSES, store, token_range)
+    tuned = [report[name] for name in ALL]
+    assert tuple(r.status for r in tuned) == expected
+    assert [r.decision for r in tuned] == ["stored"] * 3
+    assert report["cleanup"].decision is None  # not a tunable pass: it says nothing
+    if store is _nowhere:
+        assert report["sequence_parallel"].reason.startswith(
+            "the stored fuse decision runs it in no token range"
+        )
+    data = json.loads(report.to_json())
+    assert {p["name"]: p["decision"] for p in data["passes"]} == {
+        "sequence_parallel": "stored",
+        "async_tp": "stored",
+        "allreduce_rmsnorm": "stored",
+        "cleanup": None,
+    }
+
+
+def test_the_records_decision_says_measured_table_ignored_or_options(isolated):
+    arrms = [{"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]
+    small = passkit.TokenRange(1, 4)
+
+    def measured(current):
+        decision = _stored_for(current)
+        decisions.remember(decision, decisions.path_for(decision.key))
+
+    record = _run_with(PASSES, measured, passkit.TokenRange(65, 4096))["allreduce_rmsnorm"]
+    assert (record.status, record.decision) == ("skipped", "measured")
+    assert record.reason.endswith("(measured decision); this compile serves tokens 65..4096")
+    decisions._measured.clear()
+    # nothing stored: the tables
+    record = _run_with(arrms, None, small)["allreduce_rmsnorm"]
+    assert (record.status, record.decision) == ("ran", "table")
+    assert record.notes[-1] == "fuse decision: table (no stored decision for this graph)"
+    # a corrupt file is ignored: the tables decide, and the record says table; the note says why
+    record = _run_with(arrms, _corrupt, small)["allreduce_rmsnorm"]
+    assert (record.status, record.decision) == ("ran", "table")
+    assert record.notes[-1].startswith("fuse decision: table (stored decision ")
+    assert " ignored: unreadable (" in record.notes[-1]
+    # own bounds win over a stored decision
+    own = [{"name": "allreduce_rmsnorm", "implementation": "reference", "max_tokens": 2}, "cleanup"]
+    record = _run_with(own, lambda c: decisions.save(_stored_for(c)), small)["allreduce_rmsnorm"]
+    assert (record.status, record.decision) == ("skipped", "options")
+    assert record.reason == "applies to tokens 1..2; this compile serves tokens 1..4"
 
 
 # ---------------------------------------------------------------------------- tune + compile
@@ -357,12 +454,17 @@ def test_tuning_then_compiling_uses_the_decision_and_reports_its_source(isolated
         assert large["allreduce_rmsnorm"].reason == (
             "applies to tokens 1..4 (measured decision); this compile serves tokens >= 5"
         )
+        assert [r["allreduce_rmsnorm"].decision for r in (small, large)] == ["measured", "measured"]
 
         decisions._measured.clear()  # as in a new process: read from the file
         reports = _compile_reports(model, inputs, mark, passes)
         note = reports["tokens 1..4"]["allreduce_rmsnorm"].notes[-1]
         assert note.startswith("fuse decision: stored (tuned ")
         assert f", in {path.parent}): tokens 1..4: allreduce_rmsnorm [measured: " in note
+        assert {r.token_range: r["allreduce_rmsnorm"].decision for r in reports.values()} == {
+            "tokens 1..4": "stored",
+            "tokens >= 5": "stored",  # skipped there, by the stored decision
+        }
 
         # another pass configuration of the same model: the decision is not for it
         other = [
@@ -377,6 +479,7 @@ def test_tuning_then_compiling_uses_the_decision_and_reports_its_source(isolated
             .notes[-1]
             .startswith(f"fuse decision: table (stored decision {path} ignored")
         )
+        assert only["allreduce_rmsnorm"].decision == "table"
 
 
 def test_a_graph_dynamo_specializes_while_timed_gets_the_decision_too(isolated):
@@ -399,6 +502,7 @@ def test_a_graph_dynamo_specializes_while_timed_gets_the_decision_too(isolated):
             fn(*inputs(1))  # unmarked, as a program's first 1-token call is
         notes = [n for r in backend.reports for n in r["allreduce_rmsnorm"].notes]
         assert any(n.startswith("fuse decision: stored (tuned ") for n in notes), notes
+        assert [r["allreduce_rmsnorm"].decision for r in backend.reports] == ["stored"] * len(backend.reports)
 
 
 def test_the_budget_stops_measuring_and_says_what_was_not_measured(isolated):

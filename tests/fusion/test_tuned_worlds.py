@@ -69,6 +69,7 @@ def _tune(rank: int, world_size: int) -> dict[str, Any]:
             for r in backend.reports
         }
         out["note"] = backend.reports[0]["allreduce_rmsnorm"].notes[-1]
+        out["decisions"] = {r.token_range: r["allreduce_rmsnorm"].decision for r in backend.reports}
     return out
 
 
@@ -121,6 +122,7 @@ def test_two_ranks_timing_differently_take_the_same_decision_and_use_it(tmp_path
     for r in results:
         assert r["ranges"] == {"tokens 1..4": ("ran", 3), "tokens >= 5": ("skipped", 0)}
         assert r["note"].startswith("fuse decision: stored (")
+        assert r["decisions"] == {"tokens 1..4": "stored", "tokens >= 5": "stored"}  # ran, skipped
 
 
 @pytest.mark.slow

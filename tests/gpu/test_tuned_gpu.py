@@ -63,6 +63,7 @@ def _tune_and_compile(rank: int, world_size: int) -> dict[str, Any]:
             for note in rec.notes + ([rec.reason] if rec.reason else [])
             if "decision" in note
         ],
+        "decisions": {rec.decision for r in backend.reports for rec in r.records if rec.decision},
         "rel_diff": ((out - ref).norm() / ref.norm()).item(),
     }
 
@@ -79,4 +80,5 @@ def test_two_gpus_tune_store_and_use_the_same_decision(tmp_path):
         assert any(
             n.startswith("fuse decision: stored (") or "(stored decision)" in n for n in rank["notes"]
         ), rank
+        assert rank["decisions"] == {"stored"}, rank  # every record of the three passes, ran or skipped
         assert rank["rel_diff"] < 0.05

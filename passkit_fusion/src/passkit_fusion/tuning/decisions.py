@@ -18,7 +18,9 @@ came from (``"measured"``, or ``"table"`` where the time budget left a count unm
   with a note (the tables then decide), never trusted.
 * Use: the fusion passes derive from :class:`Tunable`; their ``token_constraint`` asks
   :meth:`Tunable.decided`, and their report records carry :meth:`Tunable.decision_note`
-  (which decision each range used and where it came from: table, measured, stored).
+  (which decision each range used and where it came from: table, measured, stored) and,
+  for tools, :meth:`Tunable.decision_source` (the record's ``decision``: one of
+  :data:`SOURCES`, on skipped records too).
 
 The graph being compiled comes from :func:`passkit.compiling.current` (opened by the
 backend around each compile). Outside such a scope, and inside :func:`ignored`, the tables
@@ -53,6 +55,12 @@ DEFAULT_MARGIN = 0.01
 """Candidates within this fraction of the fastest tie; the one with fewest passes wins."""
 INDUCTOR = "inductor"
 """How the empty pass set (Inductor alone) is named in reports and files."""
+
+SOURCES = ("table", "measured", "stored", "options")
+"""Where a tunable pass's token ranges come from (:meth:`Tunable.decision_source`, its
+report records' ``decision``): its tables and default bounds (nothing measured or stored for
+this graph, decisions ignored, or a stored one ignored), a decision measured in this
+process, a stored one, or its own options (bounds set explicitly)."""
 
 Candidate = tuple[str, ...]
 """A set of tunable passes, in pipeline order (``()``: Inductor alone)."""
@@ -557,6 +565,14 @@ class Tunable:
             f"the {applied.found.source} fuse decision runs it in no token range "
             f"({applied.found.decision.summary() if applied.found.decision else ''})"
         )
+
+    def decision_source(self, ctx: CompileContext) -> str:
+        """Where this pass's token ranges in ``ctx`` come from, for its report records
+        (:attr:`passkit.PassRecord.decision`, ran or skipped): one of :data:`SOURCES`.
+        ``"table"`` also when a stored decision was ignored (:meth:`decision_note` says why)."""
+        if self._explicit_bounds():
+            return "options"
+        return lookup(ctx).source
 
     def decision_note(self, ctx: CompileContext) -> str | None:
         """Which decision this compile's range used and where it came from, for the pass's
