@@ -4,7 +4,8 @@ A serving stack compiles one model for 1 to thousands of tokens. A pass declares
 applies with a :class:`TokenConstraint` (``min_tokens``, ``max_tokens``, ``multiple_of``);
 the user may add boundaries (``compile_ranges``). :func:`split` cuts the token axis at every
 bound into :class:`TokenRange` pieces, and :func:`plan_specializations` groups the pieces by
-the set of passes that apply there, so that each distinct set compiles once.
+the set of passes that apply there, so that each distinct set compiles once; a graph with
+static shapes serves one token count, and :func:`plan_static` says which passes it leaves out.
 
 Pure arithmetic: no torch, no graphs.
 """
@@ -85,6 +86,19 @@ class TokenConstraint:
     def holds_for(self, tokens: TokenRange) -> bool:
         """Whether the pass applies to every size of ``tokens`` (a compiled range)."""
         return self.covers(tokens) and tokens.multiple_of % self.multiple_of == 0
+
+    def admits(self, tokens: int) -> bool:
+        """Whether the pass applies to the one token count ``tokens`` (a static-shape graph)."""
+        return self._bounds_hold(tokens) and tokens % self.multiple_of == 0
+
+    def excludes_why(self, tokens: int) -> str:
+        """Why the pass does not apply to the static token count ``tokens`` (not admitted)."""
+        if self._bounds_hold(tokens):
+            return f"static tokens {tokens} is not a multiple of {self.multiple_of} (its range: {self})"
+        return f"static tokens {tokens} outside its range {self}"
+
+    def _bounds_hold(self, tokens: int) -> bool:
+        return self.min_tokens <= tokens and (self.max_tokens is None or tokens <= self.max_tokens)
 
     def ends(self) -> set[int]:
         """The last token counts of the ranges this constraint needs cut."""
@@ -275,6 +289,24 @@ def plan_specializations(
         ]
     )
     return specializations, range_rules
+
+
+def plan_static(
+    constraints: Mapping[str, TokenConstraint | None],
+    tokens: int,
+    relations: PassRelations | None = None,
+) -> dict[str, str]:
+    """The passes a graph with static shapes, serving ``tokens`` tokens only, compiles
+    without, each with why (``{name: reason}``, in pipeline order): those whose constraint does
+    not admit ``tokens``, then those :meth:`PassRelations.effective` drops among the rest.
+    ``constraints`` as for :func:`plan_specializations`."""
+    relations = relations or PassRelations()
+    outside = {
+        n: c.excludes_why(tokens) for n, c in constraints.items() if c is not None and not c.admits(tokens)
+    }
+    _, dropped = relations.effective([n for n in constraints if n not in outside])
+    reasons = {**outside, **{n: f"{why} (static tokens {tokens})" for n, why in dropped.items()}}
+    return {n: reasons[n] for n in constraints if n in reasons}
 
 
 def _merge_rules(rules: list[RangeRule]) -> list[RangeRule]:

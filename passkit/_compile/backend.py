@@ -165,6 +165,11 @@ class Backend:
         if not self.pipeline.enabled:
             return self._compile(self.pipeline, gm, example_inputs, patches)
         planned = specialize.plan(self.pipeline, gm, example_inputs, self.mode)
+        if isinstance(planned, specialize.StaticPlan):  # static shapes: one token count
+            static = self.pipeline.for_range(
+                planned.token_range, label=planned.label, note=planned.note, left_out=planned.left_out
+            )
+            return self._compile(static, gm, example_inputs, patches)
         if planned is None or isinstance(planned, str):
             self.pipeline.note = planned
             try:

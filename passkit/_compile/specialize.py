@@ -6,7 +6,9 @@ axis at every bound (:func:`passkit.tokens.plan_specializations`) and returns a
 :class:`Plan`; the backend compiles each specialization (a normal Inductor or eager compile
 of a copy of the graph, with the pipeline restricted to the range) and wraps them in a
 :class:`Dispatcher`, which reads the token count of each call and calls the right one: a
-few integer comparisons, no re-tracing.
+few integer comparisons, no re-tracing. A graph with static shapes serves one token count
+(:func:`static_token_dim`): :func:`plan` returns a :class:`StaticPlan`, one compile for that
+count, without the passes whose token constraint does not admit it.
 
 With ``compile_at = "first_use"`` (the default) the backend compiles the range of the call
 being compiled only; the dispatcher compiles each other range at the first call that lands in
@@ -31,7 +33,7 @@ import torch.fx
 from .. import logs
 from ..context import CompileContext, Mode
 from ..errors import ConfigError, PasskitError
-from ..tokens import RangeRule, Specialization, TokenConstraint, plan_specializations
+from ..tokens import RangeRule, Specialization, TokenConstraint, TokenRange, plan_specializations, plan_static
 
 if TYPE_CHECKING:
     from .._pipeline.build import Pipeline
@@ -74,31 +76,78 @@ def graph_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> lis
     return [v if v is not None else e for v, e in zip(values, example_inputs)]
 
 
+def static_token_dim(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], override: TokenDim | None = None
+) -> tuple[int | None, str]:
+    """The token count a graph with static shapes serves, with where it was read (for
+    reports), or ``(None, why)``: the graph has symbolic sizes, or its inputs do not say
+    its token count.
+
+    Dynamo compiles a graph with static shapes for ``torch.compile(dynamic=False)``, for a
+    first call before it sees a size change, and again for a size it specializes (0 and 1: a
+    call with 1 token after a dynamic compile gets its own "1-token recompile"); such a graph
+    serves that one size only. With ``override`` (config ``token_dim``) the count is that
+    dimension of that tensor input (counting tensor inputs only). Otherwise it is read from
+    the first tensor input that is not a parameter or buffer (Dynamo names those placeholders
+    ``..._parameters_...``/``..._buffers_...``), where its shape says where the tokens are:
+    ``(tokens,)``, ``(tokens, hidden)`` (not integer), or token ids (integer) with one
+    dimension above 1: ``(1, tokens)`` (one sequence, as Hugging Face models take
+    ``input_ids``), ``(tokens, 1)`` (one token of each of ``tokens`` sequences). Other shapes
+    (``(batch, seq, hidden)``, ``(batch, seq)`` ids) are not read: which count a pass's
+    constraint means there is not known."""
+    inputs = graph_inputs(gm, example_inputs)
+    activations = _static_activations(gm, inputs)
+    if activations is None:
+        return None, "the graph has symbolic sizes, none of them a token dimension passkit can read"
+    if override is not None:
+        tensors = [(i, v) for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        index, tensor = _override_input(tensors, override)
+        return int(tensor.shape[override.dim]), f"input {index}, dim {override.dim} (config token_dim)"
+    if not activations:
+        return None, "no tensor input besides parameters and buffers"
+    index, value = activations[0]
+    dtype = value.dtype
+    ids = not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+    if value.dim() == 1 or (value.dim() == 2 and not ids):
+        return int(value.shape[0]), f"input {index}, dim 0"
+    if ids and sum(size > 1 for size in value.shape) <= 1:
+        dim = next((d for d, size in enumerate(value.shape) if size > 1), 0)
+        return int(value.shape[dim]), f"input {index}, dim {dim} (token ids)"
+    return None, (
+        f"input {index}, the first that is not a parameter, has shape {tuple(value.shape)}: which "
+        "of its dimensions counts the tokens is not known (config token_dim names it)"
+    )
+
+
 def static_tokens(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int | None:
     """The token count a graph with static shapes serves, or None (a dynamic graph, or none
-    found).
+    found), for the SGLang host's labels and ranges: the leading dimension of the first
+    tensor input that is not a parameter or buffer. (:func:`static_token_dim` reads the
+    count passkit's backend applies the passes' constraints to, more strictly.)"""
+    activations = _static_activations(gm, graph_inputs(gm, example_inputs))
+    return int(activations[0][1].shape[0]) if activations else None
 
-    Dynamo compiles a graph again with static shapes for a size it specializes (0 and 1:
-    a call with 1 token after a dynamic compile gets its own "1-token recompile"); such a
-    graph serves that one size only. Its token count is the leading dimension of its first
-    tensor input that is not a parameter or buffer (Dynamo names those placeholders
-    ``..._parameters_...``/``..._buffers_...``)."""
-    inputs = graph_inputs(gm, example_inputs)
+
+def _static_activations(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> list[tuple[int, Any]] | None:
+    """The tensor inputs of a graph with static shapes that are not parameters or buffers
+    (Dynamo names those placeholders ``..._parameters_...``/``..._buffers_...``) and have a
+    dimension, with their indices; None when the graph has a symbolic size."""
     if any(isinstance(v, torch.SymInt) for v in inputs):
         return None
-    tensors = [v for v in inputs if isinstance(v, torch.Tensor)]
-    if any(not isinstance(s, int) for t in tensors for s in t.shape):
+    if any(not isinstance(s, int) for v in inputs if isinstance(v, torch.Tensor) for s in v.shape):
         return None
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     if len(names) != len(inputs):
         names = [""] * len(inputs)
-    for name, value in zip(names, inputs):
-        if not isinstance(value, torch.Tensor) or value.dim() == 0 or isinstance(value, torch.nn.Parameter):
-            continue
-        if "_parameters_" in name or "_buffers_" in name:
-            continue
-        return int(value.shape[0])
-    return None
+    return [
+        (index, value)
+        for index, (name, value) in enumerate(zip(names, inputs))
+        if isinstance(value, torch.Tensor)
+        and value.dim() > 0
+        and not isinstance(value, torch.nn.Parameter)
+        and "_parameters_" not in name
+        and "_buffers_" not in name
+    ]
 
 
 def static_label(tokens: int) -> str:
@@ -107,13 +156,61 @@ def static_label(tokens: int) -> str:
     return f"tokens = {tokens} ({what})"
 
 
-def static_note(tokens: int | None) -> str:
-    """The report note of a graph compiled once, with static shapes (:func:`static_tokens`)."""
-    served = f"; it serves {static_label(tokens)}" if tokens is not None else ""
+def static_note(tokens: int | None, how: str | None = None) -> str:
+    """The report note of a graph compiled once, with static shapes (:func:`static_token_dim`):
+    serving ``tokens``, read from ``how``; or, with ``tokens`` None, no count found (``how``:
+    why)."""
+    if tokens is None:
+        why = f": {how}" if how else ""
+        return (
+            f"no dynamic token dimension in the graph's inputs and no static token count{why}; "
+            "compiled once, every pass runs: token ranges (compile_ranges, passes' token "
+            "constraints) are not applied"
+        )
+    where = f" (token count from {how})" if how else ""
     return (
-        f"no dynamic token dimension in the graph's inputs{served}: compiled once; token ranges "
-        "(compile_ranges, passes' token constraints) are not applied"
+        f"no dynamic token dimension in the graph's inputs; it serves {static_label(tokens)}{where}: "
+        f"compiled once, for that count: a pass whose token constraint does not admit {tokens} "
+        "is skipped (compile_ranges do not apply)"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticPlan:
+    """What to compile for a graph with static shapes: one compile serving ``tokens`` only
+    (read from ``how``), without the passes of ``left_out`` (name: why;
+    :func:`passkit.tokens.plan_static`)."""
+
+    tokens: int
+    how: str
+    left_out: dict[str, str]
+
+    @property
+    def token_range(self) -> TokenRange:
+        """``tokens n, multiples of n`` (as a framework's single-size compile): a pass
+        constrained to multiples of ``k`` applies when ``k`` divides ``n``."""
+        return TokenRange(self.tokens, self.tokens, max(self.tokens, 1))
+
+    @property
+    def label(self) -> str:
+        return static_label(self.tokens)
+
+    @property
+    def note(self) -> str:
+        return static_note(self.tokens, self.how)
+
+
+def _override_input(tensors: Sequence[tuple[int, Any]], override: TokenDim) -> tuple[int, Any]:
+    """The tensor input config ``token_dim`` names (its index among all inputs, the tensor),
+    checked: :class:`ConfigError` when the graph has no such input or dimension."""
+    if override.input >= len(tensors):
+        raise ConfigError(f"token_dim.input={override.input}: the graph has {len(tensors)} tensor input(s)")
+    index, tensor = tensors[override.input]
+    if override.dim >= tensor.dim():
+        raise ConfigError(
+            f"token_dim.dim={override.dim}: tensor input {override.input} has {tensor.dim()} dims"
+        )
+    return index, tensor
 
 
 def find_token_dim(example_inputs: Sequence[Any], override: TokenDim | None = None) -> TokenDimension | None:
@@ -128,15 +225,7 @@ def find_token_dim(example_inputs: Sequence[Any], override: TokenDim | None = No
     symbol = None
     where: tuple[int, int] | None = None
     if override is not None:
-        if override.input >= len(tensors):
-            raise ConfigError(
-                f"token_dim.input={override.input}: the graph has {len(tensors)} tensor input(s)"
-            )
-        index, tensor = tensors[override.input]
-        if override.dim >= tensor.dim():
-            raise ConfigError(
-                f"token_dim.dim={override.dim}: tensor input {override.input} has {tensor.dim()} dims"
-            )
+        index, tensor = _override_input(tensors, override)
         size = tensor.shape[override.dim]
         if not isinstance(size, torch.SymInt):
             return None
@@ -159,9 +248,11 @@ def find_token_dim(example_inputs: Sequence[Any], override: TokenDim | None = No
 
 def plan(
     pipeline: Pipeline, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Mode
-) -> Plan | str | None:
-    """The specializations to compile; else why ranges were asked for but the graph compiles
-    once (a report note), or None when nothing asks for ranges."""
+) -> Plan | StaticPlan | str | None:
+    """The specializations to compile; for a graph with static shapes, the one compile for
+    its token count (:class:`StaticPlan`: the passes whose constraint does not admit it left
+    out); else why ranges were asked for but the graph compiles once with every pass (a
+    report note: no token count found), or None when nothing asks for ranges."""
     ctx = CompileContext.detect(example_inputs, mode=mode)
     runnable = [p for p in pipeline.passes if p.checked_skip_reason(ctx) is None]
     constraints: dict[str, TokenConstraint | None] = {
@@ -176,7 +267,10 @@ def plan(
         return None
     token_dim = find_token_dim(graph_inputs(gm, example_inputs), pipeline.config.token_dim)
     if token_dim is None:
-        return static_note(static_tokens(gm, example_inputs))
+        tokens, how = static_token_dim(gm, example_inputs, pipeline.config.token_dim)
+        if tokens is None:
+            return static_note(None, how)
+        return StaticPlan(tokens, how, plan_static(constraints, tokens, relations))
     specializations, rules = plan_specializations(constraints, user_ends, relations)
     return Plan(specializations, rules, token_dim)
 

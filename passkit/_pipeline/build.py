@@ -197,8 +197,9 @@ class Pipeline(Runner):
     ) -> Pipeline:
         """The same passes, compiling for ``token_range`` (``label`` names it in reports,
         ``note`` is added to them; reports go to this pipeline's list); ``left_out``: passes
-        the token-range plan leaves out of this compile, with why."""
-        specialized = Pipeline(
+        the token-range plan leaves out of this compile, with why. A subclass's are of its
+        class."""
+        specialized = type(self)(
             self.config,
             self.plugins,
             self.passes,

@@ -17,7 +17,7 @@ from passkit._pipeline.build import Pipeline
 from passkit._plugins.registry import get_plugins
 from passkit.config import load_config
 from passkit.errors import ConfigError
-from passkit.tokens import plan_specializations, split
+from passkit.tokens import PassRelations, plan_specializations, plan_static, split
 
 from .test_integration import ROOT, _env
 
@@ -117,6 +117,25 @@ def test_user_ranges_always_compile_apart_and_divisors_pick_variants():
         ((), "tokens >= 101", ()),
     ]
     assert rules[0].divisors == (4,) and rules[0].choice == {(True,): 0, (False,): 1}
+
+
+def test_a_static_count_leaves_out_the_passes_that_do_not_admit_it():
+    constraints = {
+        "small": TokenConstraint(max_tokens=16),
+        "even": TokenConstraint(min_tokens=8, multiple_of=2),
+        "first": None,
+        "second": None,
+    }
+    relations = PassRelations(shares_sites={"first": ("second",), "second": ("first",)})
+    assert plan_static(constraints, 8, relations) == {
+        "second": "its sites are taken by first, which runs first here (static tokens 8)"
+    }
+    assert plan_static(constraints, 9) == {
+        "even": "static tokens 9 is not a multiple of 2 (its range: tokens >= 8, multiples of 2)"
+    }
+    assert plan_static(constraints, 40) == {"small": "static tokens 40 outside its range tokens 1..16"}
+    assert list(plan_static(constraints, 1)) == ["even"]
+    assert list(plan_static(constraints, 0)) == ["small", "even"]  # no constrained pass below 1
 
 
 def test_impossible_divisibility_outcomes_compile_nothing():
@@ -274,16 +293,105 @@ def test_no_declared_range_compiles_once_as_before():
     assert report.token_range is None and b.last_dispatcher is None
 
 
-def test_static_shapes_compile_once_and_say_why():
-    b = backend(SmallRelu(), Everywhere())
+@pytest.mark.parametrize(
+    ("tokens", "mode", "small_relu", "even_tanh"),
+    [
+        (8, "eager", None, None),  # inside both ranges
+        (9, "eager", None, "static tokens 9 is not a multiple of 2 (its range: tokens >= 8, multiples of 2)"),
+        (4, "eager", None, "static tokens 4 outside its range tokens >= 8, multiples of 2"),
+        (40, "inductor", "static tokens 40 outside its range tokens 1..16", None),
+    ],
+)
+def test_static_shapes_run_each_pass_only_if_its_constraint_admits_the_count(
+    tokens, mode, small_relu, even_tanh
+):
+    """A graph compiled with static shapes serves one token count: each pass's constraint
+    is checked against it (bounds and multiple_of), as the ranges of a dynamic graph are."""
+    b = backend(SmallRelu(), EvenTanh(), Everywhere(), mode=mode)
     f = torch.compile(model, backend=b, dynamic=False)
-    x = torch.randn(40, 4)
-    f(x)
+    x = torch.randn(tokens, 4)
+    torch.testing.assert_close(f(x), expected(x))
+    (report,) = b.reports
+    assert report.token_range == f"tokens = {tokens} (static shapes)"
+    for name, reason in (("small_relu", small_relu), ("even_tanh", even_tanh), ("everywhere", None)):
+        assert (report[name].status, report[name].reason) == ("ran" if reason is None else "skipped", reason)
+    (note,) = report.notes
+    assert f"it serves tokens = {tokens} (static shapes) (token count from input 0, dim 0)" in note
+    assert f"a pass whose token constraint does not admit {tokens} is skipped" in note
+    assert b.last_dispatcher is None  # one compile, no dispatch
+
+
+def test_dynamos_1_token_recompile_applies_the_constraints_to_1_token():
+    """After a dynamic compile, a call with 1 token makes Dynamo compile again with static
+    shapes (it specializes size 1): that graph serves 1 token, and a pass from 8 up skips."""
+    b = backend(SmallRelu(), EvenTanh(), mode="eager")
+    f = torch.compile(model, backend=b)
+    for tokens in (10, 1):
+        x = torch.randn(tokens, 4)
+        if tokens > 1:
+            torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(f(x), expected(x) - torch.sin(x) + torch.cos(x))
+    one = next(r for r in b.reports if r.token_range == "tokens = 1 (Dynamo's 1-token recompile)")
+    assert one["small_relu"].status == "ran"
+    assert one["even_tanh"].reason == "static tokens 1 outside its range tokens >= 8, multiples of 2"
+
+
+@pytest.mark.parametrize(
+    ("x", "why"),
+    [
+        (torch.tensor(3.0), "no tensor input besides parameters and buffers"),
+        (
+            torch.randn(2, 8, 4),  # (batch, seq, hidden)? (tokens, heads, head_dim)?
+            "input 0, the first that is not a parameter, has shape (2, 8, 4): which of its "
+            "dimensions counts the tokens is not known (config token_dim names it)",
+        ),
+    ],
+)
+def test_a_static_graph_without_a_clear_token_count_runs_every_pass_and_says_so(x, why):
+    b = backend(SmallRelu(), mode="eager")
+    f = torch.compile(lambda x: torch.relu(x) * 2, backend=b, dynamic=False)
+    torch.testing.assert_close(f(x), torch.sigmoid(x) * 2)
     (report,) = b.reports
     assert report.token_range is None
-    assert report["small_relu"].status == "ran"  # as today: the pass decides on its own
-    assert any("no dynamic token dimension" in note for note in report.notes)
-    assert "note: no dynamic token dimension" in report.format()
+    assert report["small_relu"].status == "ran"
+    assert report.notes == [
+        f"no dynamic token dimension in the graph's inputs and no static token count: {why}; "
+        "compiled once, every pass runs: token ranges (compile_ranges, passes' token "
+        "constraints) are not applied"
+    ]
+
+
+def test_a_static_token_count_is_read_where_token_dim_says():
+    def two_inputs(a, b):
+        return torch.relu(a) + b.sum()
+
+    a, other = torch.randn(40, 4), torch.randn(8, 4)
+    for config, status in (({}, "skipped"), ({"token_dim": {"input": 1, "dim": 0}}, "ran")):
+        b = backend(SmallRelu(), mode="eager", **config)
+        torch.compile(two_inputs, backend=b, dynamic=False)(a, other)
+        (report,) = b.reports
+        assert report["small_relu"].status == status, config
+    assert report.token_range == "tokens = 8 (static shapes)"
+    assert "(token count from input 1, dim 0 (config token_dim))" in report.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim"),
+    [((1, 40), 1), ((40, 1), 0), ((2, 20), None)],  # one sequence; one token of 40; ambiguous
+)
+def test_a_static_token_count_is_read_from_token_ids_with_one_dimension_above_1(shape, dim):
+    embed = torch.nn.Embedding(16, 4)
+    b = backend(SmallRelu(), mode="eager")
+    ids = torch.randint(0, 16, shape)
+    torch.compile(lambda ids: torch.relu(embed(ids)), backend=b, dynamic=False)(ids)
+    (report,) = b.reports
+    if dim is None:  # batch and sequence: which counts the tokens is not known
+        assert report.token_range is None and report["small_relu"].status == "ran"
+        assert f"has shape {shape}: which of its dimensions counts the tokens" in report.notes[0]
+        return
+    assert report.token_range == "tokens = 40 (static shapes)"
+    assert f"(token count from input 1, dim {dim} (token ids))" in report.notes[0]
+    assert report["small_relu"].reason == "static tokens 40 outside its range tokens 1..16"
 
 
 def test_an_explicit_token_dim_is_used_and_checked():

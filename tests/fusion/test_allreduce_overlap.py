@@ -192,8 +192,10 @@ def test_matches_eager_at_every_token_count_in_a_gloo_world(eager_world):
 def test_overlap_takes_its_range_and_allreduce_rmsnorm_the_rest(eager_world):
     records = eager_world[0]["records"]
     # the first call (8 tokens) compiles statically: the overlap pass, first in the pipeline, takes the sites
-    assert records[None]["allreduce_overlap"] == ("ran", SITES)
-    ranged = {k: v for k, v in records.items() if k is not None}
+    static = "tokens = 8 (static shapes)"
+    assert records[static]["allreduce_overlap"] == ("ran", SITES)
+    assert records[static]["allreduce_rmsnorm"][0] == "skipped"
+    ranged = {k: v for k, v in records.items() if k != static}
     mine = "multiples of 2" if eager_world[0]["transport"] == "nccl" else ">= 8"
     overlap = [v for k, v in ranged.items() if mine in k]
     assert overlap and all(v["allreduce_overlap"] == ("ran", SITES) for v in overlap), ranged

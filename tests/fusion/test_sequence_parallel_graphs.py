@@ -199,7 +199,8 @@ NEGATIVES = [
         "all_reduce -> wait_tensor -> add -> convert_element_type: RMSNorm over dims [0], not the last (hidden) dim",
         2,
     ),
-    (Form(llama_residual, shape=(7, 64)), "7 tokens: not a multiple of the group size 2", 2),
+    # (1, 7, 64): the backend reads no static token count from it (which dim?), the pass runs
+    (Form(llama_residual, shape=(1, 7, 64)), "7 tokens: not a multiple of the group size 2", 2),
     (Form(llama_residual, shape=(2, 3, 64)), "6 tokens: not a multiple of the group size 4", 4),
     (Form(llama_residual, shape=(2, 5, 64)), "10 tokens: not a multiple of the group size 4", 4),
 ]
@@ -215,9 +216,22 @@ def test_rejects_with_reason(form: Form, reason: str, world_size: int):
     assert note == f"1 candidate(s) rejected: {reason}"
 
 
-def test_static_token_counts_below_min_tokens_are_left_alone():
+def test_static_token_counts_outside_the_range_are_left_alone():
+    """A (tokens, hidden) graph with static shapes serves its token count: the backend skips
+    the pass where its range does not hold it; a graph whose inputs do not say their token
+    count (1, 8, 64) runs the pass, which checks each site's count itself."""
     form = Form(llama_residual, shape=(8, 64))
     result = rewrite(form.fn, *form.inputs(), passes=[{"name": "sequence_parallel"}])  # min 4096
+    record = result.report["sequence_parallel"]
+    assert (record.status, record.reason) == (
+        "skipped",
+        "static tokens 8 outside its range tokens >= 4096, multiples of 2",
+    )
+    odd = Form(llama_residual, shape=(7, 64))
+    record = rewrite(odd.fn, *odd.inputs()).report["sequence_parallel"]  # min 1
+    assert record.reason == "static tokens 7 is not a multiple of 2 (its range: tokens >= 1, multiples of 2)"
+    unclear = Form(llama_residual, shape=(1, 8, 64))
+    result = rewrite(unclear.fn, *unclear.inputs(), passes=[{"name": "sequence_parallel"}])
     result.assert_matches("sequence_parallel", 0)
     assert result.report["sequence_parallel"].notes == [
         "1 candidate(s) rejected: 8 tokens: outside min_tokens..max_tokens (4096..)"
@@ -395,7 +409,7 @@ def _sp_then_async_tp(model: str, dynamic: bool) -> torch.fx.GraphModule:
             torch.compile(module, backend=backend, fullgraph=True)(*inputs)
     graphs = dict(_CaptureAfterAsyncTP.graphs)
     if not dynamic:
-        return graphs[None]
+        return graphs[TokenRange(16, 16, 16)]  # static shapes: it serves 16 tokens only
     (key,) = [k for k in graphs if k is not None and k.multiple_of == 2]
     return graphs[key]
 

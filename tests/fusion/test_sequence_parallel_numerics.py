@@ -24,6 +24,8 @@ MIN = 8
 SP = {"name": "sequence_parallel", "min_tokens": MIN}
 ARR = {"name": "allreduce_rmsnorm", "implementation": "reference", "max_tokens": MIN}
 NO_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+STATIC = f"tokens = {MIN} (static shapes)"
+"""The report of the first call's compile (static shapes, {MIN} tokens: in the passes' range)."""
 
 
 def _model(rank: int, world_size: int, dtype: torch.dtype) -> TinyLlama:
@@ -103,14 +105,14 @@ def test_the_pass_runs_only_on_multiples_of_the_world_size(world):
     for rank in ranks:
         records = rank["sp"]["records"]
         # the first call compiles statically (8 tokens: rewritten); then one dynamic compile
-        assert records[None]["sequence_parallel"][:2] == ("ran", SITES)
+        assert records[STATIC]["sequence_parallel"][:2] == ("ran", SITES)
         with_pass = f"tokens >= {MIN}, multiples of {world_size}"
         assert records[with_pass]["sequence_parallel"][:2] == ("ran", SITES)
         assert (
             "0 residual(s) sliced (first), 4 already sharded (middle), 1 without residual"
             in (records[with_pass]["sequence_parallel"][2][0])
         )
-        without = [k for k in records if k is not None and k != with_pass]
+        without = [k for k in records if k not in (STATIC, with_pass)]
         assert without and all(records[k]["sequence_parallel"][0] == "skipped" for k in without)
     # every rank took the same decisions
     assert len({str(rank["sp"]["records"]) for rank in ranks}) == 1
@@ -122,7 +124,7 @@ def test_through_inductor(inductor_world):
     with its re-labelled gathers), run, match eager."""
     for rank in inductor_world:
         _check_calls(rank, 2)
-        assert rank["records"][None]["sequence_parallel"][:2] == ("ran", SITES)
+        assert rank["records"][STATIC]["sequence_parallel"][:2] == ("ran", SITES)
         assert rank["records"]["tokens >= 8, multiples of 2"]["sequence_parallel"][:2] == ("ran", SITES)
 
 
@@ -130,8 +132,8 @@ def test_through_inductor(inductor_world):
 def test_composes_with_allreduce_rmsnorm(order: str):
     """Both passes enabled with ranges that overlap at 8 tokens: there the configured order
     decides (the passes share their sites), the other is left out of that range with the
-    reason, and a graph compiled for every size says the sites were taken (fake world:
-    reports only)."""
+    reason, and the first call's static compile (4 tokens) runs the one whose range holds 4
+    (fake world: reports only)."""
     first, second = ("sequence_parallel", "allreduce_rmsnorm")
     if order == "arr_then_sp":
         first, second = second, first
@@ -150,7 +152,7 @@ def test_composes_with_allreduce_rmsnorm(order: str):
         records = _records(backend)
         reasons = {r.token_range: {rec.name: rec.reason for rec in r.records} for r in backend.reports}
     sp_range = "tokens >= 8, multiples of 2" if order == "sp_then_arr" else "tokens >= 9, multiples of 2"
-    assert set(records) == {None, "tokens 1..8", sp_range, "tokens >= 9"}
+    assert set(records) == {"tokens = 4 (static shapes)", "tokens 1..8", sp_range, "tokens >= 9"}
     assert records["tokens 1..8"]["allreduce_rmsnorm"][:2] == ("ran", SITES)
     assert records["tokens 1..8"]["sequence_parallel"][0] == "skipped"
     assert records[sp_range]["sequence_parallel"][:2] == ("ran", SITES)
@@ -159,12 +161,11 @@ def test_composes_with_allreduce_rmsnorm(order: str):
     # at 8 tokens (even) both apply: the first configured takes the sites
     overlap = sp_range if order == "sp_then_arr" else "tokens 1..8"
     assert f"its sites are taken by {first}, which runs first here" in reasons[overlap][second]
-    # the first (static) compile at 4 tokens: both run there, in the configured order
-    assert records[None]["sequence_parallel"][2][-1].endswith(
-        "4 tokens: outside min_tokens..max_tokens (8..) (x5)"
-    ) or records[None]["sequence_parallel"][2] == [
-        f"no all-reduce left: {SITES} site(s) taken by allreduce_rmsnorm"
-    ]
+    # the first (static) compile at 4 tokens: only allreduce_rmsnorm's range holds 4
+    assert records["tokens = 4 (static shapes)"]["allreduce_rmsnorm"][:2] == ("ran", SITES)
+    assert reasons["tokens = 4 (static shapes)"]["sequence_parallel"] == (
+        "static tokens 4 outside its range tokens >= 8, multiples of 2"
+    )
 
 
 ATP = {"name": "async_tp", "implementation": "test_mode", "min_tokens": MIN}
@@ -184,13 +185,14 @@ def test_with_async_tp_matches_eager_and_fuses_both_halves():
     for rank in ranks:
         _check_calls(rank, 2)
         records = rank["records"]
-        for key in (None, "tokens >= 8, multiples of 2"):  # static 8 tokens; symbolic T
+        for key in (STATIC, "tokens >= 8, multiples of 2"):  # static 8 tokens; symbolic T
             status, matches, notes = records[key]["async_tp"]
             assert (status, matches) == ("ran", 8), (key, notes)
             assert notes[0].startswith("4 all_gather -> matmul fused")
             assert notes[1].startswith("4 matmul -> reduce_scatter fused")
         # elsewhere (1..7; odd counts from 9: no sequence_parallel) nothing to fuse
-        assert all(rec["async_tp"][1] == 0 for k, rec in records.items() if k and "multiples" not in k)
+        elsewhere = [rec for k, rec in records.items() if k != STATIC and "multiples" not in k]
+        assert all(rec["async_tp"][1] == 0 for rec in elsewhere)
         assert {call["range"] for call in rank["calls"].values()} >= {"tokens >= 8, multiples of 2"}
         # one static and one dynamic compile (2 ranges: async_tp acts on sequence_parallel's
         # rewrite, so the odd counts compile with neither): no guard on T % 2, no recompile at 7
@@ -208,6 +210,6 @@ def test_with_async_tp_through_inductor():
     static and symbolic, run, match eager."""
     for rank in gloo_world(_with_async_tp_inductor_rank, 2, timeout=400, env=NO_CACHES):
         _check_calls(rank, 2)
-        for key in (None, "tokens >= 8, multiples of 2"):
+        for key in (STATIC, "tokens >= 8, multiples of 2"):
             assert rank["records"][key]["async_tp"][:2] == ("ran", 8)
         assert rank["compiles"] == 3

@@ -505,6 +505,54 @@ def test_a_graph_dynamo_specializes_while_timed_gets_the_decision_too(isolated):
         assert [r["allreduce_rmsnorm"].decision for r in backend.reports] == ["stored"] * len(backend.reports)
 
 
+def test_a_static_compile_follows_the_stored_decision_at_its_token_count(isolated, monkeypatch):
+    """A graph compiled with static shapes (``dynamic=False``; Dynamo's 1-token recompile
+    too) serves one token count: the stored decision for that graph applies at that count.
+    The token count of the model's ``(1, tokens)`` ids is their dimension 1."""
+    passes = [{"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]
+    keys = []
+    real_lookup = decisions.lookup
+
+    def spy(ctx):  # the key each static graph's decision is stored under
+        current = compiling.current()
+        keys.append(decisions.key_for(current.graph, current.passes, ctx.world_size, ctx.device))
+        return real_lookup(ctx)
+
+    counts = (1, 3, 8)
+    with fake_world(2) as world:
+        model, inputs, _ = _tiny(world)
+
+        def reports() -> dict[int, passkit.Report]:
+            torch._dynamo.reset()
+            backend = passkit.backend(passes=passes, mode="eager")
+            fn = torch.compile(model, backend=backend, dynamic=False)
+            with torch.no_grad():
+                for tokens in counts:
+                    fn(*inputs(tokens))
+            return dict(zip(counts, backend.reports))
+
+        monkeypatch.setattr(decisions, "lookup", spy)
+        reports()
+        monkeypatch.setattr(decisions, "lookup", real_lookup)
+        ranges = (RangeDecision(1, 1, ()), RangeDecision(2, 4, AR), RangeDecision(5, None, ()))
+        for key in {decisions.path_for(k): k for k in keys}.values():  # one file per graph
+            decisions.save(FuseDecision(key, ranges, tuned={"date": "2026-11-25", "seconds": 1.0}))
+        found = reports()
+    assert [found[t].token_range for t in counts] == [
+        "tokens = 1 (Dynamo's 1-token recompile)",
+        "tokens = 3 (static shapes)",
+        "tokens = 8 (static shapes)",
+    ]
+    records = {t: found[t]["allreduce_rmsnorm"] for t in counts}
+    assert (records[3].status, records[3].matches) == ("ran", 3)
+    assert records[3].notes[-1].startswith("fuse decision: stored (tuned 2026-11-25")
+    for t in (1, 8):
+        assert (records[t].status, records[t].reason) == (
+            "skipped",
+            f"static tokens {t} outside its range tokens 2..4 (stored decision)",
+        )
+
+
 def test_the_budget_stops_measuring_and_says_what_was_not_measured(isolated):
     clock = itertools.count()  # one second per unit measured (compiles cost nothing)
     now = [0.0]

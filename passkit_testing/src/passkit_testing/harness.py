@@ -249,16 +249,25 @@ class _RecordingPipeline(passkit.Pipeline):
         self.graphs: dict[str, PassGraphs] = {}
         self.graph_before: torch.fx.GraphModule | None = None
         self.graph_after: torch.fx.GraphModule | None = None
+        self.recording_into = self
+        """Where the graphs go: the pipeline :func:`run_passes` reads, also for the
+        backend's pipeline of a token range (or of the one count of a static graph)."""
+
+    def for_range(self, *args: Any, **kwargs: Any) -> passkit.Pipeline:
+        specialized = super().for_range(*args, **kwargs)
+        specialized.recording_into = self.recording_into  # type: ignore[attr-defined]
+        return specialized
 
     def run_stage(
         self, gm: torch.fx.GraphModule, stage: passkit.Stage, mode: Mode = "inductor", **context: Any
     ) -> passkit.Report:
-        if self.graph_before is None:
-            self.graph_before = copy_graph_module(gm)
+        into = self.recording_into
+        if into.graph_before is None:
+            into.graph_before = copy_graph_module(gm)
         try:
             return super().run_stage(gm, stage, mode=mode, **context)
         finally:
-            self.graph_after = copy_graph_module(gm)
+            into.graph_after = copy_graph_module(gm)
 
 
 class _PassRecorder:
