@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import warnings
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from nccl_ranks import run_on_gpus  # benchmarks/ is on sys.path when run as a script
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 VARIANTS = ("tp", "sp", "async_tp")
@@ -43,31 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if torch.cuda.device_count() < args.world:
-        print(f"needs {args.world} GPUs, found {torch.cuda.device_count()}", file=sys.stderr)
-        return 1
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(port, args), nprocs=args.world, join=True)
-    return 0
+    return run_on_gpus(_rank_main, args.world, args)
 
 
-def _rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
-    torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=args.world,
-        device_id=torch.device("cuda", rank),
-    )
-    try:
-        rows = [_measure(args, tokens) for tokens in args.tokens]
-        if rank == 0:
-            _report(args, rows)
-    finally:
-        dist.destroy_process_group()
+def _rank_main(rank: int, args: argparse.Namespace) -> None:
+    rows = [_measure(args, tokens) for tokens in args.tokens]
+    if rank == 0:
+        _report(args, rows)
 
 
 def _measure(args: argparse.Namespace, tokens: int) -> dict[str, object]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import warnings
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from nccl_ranks import run_on_gpus  # benchmarks/ is on sys.path when run as a script
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 PROJECTIONS = {"o_proj": HIDDEN, "down_proj": INTERMEDIATE}
@@ -54,38 +53,20 @@ def main(argv: list[str] | None = None) -> int:
         help="first print the copy engines' rate between GPU 0 and 1 (push, pull; one way, both ways at once)",
     )
     args = parser.parse_args(argv)
-    if torch.cuda.device_count() < args.world:
-        print(f"needs {args.world} GPUs, found {torch.cuda.device_count()}", file=sys.stderr)
-        return 1
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(port, args), nprocs=args.world, join=True)
-    return 0
+    return run_on_gpus(_rank_main, args.world, args)
 
 
-def _rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
-    torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=args.world,
-        device_id=torch.device("cuda", rank),
-    )
-    try:
-        if args.probe_copies:
-            _probe_copies(rank)
-        rows = []
-        for tokens in args.tokens:
-            for proj, width in PROJECTIONS.items():
-                rows.append(_measure(args, tokens, proj, width))
-                if rank == 0:
-                    print(_line(rows[-1]), flush=True)
-        if rank == 0:
-            _report(args, rows)
-    finally:
-        dist.destroy_process_group()
+def _rank_main(rank: int, args: argparse.Namespace) -> None:
+    if args.probe_copies:
+        _probe_copies(rank)
+    rows = []
+    for tokens in args.tokens:
+        for proj, width in PROJECTIONS.items():
+            rows.append(_measure(args, tokens, proj, width))
+            if rank == 0:
+                print(_line(rows[-1]), flush=True)
+    if rank == 0:
+        _report(args, rows)
 
 
 def _measure(args: argparse.Namespace, tokens: int, proj: str, width: int) -> dict[str, object]:

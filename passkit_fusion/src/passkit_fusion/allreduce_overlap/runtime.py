@@ -42,7 +42,6 @@ Imports without CUDA.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections import Counter
 from typing import Any
 
@@ -50,8 +49,8 @@ import torch
 import torch.distributed as dist
 
 from ..async_tp import torch_api
-from ..async_tp.runtime import target_bytes
-from ..collective import agree, resolve_group
+from ..async_tp.runtime import agree_on_symmetric_memory, target_bytes
+from ..collective import resolve_group
 from ..collective.resources import outside_graph_pools
 
 COPY_ENGINE = "copy_engine"
@@ -212,19 +211,7 @@ def _ensure_buffer(group_name: str, need: int, tokens: int, max_tokens: int, tim
     if _capturing():
         return "buffer_not_ready_in_capture"
     size = target_bytes(need, tokens, max_tokens or max(tokens, DEFAULT_RESERVE_TOKENS))
-    group = resolve_group(group_name)
-    agree(
-        group,
-        STEP,
-        {
-            "bytes": size,
-            "torch": torch.__version__,
-            "passkit_fusion": _version(),
-            "multicast_disabled": os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST", ""),
-        },
-        timeout_s=timeout_s,
-        describe=f"symmetric-memory buffer of {size} bytes on {dist.get_world_size(group)} ranks",
-    )
+    agree_on_symmetric_memory(group_name, STEP, size, timeout_s, "symmetric-memory buffer")
     device = torch.device("cuda", torch.cuda.current_device())
     buf = outside_graph_pools(lambda: _allocate(group_name, size, device), "symmetric-memory buffer")
     if (old := _buffers.get(group_name)) is not None:
@@ -238,9 +225,3 @@ def _allocate(group_name: str, nbytes: int, device: torch.device) -> _Buffer:
     torch_api.enable_group(group_name)
     tensor = sm.empty(nbytes, dtype=torch.uint8, device=device)
     return _Buffer(tensor, sm.rendezvous(tensor, group_name), nbytes)
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__

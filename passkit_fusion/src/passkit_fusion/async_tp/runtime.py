@@ -119,10 +119,22 @@ def ensure_workspace(group_name: str, need: int, tokens: int, max_tokens: int, t
     if _capturing():
         return "workspace_not_ready_in_capture"
     size = target_bytes(need, tokens, max_tokens)
+    agree_on_symmetric_memory(group_name, STEP, size, timeout_s, "symmetric-memory workspace")
+    torch_api.enable_group(group_name)
+    # outside any CUDA-graph pool (a first call inside Inductor's CUDA-graph warm-up)
+    outside_graph_pools(lambda: torch_api.reserve_workspace(group_name, size), "symmetric-memory workspace")
+    _reserved[group_name] = size
+    return ""
+
+
+def agree_on_symmetric_memory(group_name: str, step: str, size: int, timeout_s: float, what: str) -> None:
+    """:func:`~passkit_fusion.collective.agree` on ``group_name`` before allocating ``size``
+    bytes of symmetric memory: every rank the same size, torch and passkit-fusion versions and
+    multicast setting, within ``timeout_s`` (else :class:`RankAgreementError` on every rank)."""
     group = resolve_group(group_name)
     agree(
         group,
-        STEP,
+        step,
         {
             "bytes": size,
             "torch": torch.__version__,
@@ -130,13 +142,8 @@ def ensure_workspace(group_name: str, need: int, tokens: int, max_tokens: int, t
             "multicast_disabled": os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST", ""),
         },
         timeout_s=timeout_s,
-        describe=f"symmetric-memory workspace of {size} bytes on {dist.get_world_size(group)} ranks",
+        describe=f"{what} of {size} bytes on {dist.get_world_size(group)} ranks",
     )
-    torch_api.enable_group(group_name)
-    # outside any CUDA-graph pool (a first call inside Inductor's CUDA-graph warm-up)
-    outside_graph_pools(lambda: torch_api.reserve_workspace(group_name, size), "symmetric-memory workspace")
-    _reserved[group_name] = size
-    return ""
 
 
 def _version() -> str:
