@@ -266,6 +266,32 @@ def test_hf_tune_reads_each_compiles_decision_from_the_records_field():
     assert not hf_tune.restored({"decision": "fuse decision: stored (tuned 2026-11-25 in 12 s, in /c)"})
 
 
+def test_hf_tp_checks_passkits_exits_and_only_reports_the_baselines(monkeypatch):
+    """The exit target is passkit's: a baseline (Inductor alone, torch's own teardown) still
+    alive after the limit is reported on its own line, not as passkit's target missed."""
+    import argparse
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("hf_tp_bench", ROOT / "benchmarks/hf_tp.py")
+    hf_tp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf_tp)
+    names = ("inductor reduce-overhead", "passkit reduce-overhead")
+    res = {
+        "layers": 2, "world": 2, "device": "cpu", "torch": "x", "reports": {},
+        "ms": {n: {"2048": 1.0} for n in names},
+        "rel_diff_vs_eager": {n: {"2048": 0.01} for n in names},
+        "compile_and_warmup_s": {n: 1.0 for n in names},
+        "exit_s": {"inductor reduce-overhead": [None, None], "passkit reduce-overhead": [4.1, 4.3]},
+    }  # fmt: skip
+    args = argparse.Namespace(tokens=[2048], smoke=False, rounds=1, iters=1, one_process=False, repeats=1)
+    text = hf_tp.render(res, args)
+    assert "baselines over 10 s or hung (None, killed): {'inductor reduce-overhead': [None, None]}" in text
+    assert "exits over" not in text.split("targets:")[1]
+    res["exit_s"]["passkit reduce-overhead"] = [4.1, None]
+    assert "exits over 10 s or hung (None): {'passkit reduce-overhead': [4.1, None]}" in hf_tp.render(res, args)
+
+
 @pytest.mark.slow  # passkit tune-model, then a fresh program: about 5 minutes on 2 cores
 def test_hf_tune_smoke_run_stores_and_restores_the_decision(tmp_path):
     """`passkit tune-model` on the HF Llama (2 gloo ranks, reference op), then a fresh
