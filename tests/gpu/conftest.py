@@ -11,6 +11,11 @@ SPREAD = {"test_users_order_gpu"}
 """Modules whose tests are independent programs: xdist may spread them over its workers."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers the marker; without it (CI, a CPU) the marker is inert but known
+    config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
