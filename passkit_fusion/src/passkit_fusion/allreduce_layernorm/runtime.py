@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from ..collective import agree, resolve_group
 from ..collective.resources import at_exit, outside_graph_pools, release
+from ..collective.resources import capturing as _capturing
 from ..reference import all_reduce_sum, layer_norm
 
 __all__ = [
@@ -96,10 +97,6 @@ def unavailable_reason() -> str | None:
     except ImportError:
         return "no_symm_mem"
     return None
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def allreduce_add_layernorm_cuda(

@@ -9,9 +9,9 @@ tokens) into ``chunks`` pieces and moves each piece to the other ranks as soon a
 computed, while the next piece's matmul runs. Two transports:
 
 * ``"copy_engine"`` (the default): the site becomes one op,
-  ``passkit_fusion.matmul_all_reduce``, which writes each chunk into symmetric memory and
-  has the copy engines pull the peers' chunks beside the next chunk's matmul (no SMs taken
-  from the GEMM), then adds the partials in rank order (:mod:`.runtime`);
+  ``passkit_fusion.matmul_all_reduce``, which has the copy engines push each chunk into the
+  peers' symmetric memory beside the next chunk's matmul (no SMs taken from the GEMM), then
+  adds the partials in rank order (:mod:`.runtime`);
 * ``"nccl"``: the graph gets ``mm(a_0, b) -> all_reduce ; mm(a_1, b) -> all_reduce ; ... ;
   cat(wait_0, ...)``, NCCL's kernels beside the GEMM (measured slower on 2x H200: the two
   contend for SMs).
@@ -50,11 +50,11 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     transport: Literal["copy_engine", "nccl"] = "copy_engine"
-    """how each chunk reaches the other ranks: "copy_engine" (symmetric memory, the copy engines pull it; CUDA only, elsewhere a functional all-reduce) or "nccl" (an all-reduce per chunk, NCCL's kernels beside the matmul)"""
+    """how each chunk reaches the other ranks: "copy_engine" (the copy engines push it into the peers' symmetric memory; CUDA only, elsewhere a functional all-reduce) or "nccl" (an all-reduce per chunk, NCCL's kernels beside the matmul)"""
     chunks: int = pydantic.Field(2, ge=2, le=16)
     """how many token chunks each matmul and its all-reduce are split into (the last chunk's all-reduce is not overlapped: more chunks hide more of it, each matmul is smaller)"""
     copy_lanes: int = pydantic.Field(2, ge=1, le=8)
-    """with "copy_engine": how many streams push each chunk at once, each a slice of it (one copy engine each)"""
+    """with "copy_engine": how many streams push each chunk at once, each a slice of it (on 2x H200, 1-4 lanes measured alike)"""
     min_tokens: int = pydantic.Field(2048, ge=1)
     """the smallest token count the pass rewrites: below it the all-reduce is short and the fused all-reduce + RMSNorm op wins"""
     max_tokens: int | None = pydantic.Field(None, ge=1)
@@ -94,10 +94,10 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
     options: AllReduceOverlapOptions
 
     def token_constraint(self, ctx: CompileContext) -> TokenConstraint | None:
-        """Multiples of ``chunks`` (equal chunks) from ``min_tokens`` to ``max_tokens``; a
+        """``min_tokens`` to ``max_tokens`` (in multiples of ``chunks`` with ``"nccl"``,
+        whose split wants equal chunks; the copy-engine op cuts any row count itself); a
         measured or stored fuse decision for this graph (``passkit tune-model``) replaces
         the bounds unless they are set."""
-        # the copy-engine op cuts any row count itself; NCCL's split wants equal chunks
         multiple = self.options.chunks if self.options.transport == "nccl" else 1
         if (applied := self.decided(ctx, multiple_of=multiple)) is not None:
             return applied.constraint

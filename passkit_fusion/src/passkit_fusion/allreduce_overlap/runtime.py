@@ -51,6 +51,7 @@ import torch.distributed as dist
 from ..async_tp import torch_api
 from ..async_tp.runtime import agree_on_symmetric_memory, target_bytes
 from ..collective import resolve_group
+from ..collective.resources import capturing as _capturing
 from ..collective.resources import outside_graph_pools
 
 COPY_ENGINE = "copy_engine"
@@ -138,8 +139,6 @@ def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:
 def _why_unfused(a: torch.Tensor, b: torch.Tensor) -> str:
     if a.device.type != "cuda":
         return "not_cuda"
-    if torch_api.symm_mem_unavailable():
-        return "no_symmetric_memory"
     if a.dtype != b.dtype:
         return "mixed_dtypes"
     return ""
@@ -199,15 +198,13 @@ def _record(path: str, reason: str = "") -> None:
 # ------------------------------------------------------------------------------ set-up --
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def _ensure_buffer(group_name: str, need: int, tokens: int, max_tokens: int, timeout_s: float) -> str:
     """Make sure ``group_name`` has a buffer of ``need`` bytes; ``""`` or why not.
     Collective when it allocates (every rank calls it with the same shapes)."""
     if need <= reserved_bytes(group_name):
         return ""
+    if torch_api.symm_mem_unavailable():  # asked only while no buffer serves the call
+        return "no_symmetric_memory"
     if _capturing():
         return "buffer_not_ready_in_capture"
     size = target_bytes(need, tokens, max_tokens or max(tokens, DEFAULT_RESERVE_TOKENS))

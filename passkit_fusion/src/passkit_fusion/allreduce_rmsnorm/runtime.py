@@ -54,6 +54,7 @@ from ..collective import (
     resolve_group,
 )
 from ..collective.resources import at_exit, outside_graph_pools
+from ..collective.resources import capturing as _capturing
 from ..reference import fp8_quantize, rms_norm
 from ..tuning.tables import (
     Decision,
@@ -612,10 +613,6 @@ def _api() -> FlashinferApi:
 def unavailable_reason() -> str | None:
     """Why this process cannot run the fused kernel at all, or None if it can."""
     return unavailable(_config.flashinfer_api)
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # ----------------------------------------------------------------------------------------

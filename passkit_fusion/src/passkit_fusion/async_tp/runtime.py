@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ..collective import agree, resolve_group
+from ..collective.resources import capturing as _capturing
 from ..collective.resources import outside_graph_pools
 from . import torch_api
 
@@ -102,10 +103,6 @@ def target_bytes(need: int, tokens: int, max_tokens: int) -> int:
 
 
 # ------------------------------------------------------------------------------ set-up --
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def ensure_workspace(group_name: str, need: int, tokens: int, max_tokens: int, timeout_s: float) -> str:

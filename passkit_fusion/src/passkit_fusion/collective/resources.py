@@ -31,7 +31,7 @@ import passkit.teardown
 
 from .teardown import bounded
 
-__all__ = ["at_exit", "leaked", "outside_graph_pools", "release"]
+__all__ = ["at_exit", "capturing", "leaked", "outside_graph_pools", "release"]
 
 T = TypeVar("T")
 
@@ -64,6 +64,13 @@ def release(resource: object, destroy: Callable[[], object], *, timeout_s: float
         leaked.append(resource)
         return False
     return True
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA): shared
+    resources are never created then, and a call that would need one runs its capturable
+    fallback instead."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def at_exit(free_all: Callable[[], object], what: str) -> None:
