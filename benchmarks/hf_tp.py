@@ -62,14 +62,19 @@ VARIANTS = {
     "passkit overlap4 reduce-overhead": ("overlap4", "reduce-overhead"),
     "passkit overlap nccl": ("overlap2nccl", None),
     "passkit overlap nccl reduce-overhead": ("overlap2nccl", "reduce-overhead"),
+    "passkit overlap8": ("overlap8", None),
+    "passkit overlap8 reduce-overhead": ("overlap8", "reduce-overhead"),
+    "passkit overlap4 plain": ("overlap4plain", None),
+    "passkit overlap4 plain reduce-overhead": ("overlap4plain", "reduce-overhead"),
 }
 """name -> (pass set, mode). ``serving``: the README's serving config; ``allreduce_rmsnorm``:
 that pass alone; ``sp4096`` / ``sp2048``: the serving config with sequence parallelism and
 async TP from 4096 / 2048 tokens; ``pdl``: the serving config, the fused kernel launched with
 programmatic dependent launch (``launch_with_pdl``, set while the variant compiles and records
-its CUDA graphs); ``overlap2`` / ``overlap4``: ``allreduce_overlap`` from 2048 tokens (2 or 4
-chunks, each moved by the copy engines), ``allreduce_rmsnorm`` below; ``overlap2nccl``: the
-same with an NCCL all-reduce per chunk; ``ceiling``: every all-reduce removed (wrong output; the time a forward
+its CUDA graphs); ``overlap2`` / ``overlap4`` / ``overlap8``: ``allreduce_overlap`` from 2048
+tokens (2, 4 or 8 chunks, each moved by the copy engines, the residual add and RMSNorm in the
+op), ``allreduce_rmsnorm`` below; ``overlap4plain``: 4 chunks with ``fuse_norm=False`` (the
+op's sum, then Inductor's add + RMSNorm); ``overlap2nccl``: an NCCL all-reduce per chunk; ``ceiling``: every all-reduce removed (wrong output; the time a forward
 would take if the all-reduces cost nothing: no fusion of them can beat it). The first four
 are the gate's; ``--variants`` adds others."""
 GATE = list(VARIANTS)[:4]
@@ -88,6 +93,10 @@ EXTRA = {
     "overlap4-ro": "passkit overlap4 reduce-overhead",
     "overlap-nccl": "passkit overlap nccl",
     "overlap-nccl-ro": "passkit overlap nccl reduce-overhead",
+    "overlap8": "passkit overlap8",
+    "overlap8-ro": "passkit overlap8 reduce-overhead",
+    "overlap4-plain": "passkit overlap4 plain",
+    "overlap4-plain-ro": "passkit overlap4 plain reduce-overhead",
 }
 """``--variants`` names for the variants beyond the gate's."""
 
@@ -107,9 +116,13 @@ def pass_set(kind: str, impl: str) -> list:
     if kind == "ceiling":
         return [CEILING, "cleanup"]
     if kind.startswith("overlap"):
-        chunks, nccl = kind[7:].removesuffix("nccl"), kind.endswith("nccl")
+        chunks = kind[7:].removesuffix("nccl").removesuffix("plain")
         overlap = {"name": "allreduce_overlap", "min_tokens": 2048, "chunks": int(chunks)}
-        return [{**overlap, "transport": "nccl" if nccl else "copy_engine"}, arn, "cleanup"]
+        if kind.endswith("nccl"):
+            overlap["transport"] = "nccl"
+        if kind.endswith("plain"):
+            overlap["fuse_norm"] = False
+        return [overlap, arn, "cleanup"]
     return [p if p != "allreduce_rmsnorm" else arn for p in SERVING]
 
 
@@ -159,6 +172,21 @@ def fused_runtime() -> Any:
     from passkit_fusion.allreduce_rmsnorm import runtime
 
     return runtime
+
+
+def op_runtimes() -> dict[str, Any]:
+    """The fused ops' runtimes whose ``stats()`` say which path each call took (fused, or a
+    fallback and why): a variant that silently fell back would time as Inductor does."""
+    from passkit_fusion.allreduce_overlap import runtime as overlap
+    from passkit_fusion.allreduce_rmsnorm import runtime as rmsnorm
+    from passkit_fusion.async_tp import runtime as async_tp
+
+    return {"allreduce_rmsnorm": rmsnorm, "allreduce_overlap": overlap, "async_tp": async_tp}
+
+
+OP_PATHS: dict[str, dict[str, dict[str, int]]] = {}
+"""Per variant compiled by :func:`compile_variants`: each fused op's calls per path during
+compile, warm-up and capture (replays of a CUDA graph are not seen; calls without graphs are)."""
 
 
 def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
@@ -294,6 +322,8 @@ def compile_variants(
     for name in only:
         kind, mode = VARIANTS[name]
         passes = variant_passes(kind, cuda)
+        for runtime in op_runtimes().values():
+            runtime.reset_stats()
         backend: Any = "inductor" if kind == "inductor" else passkit.backend(passes=passes)
         fn = torch.compile(forward, backend=backend, mode=mode)
         t0 = time.perf_counter()
@@ -311,6 +341,7 @@ def compile_variants(
         if kind == "pdl":  # the CUDA graphs keep the launches recorded with it
             fused_runtime().configure(launch_with_pdl=False)
         compile_s[name] = time.perf_counter() - t0
+        OP_PATHS[name] = {op: paths for op, rt in op_runtimes().items() if (paths := rt.stats())}
         compiled[name] = fn
         if kind != "inductor":
             backends[name] = backend
@@ -377,6 +408,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
                 "rel_diff_vs_eager": diff,
                 "compile_and_warmup_s": compile_s,
                 "reports": reports,
+                "op_paths": {n: OP_PATHS.get(n, {}) for n in variants},
             }
         )
     sys.stdout.flush()
@@ -449,6 +481,8 @@ def render(res: dict[str, Any], args: argparse.Namespace) -> str:
         "max |out - eager| / max |eager| per variant (Inductor's is the bar): "
         + json.dumps({k: f"{v:.2e}" for k, v in diffs.items()}),
     ]
+    if paths := {n: p for n, p in res.get("op_paths", {}).items() if p}:
+        lines.append("fused ops' calls per path (compile, warm-up, capture): " + json.dumps(paths))
     lines.append(
         "compile + warm-up s: " + json.dumps({k: round(v, 1) for k, v in res["compile_and_warmup_s"].items()})
     )
@@ -578,7 +612,7 @@ def merge(into: dict[str, Any], part: dict[str, Any], exits: dict[str, list[floa
     for name, per in part["samples_ms"].items():
         for t, values in per.items():
             samples.setdefault(name, {}).setdefault(t, []).extend(values)
-    for key in ("rel_diff_vs_eager", "compile_and_warmup_s", "reports"):
+    for key in ("rel_diff_vs_eager", "compile_and_warmup_s", "reports", "op_paths"):
         into.setdefault(key, {}).update(part[key])
     into.setdefault("exit_s", {}).update(exits)
 

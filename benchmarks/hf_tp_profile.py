@@ -452,6 +452,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: An
                 "compile_and_warmup_s": compile_s,
                 "sites": sites,
                 "not_captured": not_captured,
+                "op_paths": {
+                    n: hf_tp.OP_PATHS.get(n.removesuffix(GRAPH).removesuffix(SKIP), {}) for n in args.only
+                },
             }
         )
     sys.stdout.flush()
@@ -613,6 +616,8 @@ def render(res: dict[str, Any]) -> str:
     lines += ["", "sites per compile: " + json.dumps(res["sites"])[:3000]]
     if any(res.get("not_captured", {}).values()):
         lines.append("not captured (ran uncaptured): " + json.dumps(res["not_captured"])[:2000])
+    if paths := {n: p for n, p in res.get("op_paths", {}).items() if p}:
+        lines.append("fused ops' calls per path (compile, warm-up, capture): " + json.dumps(paths))
     diffs = {n: max(v.values()) for n, v in res["rel_diff_vs_eager"].items()}
     lines.append("max |out - eager| / max |eager|: " + json.dumps({k: f"{v:.2e}" for k, v in diffs.items()}))
     lines.append(

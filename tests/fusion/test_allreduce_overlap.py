@@ -24,34 +24,69 @@ from passkit_testing import assert_close, count_ops, fake_world, gloo_world, run
 ALL_REDUCE = "_c10d_functional.all_reduce.default"
 MM = "aten.mm.default"
 FUSED = "passkit_fusion.matmul_all_reduce.default"
+FUSED_NORM = "passkit_fusion.matmul_all_reduce_rmsnorm.default"
 SITES = 4  # TinyLlama's two layers: attention's and the MLP's output projections
 OVERLAP = {"name": "allreduce_overlap", "min_tokens": 1}
 NO_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
 
 
-def _traced(chunks: int, seq: int = 16, sharding: str = "dtensor", transport: str = "nccl") -> Any:
+def _traced(
+    chunks: int, seq: int = 16, sharding: str = "dtensor", transport: str = "nccl", **options: Any
+) -> Any:
     with fake_world(2) as world:
         model = TinyLlama(LlamaConfig()).to(torch.bfloat16)
         if sharding == "dtensor":
             shard_dtensor(model, world.mesh)
         else:
             shard_functional(model, world.group, 0, 2)
-        passes = [{**OVERLAP, "chunks": chunks, "transport": transport}]
+        passes = [{**OVERLAP, "chunks": chunks, "transport": transport, **options}]
         return run_passes(model, torch.randint(0, 256, (1, seq)), passes=passes)
 
 
 @pytest.mark.parametrize("sharding", ["dtensor", "functional"])
-def test_by_default_each_output_projection_becomes_one_copy_engine_op(sharding):
+def test_by_default_each_projection_with_its_residual_add_and_rmsnorm_becomes_one_op(sharding):
+    """Every site of TinyLlama is ``mm -> all_reduce -> add residual -> RMSNorm`` (the last
+    one the final norm): each becomes ``matmul_all_reduce_rmsnorm``, whose outputs replace
+    the norm's and the residual sum's; nothing of the old chain is left."""
     result = _traced(4, sharding=sharding, transport="copy_engine")
     before, after = result.graph_before, result.graph_after
     embedding = count_ops(before, ALL_REDUCE) - SITES
     assert count_ops(after, ALL_REDUCE) == embedding
-    assert count_ops(after, FUSED) == SITES
+    assert (count_ops(after, FUSED_NORM), count_ops(after, FUSED)) == (SITES, 0)
+    assert count_ops(after, MM) == count_ops(before, MM) - SITES
+    assert count_ops(after, "aten.rsqrt.default") == count_ops(before, "aten.rsqrt.default") - SITES
+    ops = [n for n in after.graph.nodes if str(n.target) == FUSED_NORM]
+    group = next(n for n in before.graph.nodes if str(n.target) == ALL_REDUCE).args[2]
+    # (a, b, residual, weight, eps, weight_bias, group, chunks, lanes, max_tokens, timeout_s)
+    assert {n.args[4:] for n in ops} == {(1e-6, 0.0, group, 4, 1, 0, 180.0)}
+    for n in ops:
+        norm_out, residual_out = n.meta["val"]
+        residual = n.args[2].meta["val"]
+        assert norm_out.shape == residual_out.shape == residual.shape
+        assert residual.numel() == n.args[0].meta["val"].shape[0] * n.args[1].meta["val"].shape[1]
+    record = result.report["allreduce_overlap"]
+    assert (record.status, record.matches) == ("ran", SITES)
+    assert record.notes[0].startswith(
+        f"{SITES} matmul + all-reduce + residual add + RMSNorm site(s) into 4 token chunks"
+    )
+    assert record.notes[0].endswith("-> norm")  # the final norm is one of them
+    from passkit_fusion.allreduce_overlap import AllReduceOverlapOptions
+
+    assert AllReduceOverlapOptions().transport == "copy_engine"
+
+
+@pytest.mark.parametrize("sharding", ["dtensor", "functional"])
+def test_without_fuse_norm_each_output_projection_becomes_one_copy_engine_op(sharding):
+    result = _traced(4, sharding=sharding, transport="copy_engine", fuse_norm=False)
+    before, after = result.graph_before, result.graph_after
+    embedding = count_ops(before, ALL_REDUCE) - SITES
+    assert count_ops(after, ALL_REDUCE) == embedding
+    assert (count_ops(after, FUSED), count_ops(after, FUSED_NORM)) == (SITES, 0)
     assert count_ops(after, MM) == count_ops(before, MM) - SITES
     ops = [n for n in after.graph.nodes if n.target is torch.ops.passkit_fusion.matmul_all_reduce.default]
     group = next(n for n in before.graph.nodes if str(n.target) == ALL_REDUCE).args[2]
     # (a, b, group, chunks, lanes, max_tokens, timeout_s): the runtime's settings fixed in the graph
-    assert {n.args[2:] for n in ops} == {(group, 4, 2, 0, 180.0)}
+    assert {n.args[2:] for n in ops} == {(group, 4, 1, 0, 180.0)}
     assert all(
         n.meta["val"].shape == n.args[0].meta["val"].shape[:1] + n.args[1].meta["val"].shape[1:] for n in ops
     )
@@ -60,9 +95,6 @@ def test_by_default_each_output_projection_becomes_one_copy_engine_op(sharding):
     assert record.notes[0].startswith(
         f"{SITES} matmul + all-reduce site(s) split into 4 token chunks (one copy-engine op each)"
     )
-    from passkit_fusion.allreduce_overlap import AllReduceOverlapOptions
-
-    assert AllReduceOverlapOptions().transport == "copy_engine"
 
 
 @pytest.mark.parametrize("chunks", [2, 4])
@@ -145,6 +177,7 @@ def test_a_matmul_read_elsewhere_is_left_with_its_reason():
 
 
 def _run(rank: int, world_size: int, mode: str, transport: str) -> dict[str, Any]:
+    """``transport``: the pass's, or ``copy_engine_plain`` (copy engine, ``fuse_norm=False``)."""
     from passkit_fusion.allreduce_overlap import runtime
 
     torch._dynamo.reset()
@@ -152,7 +185,13 @@ def _run(rank: int, world_size: int, mode: str, transport: str) -> dict[str, Any
     model = TinyLlama(LlamaConfig(kv_heads=4)).float().eval()
     shard_functional(model, dist.group.WORLD, rank, world_size)
     passes = [
-        {"name": "allreduce_overlap", "min_tokens": 8, "chunks": 2, "transport": transport},
+        {
+            "name": "allreduce_overlap",
+            "min_tokens": 8,
+            "chunks": 2,
+            "transport": transport.removesuffix("_plain"),
+            "fuse_norm": not transport.endswith("_plain"),
+        },
         {"name": "allreduce_rmsnorm", "implementation": "reference"},
         "cleanup",
     ]
@@ -177,7 +216,7 @@ def _inductor_rank(rank: int, world_size: int, transport: str) -> dict[str, Any]
     return _run(rank, world_size, "inductor", transport)
 
 
-@pytest.fixture(scope="module", params=["nccl", "copy_engine"])
+@pytest.fixture(scope="module", params=["nccl", "copy_engine", "copy_engine_plain"])
 def eager_world(request) -> list[dict[str, Any]]:
     ranks = gloo_world(_eager_rank, 2, args=(request.param,), timeout=400, env=NO_CACHES)
     return [{**rank, "transport": request.param} for rank in ranks]

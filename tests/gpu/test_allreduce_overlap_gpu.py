@@ -16,7 +16,13 @@ One world per size runs every scenario in order, each rank returning a verdict p
 * ``cuda_graph``: that compiled MLP captured in a CUDA graph after a warm-up call, replayed on
   new inputs;
 * ``capture_first``: the op called first inside a capture on a fresh group runs the
-  functional all-reduce (capturable) and sets nothing up.
+  functional all-reduce (capturable) and sets nothing up;
+* ``norm_op``: ``matmul_all_reduce_rmsnorm`` (the partials, the residual and the RMSNorm in
+  one Triton kernel) at the same row counts against NCCL's sum + the reference add and norm,
+  its outputs bit-identical on every rank;
+* ``compiled_norm``: a row-parallel MLP followed by a residual add and a Llama RMSNorm,
+  compiled with the pass: the site becomes the norm op, it runs the copy engines, and both
+  outputs' errors are within 1.25x (+ a floor) of the same bf16 computation without the pass.
 """
 
 from __future__ import annotations
@@ -168,7 +174,83 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
         "reserved": runtime.reserved_bytes(fresh.group_name),
         "rel_error": _rel_error(captured, _nccl(a, b, fresh.group_name)),
     }
+    out["norm_op"] = _norm_op(group, world, b, gen)
+    out["compiled_norm"] = _compiled_norm(group, rank, world)
     return out
+
+
+def _norm_op(group: str, world: int, b: torch.Tensor, gen: torch.Generator) -> dict[str, Any]:
+    from passkit_fusion.allreduce_overlap import ops, runtime
+
+    from passkit_fusion import reference
+
+    runtime.reset_stats()
+    weight = (1 + torch.randn(H, generator=gen, device="cuda") / 10).to(BF16)
+    dist.broadcast(weight, 0)  # the norm's weight is replicated
+    checks = {}
+    for rows in OP_ROWS:
+        for chunks in (2, 4):
+            a = torch.randn(rows, F // world, generator=gen, device="cuda", dtype=BF16)
+            residual = torch.randn(1, rows, H, generator=gen, device="cuda", dtype=BF16)
+            dist.broadcast(residual, 0)  # the residual stream is replicated too
+            norm, total = ops.matmul_all_reduce_rmsnorm_op()(
+                a, b, residual, weight, 1e-6, 0.0, group, chunks, 1, 0, 60.0
+            )
+            want_norm, want_total = reference.allreduce_rmsnorm(
+                (a @ b).view(residual.shape), residual, weight, 1e-6, 0.0, group
+            )
+            checks[f"{rows}x{chunks}"] = {
+                "norm_error": _rel_error(norm, want_norm),
+                "residual_error": _rel_error(total, want_total),
+                "shape": list(norm.shape) == list(total.shape) == list(residual.shape),
+                "identical": _identical_on_every_rank(norm) and _identical_on_every_rank(total),
+            }
+    return {"checks": checks, "stats": runtime.stats()}
+
+
+def _compiled_norm(group: str, rank: int, world: int) -> dict[str, Any]:
+    from passkit_fusion.allreduce_overlap import runtime
+
+    w_gen = torch.Generator(device="cuda").manual_seed(1)
+    w1 = torch.randn(H, F, generator=w_gen, device="cuda", dtype=torch.float64) / H**0.5
+    w2 = torch.randn(F, H, generator=w_gen, device="cuda", dtype=torch.float64) / F**0.5
+    gamma = 1 + torch.randn(H, generator=w_gen, device="cuda", dtype=torch.float64) / 10
+    w1s = w1.chunk(world, 1)[rank].to(BF16).contiguous()
+    w2s = w2.chunk(world, 0)[rank].to(BF16).contiguous()
+    gammas = gamma.to(BF16)
+
+    def model(x, residual):
+        # (one wait, as DTensor's graphs have: an explicit wait_tensor on top traces a second one)
+        h = funcol.all_reduce(torch.relu(x @ w1s) @ w2s, "sum", group) + residual
+        hs = h.float()
+        return gammas * (hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + 1e-6)).to(BF16), h
+
+    def reference(x, residual):
+        h = torch.relu(x @ w1) @ w2 + residual
+        return gamma * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6), h
+
+    spec = {"name": "allreduce_overlap", "min_tokens": 1, "restrict_tokens": False, "chunks": 4}
+    before = len(passkit._pipeline.run.RECENT_REPORTS)
+    compiled = torch.compile(model, backend=passkit.backend(passes=[spec]), dynamic=True)
+    runtime.reset_stats()
+    errors = {}
+    for tokens in TOKENS:
+        g = torch.Generator(device="cuda").manual_seed(tokens)
+        x = torch.randn(tokens, H, generator=g, device="cuda", dtype=torch.float64)
+        r = torch.randn(tokens, H, generator=g, device="cuda", dtype=torch.float64)
+        want = reference(x, r)
+        got, plain = compiled(x.to(BF16), r.to(BF16)), model(x.to(BF16), r.to(BF16))
+        errors[tokens] = {
+            "compiled": [_rel_error(o, w) for o, w in zip(got, want, strict=True)],
+            "eager": [_rel_error(o, w) for o, w in zip(plain, want, strict=True)],
+        }
+    reports = list(passkit._pipeline.run.RECENT_REPORTS)[before:]
+    records = [r["allreduce_overlap"] for r in reports if "allreduce_overlap" in r.names()]
+    return {
+        "errors": errors,
+        "stats": runtime.stats(),
+        "records": [(rec.status, rec.matches, rec.reason, list(rec.notes)) for rec in records],
+    }
 
 
 @pytest.fixture(scope="module", params=WORLDS, ids=[f"world{w}" for w in WORLDS])
@@ -223,3 +305,33 @@ def test_first_call_in_a_capture_runs_the_functional_all_reduce(world):
         assert cf["stats"] == {"fallback": 1, "fallback:buffer_not_ready_in_capture": 1}, cf
         assert cf["reserved"] == 0
         assert cf["rel_error"] < 1e-2, cf
+
+
+def test_the_norm_op_equals_nccl_and_the_reference_norm_on_every_rank(world):
+    _, results = world
+    for rank, r in enumerate(results):
+        o = r["norm_op"]
+        assert o["stats"].get("copy_engine", 0) == len(OP_ROWS) * 2 and "fallback" not in o["stats"], o[
+            "stats"
+        ]
+        for case, c in o["checks"].items():
+            assert c["shape"] and c["identical"], (rank, case, c)
+            assert c["norm_error"] < 1e-2 and c["residual_error"] < 1e-2, (rank, case, c)
+
+
+def test_compiled_residual_add_and_rmsnorm_run_in_the_norm_op_and_are_accurate(world):
+    _, results = world
+    for rank, r in enumerate(results):
+        c = r["compiled_norm"]
+        assert c["records"], f"rank {rank}: no allreduce_overlap report"
+        status, matches, reason, notes = c["records"][0]
+        assert status == "ran" and matches == 1 and "RMSNorm site(s)" in notes[0], (
+            rank,
+            status,
+            reason,
+            notes,
+        )
+        assert c["stats"].get("copy_engine", 0) >= len(TOKENS) and "fallback" not in c["stats"], c["stats"]
+        for tokens, e in c["errors"].items():
+            for got, plain in zip(e["compiled"], e["eager"], strict=True):
+                assert got <= ERROR_RATIO_LIMIT * plain + 1e-3, (rank, tokens, e)

@@ -1,7 +1,9 @@
-"""The op the ``allreduce_overlap`` pass leaves in the graph with ``transport="copy_engine"``.
+"""The ops the ``allreduce_overlap`` pass leaves in the graph with ``transport="copy_engine"``.
 
 ``torch.ops.passkit_fusion.matmul_all_reduce(a, b, group_name, chunks, lanes, max_tokens,
-timeout_s)`` is ``all_reduce_sum(a @ b)`` over ``group_name``: on CUDA with symmetric memory
+timeout_s)`` is ``all_reduce_sum(a @ b)`` over ``group_name``, and
+``matmul_all_reduce_rmsnorm(a, b, residual, weight, eps, weight_bias, ...)`` the same sum with
+the residual add and RMSNorm that follow it (``(norm_out, residual_out)``): on CUDA with symmetric memory
 the matmul in ``chunks`` row chunks with each chunk's transfer on the copy engines (``lanes``
 streams at once) beside the next chunk's matmul (:mod:`.runtime`); elsewhere (gloo, CPU) a matmul and a functional
 all-reduce. The runtime's settings are arguments, fixed in the graph at compile time, so that
@@ -19,6 +21,7 @@ import torch
 from . import runtime
 
 OP = "passkit_fusion::matmul_all_reduce"
+NORM_OP = "passkit_fusion::matmul_all_reduce_rmsnorm"
 
 
 @torch.library.custom_op(
@@ -58,3 +61,54 @@ def _fake(a, b, group_name, chunks, lanes, max_tokens, timeout_s):
 def matmul_all_reduce_op() -> torch._ops.OpOverload:
     """The op's overload, as a graph node's target."""
     return torch.ops.passkit_fusion.matmul_all_reduce.default
+
+
+@torch.library.custom_op(
+    NORM_OP,
+    mutates_args=(),
+    schema=(
+        "(Tensor a, Tensor b, Tensor residual, Tensor weight, float eps, float weight_bias, str group_name, "
+        "int chunks, int lanes, int max_tokens, float timeout_s) -> (Tensor, Tensor)"
+    ),
+)
+def matmul_all_reduce_rmsnorm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    group_name: str,
+    chunks: int,
+    lanes: int,
+    max_tokens: int,
+    timeout_s: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm_out, residual_out)``: ``residual_out = all_reduce_sum(a @ b) + residual`` (the
+    sum viewed as ``residual``'s shape), ``norm_out`` its RMSNorm over the last dim with
+    ``weight + weight_bias``, both shaped like ``residual``. Collective, like
+    :func:`matmul_all_reduce`; on CUDA the partials' sum, the residual and the norm are one
+    kernel."""
+    if a.dim() != 2 or b.dim() != 2 or residual.numel() != a.shape[0] * b.shape[1]:
+        raise ValueError(
+            "passkit_fusion.matmul_all_reduce_rmsnorm takes 2-d a and b and a residual of a @ b's size, got "
+            f"{tuple(a.shape)}, {tuple(b.shape)} and {tuple(residual.shape)}"
+        )
+    if chunks < 1 or lanes < 1:
+        raise ValueError(
+            f"passkit_fusion.matmul_all_reduce_rmsnorm: chunks and lanes must be >= 1, got {chunks}, {lanes}"
+        )
+    return runtime.matmul_all_reduce_rmsnorm(
+        a, b, residual, weight, eps, weight_bias, group_name, chunks, lanes, max_tokens, timeout_s
+    )
+
+
+@matmul_all_reduce_rmsnorm.register_fake
+def _fake_norm(a, b, residual, weight, eps, weight_bias, group_name, chunks, lanes, max_tokens, timeout_s):
+    torch._check(weight.dim() == 1 and weight.shape[0] == b.shape[1], lambda: "weight must be [n]")
+    return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
+
+
+def matmul_all_reduce_rmsnorm_op() -> torch._ops.OpOverload:
+    """The norm-fused op's overload, as a graph node's target."""
+    return torch.ops.passkit_fusion.matmul_all_reduce_rmsnorm.default

@@ -31,9 +31,10 @@ the other sizes without; where it applies it takes the sites ``allreduce_rmsnorm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
+import torch
 import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
@@ -53,8 +54,10 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
     """how each chunk reaches the other ranks: "copy_engine" (the copy engines push it into the peers' symmetric memory; CUDA only, elsewhere a functional all-reduce) or "nccl" (an all-reduce per chunk, NCCL's kernels beside the matmul)"""
     chunks: int = pydantic.Field(2, ge=2, le=16)
     """how many token chunks each matmul and its all-reduce are split into (the last chunk's all-reduce is not overlapped: more chunks hide more of it, each matmul is smaller)"""
-    copy_lanes: int = pydantic.Field(2, ge=1, le=8)
-    """with "copy_engine": how many streams push each chunk at once, each a slice of it (on 2x H200, 1-4 lanes measured alike)"""
+    copy_lanes: int = pydantic.Field(1, ge=1, le=8)
+    """with "copy_engine": how many streams push each chunk at once, each a slice of it (on 2x H200, 1-4 lanes measured alike: the slices ran one after another; each push is a node of the CUDA graph, which lengthens its launch)"""
+    fuse_norm: bool = True
+    """with "copy_engine": where the sum is followed by a residual add and an RMSNorm, the op takes them too (one kernel adds the ranks' partials in rank order, the residual, and normalises: the sum is never written and read back on its own)"""
     min_tokens: int = pydantic.Field(2048, ge=1)
     """the smallest token count the pass rewrites: below it the all-reduce is short and the fused all-reduce + RMSNorm op wins"""
     max_tokens: int | None = pydantic.Field(None, ge=1)
@@ -84,11 +87,11 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
     graph_kinds = ("inference",)
     skip_graph_kinds_reason = "the chunked sums are not what a training graph saves for its backward"
     source_files = (
-        str(_HERE / "pass_.py"),
-        str(_HERE / "rewrite.py"),
-        str(_HERE / "ops.py"),
-        str(_HERE / "runtime.py"),
-        str(_HERE.parent / "patterns/marks.py"),
+        *(str(_HERE / f) for f in ("pass_.py", "rewrite.py", "ops.py", "runtime.py", "triton_kernel.py")),
+        *(
+            str(_HERE.parent / "patterns" / f)
+            for f in ("marks.py", "sites.py", "isolation.py", "lead.py", "rmsnorm.py", "graph.py")
+        ),
     )
 
     options: AllReduceOverlapOptions
@@ -113,18 +116,16 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         from .rewrite import Rewriter, find
 
-        sites, reasons = find(gm.graph)
-        notes: list[str] = []
         opts = self.options
+        notes: list[str] = []
+        if not gm.graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.all_reduce.default):
+            return PassResult(modified=False, matches=0, notes=["no functional all-reduce in the graph"])
+        rewriter = Rewriter(
+            gm.graph, self.name, opts.chunks, opts.max_tokens or 0, opts.collective_timeout_s, opts.copy_lanes
+        )
+        with_norm = self._fuse_norm_sites(gm.graph, rewriter, notes) if self._norm_fused() else 0
+        sites, reasons = find(gm.graph)
         if sites:
-            rewriter = Rewriter(
-                gm.graph,
-                self.name,
-                opts.chunks,
-                opts.max_tokens or 0,
-                opts.collective_timeout_s,
-                opts.copy_lanes,
-            )
             rewrite = rewriter.fuse if opts.transport == "copy_engine" else rewriter.split
             for site in sites:
                 rewrite(site)
@@ -135,8 +136,50 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
             )
         if reasons:
             notes.append(f"{len(reasons)} all-reduce(s) left: " + ", ".join(reasons))
-        if not sites and not reasons:
-            notes.append("no functional all-reduce in the graph")
         if decided := self.decision_note(ctx):
             notes.append(decided)
-        return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
+        matches = len(sites) + with_norm
+        return PassResult(modified=bool(matches), matches=matches, notes=notes)
+
+    def _norm_fused(self) -> bool:
+        return self.options.transport == "copy_engine" and self.options.fuse_norm
+
+    def _fuse_norm_sites(self, graph: fx.Graph, rewriter: Any, notes: list[str]) -> int:
+        """Rewrite the ``mm -> all_reduce -> add residual -> RMSNorm`` sites into
+        ``matmul_all_reduce_rmsnorm``; their count. The other all-reduces are left to the
+        plain ``mm -> all_reduce`` rewrite (a site this one declines too, with the reason)."""
+        from ..patterns.isolation import rewrite_or_decline
+        from ..patterns.sites import Site as NormSite
+        from ..patterns.sites import candidates
+        from .rewrite import norm_site_matmul
+
+        fused: list[str] = []
+        plain: list[str] = []
+        for found in candidates(graph, kernel_limits=False):
+            if not isinstance(found, NormSite):
+                continue
+            matmul = norm_site_matmul(found)
+            if matmul is None:
+                continue
+            if isinstance(matmul, str):
+                plain.append(f"{found.all_reduce.name} ({matmul})")
+                continue
+            outcome = rewrite_or_decline(
+                graph,
+                (*found.nodes, matmul[0], *matmul[1]),
+                lambda found=found, matmul=matmul: rewriter.fuse_norm(found, *matmul),
+                self.name,
+                found.all_reduce.name,
+            )
+            if isinstance(outcome, str):
+                plain.append(f"{found.all_reduce.name} ({outcome})")
+                continue
+            fused.append(f"{found.all_reduce.name} -> {found.module or found.out.name}")
+        if fused:
+            notes.append(
+                f"{len(fused)} matmul + all-reduce + residual add + RMSNorm site(s) into {self.options.chunks} "
+                "token chunks (one copy-engine op with the norm each): " + ", ".join(fused)
+            )
+        if plain:
+            notes.append("norm sites left to the plain rewrite: " + ", ".join(plain))
+        return len(fused)

@@ -2,7 +2,11 @@
 
 With ``transport="copy_engine"`` (:meth:`Rewriter.fuse`) the site becomes one op,
 ``passkit_fusion.matmul_all_reduce(a, b, group, chunks, ...)``, which chunks the rows itself
-and moves each chunk on the copy engines (:mod:`.runtime`). With ``transport="nccl"``
+and moves each chunk on the copy engines (:mod:`.runtime`). Where the sum is followed by a
+residual add and an RMSNorm (``allreduce_rmsnorm``'s sites, found by the same matcher,
+:func:`passkit_fusion.patterns.sites.candidates`), :meth:`Rewriter.fuse_norm` makes the
+site ``matmul_all_reduce_rmsnorm(a, b, residual, weight, eps, ...)`` instead: the partials'
+sum is then never written on its own (:func:`norm_site_matmul` says which sites qualify). With ``transport="nccl"``
 (:meth:`Rewriter.split`) ``y = all_reduce(mm(a, b))`` becomes, for ``k`` chunks of ``a``'s
 rows (the tokens)::
 
@@ -50,6 +54,46 @@ def _single_user(node: fx.Node) -> bool:
     return len(node.users) == 1
 
 
+def _matmul_before(x: Any) -> tuple[fx.Node, list[fx.Node]] | str:
+    """The ``aten.mm`` whose output reaches ``x`` through views read only there, and those
+    views in order; or why not."""
+    views: list[fx.Node] = []
+    src = x
+    while isinstance(src, fx.Node) and src.target in VIEWS and _single_user(src):
+        views.insert(0, src)
+        src = src.args[0]
+    if not isinstance(src, fx.Node) or src.target is not aten.mm.default:
+        what = src.target if isinstance(src, fx.Node) else type(src).__name__
+        return f"its input is not a matmul's output ({what})"
+    if not _single_user(src):
+        return "the matmul's output is also read elsewhere"
+    return src, views
+
+
+def norm_site_matmul(site: Any) -> tuple[fx.Node, list[fx.Node]] | str | None:
+    """For an ``all_reduce -> add residual -> RMSNorm`` site of
+    :func:`passkit_fusion.patterns.sites.candidates`: the matmul (and the views after it)
+    that ``matmul_all_reduce_rmsnorm`` can take the site from, why it cannot (the plain
+    ``mm -> all_reduce`` rewrite may still take it), or None when no matmul feeds it (not
+    this pass's site: the plain matcher says why)."""
+    from ..patterns.lead import is_view
+    from ..patterns.sites import RMS
+
+    matmul = _matmul_before(site.x)
+    if isinstance(matmul, str):
+        return None
+
+    if site.dialect != "torch" or site.host_norm is not None:
+        return f"a {site.dialect} host's all-reduce or norm op"
+    if site.norm_kind != RMS or site.quant is not None or site.merged or site.shared:
+        return "not a plain residual add + RMSNorm (LayerNorm, FP8 output, merged or shared terms)"
+    if site.residual is None or site.total is None or site.weight is None:
+        return "no residual add read afterwards, or a norm without a weight"
+    if not all(is_view(n) for n in (*site.lead, *site.chain_views)):
+        return "a scale between the all-reduce and the residual add"
+    return matmul
+
+
 def find(graph: fx.Graph) -> tuple[list[Site], list[str]]:
     """The sites of ``graph``, and a reason for each all-reduce that is not one."""
     sites: list[Site] = []
@@ -62,19 +106,11 @@ def find(graph: fx.Graph) -> tuple[list[Site], list[str]]:
         if len(waits) != 1 or len(ar.users) != 1:
             reasons.append(f"{ar.name}: read other than through one wait_tensor")
             continue
-        views: list[fx.Node] = []
-        src = ar.args[0]
-        while isinstance(src, fx.Node) and src.target in VIEWS and _single_user(src):
-            views.insert(0, src)
-            src = src.args[0]
-        if not isinstance(src, fx.Node) or src.target is not aten.mm.default:
-            what = src.target if isinstance(src, fx.Node) else type(src).__name__
-            reasons.append(f"{ar.name}: its input is not a matmul's output ({what})")
+        found = _matmul_before(ar.args[0])
+        if isinstance(found, str):
+            reasons.append(f"{ar.name}: {found}")
             continue
-        if not _single_user(src):
-            reasons.append(f"{ar.name}: the matmul's output is also read elsewhere")
-            continue
-        sites.append(Site(src, views, ar, waits[0]))
+        sites.append(Site(found[0], found[1], ar, waits[0]))
     return sites, reasons
 
 
@@ -134,6 +170,32 @@ class Rewriter:
             for view in site.views:  # the old views, on the whole sum
                 out = self._call(view.target, (out, *view.args[1:]), like=view)
         self._replace(site, out)
+
+    def fuse_norm(self, site: Any, mm: fx.Node, views: list[fx.Node]) -> bool:
+        """Replace an ``allreduce_rmsnorm``-style ``site`` (its all-reduce fed by ``mm``
+        through ``views``) by one ``passkit_fusion.matmul_all_reduce_rmsnorm``; False: no
+        topological sort needed (the op goes where the residual add was, after its inputs)."""
+        from . import ops  # registers the op
+
+        args = (
+            mm.args[0], mm.args[1], site.residual, site.weight, site.eps, site.weight_bias,
+            site.group_name, self.chunks, self.lanes, self.max_tokens, self.timeout_s,
+        )  # fmt: skip
+        with self.graph.inserting_before(site.total):
+            fused = self._call(ops.matmul_all_reduce_rmsnorm_op(), args, like=site.out)
+            norm_out = self._call(operator.getitem, (fused, 0), like=site.out)
+            residual_out = self._call(operator.getitem, (fused, 1), like=site.total)
+        inside = set(site.nodes)
+        site.out.replace_all_uses_with(norm_out)
+        site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
+        order = _position(self.graph)
+        for node in sorted({*site.nodes, *views, mm}, key=order, reverse=True):
+            if not node.users:
+                self.graph.erase_node(node)
+        if not getattr(site.all_reduce, "_erased", False):
+            raise RuntimeError(f"{self.pass_name}: {site.all_reduce.name} is still read after the rewrite")
+        self._index += 1
+        return False
 
     def split(self, site: Site) -> None:
         """Replace ``site`` by its chunks."""

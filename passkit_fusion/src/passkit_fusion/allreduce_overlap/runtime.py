@@ -19,7 +19,9 @@ for ``y = all_reduce(a @ b)`` on ``W`` ranks, with the rows (tokens) cut into ``
   says that every peer's pushes to this rank have landed;
 * the compute stream then adds the partials **in rank order on every rank**
   (``x_0 + x_1 + ...``: the same additions in the same order), so every rank holds
-  bit-identical rows;
+  bit-identical rows; :func:`matmul_all_reduce_rmsnorm` adds them in the kernel that also
+  adds the residual and normalises (:mod:`.triton_kernel`), so the sum is never written
+  and read back on its own;
 * the barrier that opens the call makes every rank wait until the others have finished
   adding what they received in the previous call (the add comes before the next call's
   opening barrier on their compute stream), so their buffers can be written again.
@@ -48,6 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import reference
 from ..async_tp import torch_api
 from ..async_tp.runtime import agree_on_symmetric_memory, target_bytes
 from ..collective import resolve_group
@@ -118,6 +121,54 @@ def matmul_all_reduce(
 ) -> torch.Tensor:
     """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
     Collective: every rank calls it with the same shapes, in the same order."""
+    handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
+    if handle is None:
+        return unfused(a, b, group_name)
+    parts = _pushed_partials(a, b, handle, chunks, lanes)
+    out = torch.add(parts[0], parts[1])
+    for part in parts[2:]:
+        out.add_(part)
+    return out
+
+
+def matmul_all_reduce_rmsnorm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_bias: float,
+    group_name: str,
+    chunks: int,
+    lanes: int,
+    max_tokens: int,
+    timeout_s: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm_out, residual_out)`` of ``residual_out = all_reduce_sum(a @ b) + residual``
+    (the sum viewed as ``residual``'s shape) and its RMSNorm with ``weight + weight_bias``;
+    the partials, the residual and the norm in one kernel (:mod:`.triton_kernel`).
+    Collective, like :func:`matmul_all_reduce`."""
+    handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
+    if handle is None:
+        x = torch.mm(a, b).view(residual.shape)
+        return reference.allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group_name)
+    from .triton_kernel import partials_add_rmsnorm
+
+    parts = _pushed_partials(a, b, handle, chunks, lanes)
+    return partials_add_rmsnorm(parts, residual, weight, eps, weight_bias)
+
+
+def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:
+    """``all_reduce_sum(a @ b)`` with a functional all-reduce (any backend; capturable)."""
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.all_reduce(torch.mm(a, b), "sum", group_name))
+
+
+def _handle_or_fallback(
+    a: torch.Tensor, b: torch.Tensor, group_name: str, max_tokens: int, timeout_s: float
+) -> Any:
+    """The group's symmetric-memory handle, its buffer large enough for this call; None
+    (recorded with the reason) where the call takes the functional all-reduce instead."""
     reason = _why_unfused(a, b)
     if not reason:
         world = dist.get_world_size(resolve_group(group_name))
@@ -125,15 +176,9 @@ def matmul_all_reduce(
         reason = _ensure_buffer(group_name, need, a.shape[0], max_tokens, timeout_s)
     if reason:
         _record(FALLBACK, reason)
-        return unfused(a, b, group_name)
+        return None
     _record(COPY_ENGINE)
-    return _pipelined(a, b, _buffers[group_name].handle, chunks, lanes)
-
-
-def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:
-    """``all_reduce_sum(a @ b)`` with a functional all-reduce (any backend; capturable)."""
-    c10d = torch.ops._c10d_functional
-    return c10d.wait_tensor(c10d.all_reduce(torch.mm(a, b), "sum", group_name))
+    return _buffers[group_name].handle
 
 
 def _why_unfused(a: torch.Tensor, b: torch.Tensor) -> str:
@@ -144,22 +189,25 @@ def _why_unfused(a: torch.Tensor, b: torch.Tensor) -> str:
     return ""
 
 
-def _pipelined(a: torch.Tensor, b: torch.Tensor, handle: Any, chunks: int, lanes: int) -> torch.Tensor:
+def _pushed_partials(
+    a: torch.Tensor, b: torch.Tensor, handle: Any, chunks: int, lanes: int
+) -> list[torch.Tensor]:
+    """Every rank's ``a @ b`` on this rank, in rank order (``[rows, n]`` each; this rank's
+    own, and views of the slots its peers pushed into), ready on the current stream."""
     rows, n = a.shape[0], b.shape[1]
     rank, world = handle.rank, handle.world_size
     mine = torch.empty((rows, n), dtype=a.dtype, device=a.device)
-    out = torch.empty_like(mine)
     bounds = chunk_bounds(rows, chunks)
-    if not bounds:
-        return out
-    peers = [r for r in range(world) if r != rank]
-    compute = torch.cuda.current_stream()
-    copies = _copy_lanes(a.device, lanes)
 
     def slot(owner: int, writer: int, start: int, end: int) -> torch.Tensor:
         """Rows ``start:end`` of ``writer``'s slot in ``owner``'s buffer."""
         return handle.get_buffer(owner, (end - start, n), a.dtype, (writer * rows + start) * n)
 
+    if not bounds:
+        return [mine] * world
+    peers = [r for r in range(world) if r != rank]
+    compute = torch.cuda.current_stream()
+    copies = _copy_lanes(a.device, lanes)
     handle.barrier(channel=_OPEN_CHANNEL)  # every peer has added what we pushed last call
     for start, end in bounds:
         torch.mm(a[start:end], b, out=mine[start:end])
@@ -174,11 +222,7 @@ def _pipelined(a: torch.Tensor, b: torch.Tensor, handle: Any, chunks: int, lanes
     with torch.cuda.stream(first):
         handle.barrier(channel=_CLOSE_CHANNEL)  # every peer's pushes to us have landed
     compute.wait_stream(first)  # also: ``mine`` is not read by a copy any more once freed
-    parts = [mine if r == rank else slot(rank, r, 0, rows) for r in range(world)]
-    torch.add(parts[0], parts[1], out=out)
-    for part in parts[2:]:
-        out.add_(part)
-    return out
+    return [mine if r == rank else slot(rank, r, 0, rows) for r in range(world)]
 
 
 def _copy_lanes(device: torch.device, lanes: int) -> list[torch.cuda.Stream]:
