@@ -49,6 +49,15 @@ SCRIPT = textwrap.dedent(
                     torch.testing.assert_close(
                         norm.float(), rms_norm(total, weight, 1e-6, weight_bias).float(), rtol=tol, atol=tol
                     )
+    # rows of larger tensors, written in place (the op's per-chunk calls)
+    parts = [torch.randn(10, 64) for _ in range(2)]
+    residual, weight = torch.randn(10, 64), torch.randn(64)
+    whole = partials_add_rmsnorm(parts, residual, weight, 1e-6, 0.0)
+    norm, total = torch.zeros(10, 64), torch.zeros(10, 64)
+    for lo, hi in ((0, 3), (3, 10)):
+        got = partials_add_rmsnorm([p[lo:hi] for p in parts], residual[lo:hi], weight, 1e-6, 0.0, out=(norm[lo:hi], total[lo:hi]))
+        assert got[0].data_ptr() == norm[lo:hi].data_ptr()
+    torch.testing.assert_close(norm, whole[0]); torch.testing.assert_close(total, whole[1])
     print("ok")
     """
 )

@@ -6,28 +6,33 @@ NCCL's all-reduce is a kernel: run beside a GEMM it takes SMs and memory bandwid
 A copy between GPUs of one host is done by the copy engines instead, which take no SMs. So
 for ``y = all_reduce(a @ b)`` on ``W`` ranks, with the rows (tokens) cut into ``k`` chunks::
 
-    compute stream  barrier  mm_0   mm_1   ...  mm_k-1                      add (rank order)
-    copy lanes                     push_0  push_1  ...  push_k-1  barrier
+    compute stream  barrier  mm_0   mm_1   ...  mm_k-1  [wait 0] sum_0 ... [wait k-1] sum_k-1
+    copy lane                      push_0  push_1  ...  push_k-1
+    signal stream                          barrier_0  ...  barrier_k-1
 
 * chunk ``i``'s product goes to a plain tensor (``mine``); as soon as it is computed, the
-  copy lanes (``lanes`` streams, each a slice of the chunk, so that several copy engines
-  work at once) push it into this rank's slot of every peer's symmetric-memory buffer
-  (``Tensor.copy_`` into peer-mapped memory: a copy-engine transfer over NVLink);
-* no signal is needed per chunk, so nothing on the copy lanes waits for an SM while the
-  GEMM holds them all (a barrier kernel there would start only when the next matmul ends);
-  one barrier on the group's signal pads after the last push (the GEMMs are done by then)
-  says that every peer's pushes to this rank have landed;
-* the compute stream then adds the partials **in rank order on every rank**
-  (``x_0 + x_1 + ...``: the same additions in the same order), so every rank holds
-  bit-identical rows; :func:`matmul_all_reduce_rmsnorm` adds them in the kernel that also
-  adds the residual and normalises (:mod:`.triton_kernel`), so the sum is never written
-  and read back on its own;
-* the barrier that opens the call makes every rank wait until the others have finished
-  adding what they received in the previous call (the add comes before the next call's
-  opening barrier on their compute stream), so their buffers can be written again.
+  copy lane (``lanes`` streams, each a slice of the chunk; on 2x H200 the slices ran one
+  after another, so one is the default) pushes it into this rank's slot of every peer's
+  symmetric-memory buffer (``Tensor.copy_`` into peer-mapped memory: a copy-engine
+  transfer over NVLink);
+* after each push, a barrier on the signal stream (its own channel of the group's signal
+  pads) says that every peer's chunk ``i`` has landed here. A barrier is a kernel: while
+  the next chunk's GEMM holds every SM it waits, on a stream of its own, so it never holds
+  up the next push (a first version waited on the copy stream: the copies then ran after
+  the matmuls, not beside them);
+* once the matmuls are done, the compute stream sums each chunk's partials as soon as its
+  barrier has run, **in rank order on every rank** (``x_0 + x_1 + ...``: the same additions
+  in the same order), so every rank holds bit-identical rows, and the sums of the first
+  chunks run while the last chunk is still on the wire. :func:`matmul_all_reduce_rmsnorm`
+  sums them in the kernel that also adds the residual and normalises
+  (:mod:`.triton_kernel`), so the sum is never written and read back on its own;
+* the barrier that opens the call makes every rank wait until the others have read what
+  they received in the previous call (their reads come before the next call's opening
+  barrier on their compute stream), so their buffers can be written again.
 
-Only the last chunk's push, the closing barrier and the add are not hidden. Every rank pushes
-its chunk to every peer (``W - 1`` copies): the fewest steps, optimal bytes at ``W = 2``.
+What is not hidden: the last chunk's push and barrier, and the last chunk's sum. Every rank
+pushes its chunk to every peer (``W - 1`` copies): the fewest steps, optimal bytes at
+``W = 2``.
 
 The buffer is set up as the other fused ops' resources are: never during CUDA-graph capture
 (a call captured before it is large enough runs :func:`unfused`, which is capturable), after
@@ -65,7 +70,7 @@ DEFAULT_RESERVE_TOKENS = 16384
 4096 in bf16): growth, which allocates a second buffer, is then rare."""
 
 _OPEN_CHANNEL = 0  # the compute stream's barrier at the start of a call
-_CLOSE_CHANNEL = 1  # the copy lanes' barrier after the last push
+_FIRST_CHUNK_CHANNEL = 1  # chunk i's barrier after its push: channel 1 + i (torch has 32)
 
 
 @dataclasses.dataclass
@@ -79,7 +84,8 @@ _buffers: dict[str, _Buffer] = {}
 """The live buffer per process-group name."""
 _retired: list[_Buffer] = []
 """Buffers replaced by larger ones: kept, since a captured CUDA graph may still use them."""
-_lanes: dict[int, list[torch.cuda.Stream]] = {}
+_streams: dict[int, list[torch.cuda.Stream]] = {}
+"""Per device: the signal stream, then the copy lanes."""
 _stats: Counter[str] = Counter()
 
 
@@ -124,10 +130,15 @@ def matmul_all_reduce(
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         return unfused(a, b, group_name)
-    parts = _pushed_partials(a, b, handle, chunks, lanes)
-    out = torch.add(parts[0], parts[1])
-    for part in parts[2:]:
-        out.add_(part)
+    parts, landed = _push_chunks(a, b, handle, chunks, lanes)
+    out = torch.empty_like(parts[0])
+    compute = torch.cuda.current_stream()
+    for start, end, event in landed:  # each chunk's rows as soon as the peers' have landed
+        compute.wait_event(event)
+        rows = [part[start:end] for part in parts]
+        torch.add(rows[0], rows[1], out=out[start:end])
+        for row in rows[2:]:
+            out[start:end].add_(row)
     return out
 
 
@@ -146,16 +157,27 @@ def matmul_all_reduce_rmsnorm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm_out, residual_out)`` of ``residual_out = all_reduce_sum(a @ b) + residual``
     (the sum viewed as ``residual``'s shape) and its RMSNorm with ``weight + weight_bias``;
-    the partials, the residual and the norm in one kernel (:mod:`.triton_kernel`).
-    Collective, like :func:`matmul_all_reduce`."""
+    the partials, the residual and the norm in one kernel per chunk (:mod:`.triton_kernel`),
+    each chunk's as soon as the peers' rows of it have landed. Collective, like
+    :func:`matmul_all_reduce`."""
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         x = torch.mm(a, b).view(residual.shape)
         return reference.allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group_name)
     from .triton_kernel import partials_add_rmsnorm
 
-    parts = _pushed_partials(a, b, handle, chunks, lanes)
-    return partials_add_rmsnorm(parts, residual, weight, eps, weight_bias)
+    parts, landed = _push_chunks(a, b, handle, chunks, lanes)
+    hidden = residual.shape[-1]
+    res2 = residual.reshape(-1, hidden)
+    norm, total = torch.empty_like(parts[0]), torch.empty_like(parts[0])
+    compute = torch.cuda.current_stream()
+    for start, end, event in landed:
+        compute.wait_event(event)
+        partials_add_rmsnorm(
+            [part[start:end] for part in parts], res2[start:end], weight, eps, weight_bias,
+            out=(norm[start:end], total[start:end]),
+        )  # fmt: skip
+    return norm.view(residual.shape), total.view(residual.shape)
 
 
 def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:
@@ -189,48 +211,57 @@ def _why_unfused(a: torch.Tensor, b: torch.Tensor) -> str:
     return ""
 
 
-def _pushed_partials(
+def _push_chunks(
     a: torch.Tensor, b: torch.Tensor, handle: Any, chunks: int, lanes: int
-) -> list[torch.Tensor]:
-    """Every rank's ``a @ b`` on this rank, in rank order (``[rows, n]`` each; this rank's
-    own, and views of the slots its peers pushed into), ready on the current stream."""
+) -> tuple[list[torch.Tensor], list[tuple[int, int, torch.cuda.Event]]]:
+    """Every rank's ``a @ b`` on this rank, in rank order (``[rows, n]`` each: this rank's
+    own, and views of the slots its peers pushed into), and per chunk ``(start, end,
+    event)``: once the current stream waits for ``event``, rows ``start:end`` of every
+    part have landed (the chunk's barrier ran on the signal stream)."""
     rows, n = a.shape[0], b.shape[1]
     rank, world = handle.rank, handle.world_size
     mine = torch.empty((rows, n), dtype=a.dtype, device=a.device)
-    bounds = chunk_bounds(rows, chunks)
 
     def slot(owner: int, writer: int, start: int, end: int) -> torch.Tensor:
         """Rows ``start:end`` of ``writer``'s slot in ``owner``'s buffer."""
         return handle.get_buffer(owner, (end - start, n), a.dtype, (writer * rows + start) * n)
 
+    parts = [mine if r == rank else slot(rank, r, 0, rows) for r in range(world)]
+    bounds = chunk_bounds(rows, chunks)
     if not bounds:
-        return [mine] * world
+        return parts, []
     peers = [r for r in range(world) if r != rank]
     compute = torch.cuda.current_stream()
-    copies = _copy_lanes(a.device, lanes)
-    handle.barrier(channel=_OPEN_CHANNEL)  # every peer has added what we pushed last call
-    for start, end in bounds:
+    copies, signal = _side_streams(a.device, lanes)
+    handle.barrier(channel=_OPEN_CHANNEL)  # every peer has read what we pushed last call
+    landed = []
+    for i, (start, end) in enumerate(bounds):
         torch.mm(a[start:end], b, out=mine[start:end])
         for lane, (lo, hi) in zip(copies, chunk_bounds(end - start, len(copies)), strict=False):
             lane.wait_stream(compute)
             with torch.cuda.stream(lane):
                 for peer in peers:
                     slot(peer, rank, start + lo, start + hi).copy_(mine[start + lo : start + hi])
-    first = copies[0]
-    for lane in copies[1:]:
-        first.wait_stream(lane)
-    with torch.cuda.stream(first):
-        handle.barrier(channel=_CLOSE_CHANNEL)  # every peer's pushes to us have landed
-    compute.wait_stream(first)  # also: ``mine`` is not read by a copy any more once freed
-    return [mine if r == rank else slot(rank, r, 0, rows) for r in range(world)]
+            signal.wait_stream(lane)
+        with torch.cuda.stream(signal):
+            handle.barrier(channel=_FIRST_CHUNK_CHANNEL + i)  # the peers' pushes of chunk i landed
+            event = torch.cuda.Event()
+            event.record(signal)
+        landed.append((start, end, event))
+    # the last event follows every push: ``mine`` is not read by a copy any more once the
+    # current stream has waited for it (the callers wait for every chunk's)
+    return parts, landed
 
 
-def _copy_lanes(device: torch.device, lanes: int) -> list[torch.cuda.Stream]:
+def _side_streams(device: torch.device, lanes: int) -> tuple[list[torch.cuda.Stream], torch.cuda.Stream]:
+    """``lanes`` copy streams and the signal stream of ``device`` (made once, then reused):
+    the per-chunk barriers wait on a stream of their own, so that a barrier waiting for a
+    free SM (the next chunk's GEMM holds them all) never holds up the next push."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    streams = _lanes.setdefault(index, [])
-    while len(streams) < lanes:
+    streams = _streams.setdefault(index, [])
+    while len(streams) < lanes + 1:
         streams.append(torch.cuda.Stream(device=index))
-    return streams[:lanes]
+    return streams[1 : lanes + 1], streams[0]
 
 
 def _record(path: str, reason: str = "") -> None:

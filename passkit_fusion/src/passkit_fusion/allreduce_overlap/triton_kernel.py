@@ -73,10 +73,12 @@ def partials_add_rmsnorm(
     weight: torch.Tensor,
     eps: float,
     weight_bias: float,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm_out, residual_out)``, both shaped like ``residual``, from the ranks' partials
     (``[rows, hidden]`` each, contiguous rows, in rank order) summed, plus ``residual``,
-    RMS-normalised with ``weight + weight_bias``."""
+    RMS-normalised with ``weight + weight_bias``. ``out``: two ``[rows, hidden]`` tensors
+    with one row stride (rows of larger ones) to write instead, returned as they are."""
     import triton
 
     hidden = residual.shape[-1]
@@ -89,8 +91,18 @@ def partials_add_rmsnorm(
     r2 = residual.reshape(rows, hidden)
     if r2.stride(-1) != 1:
         r2 = r2.contiguous()
-    norm = torch.empty((rows, hidden), dtype=residual.dtype, device=residual.device)
-    res = torch.empty_like(norm)
+    if out is None:
+        norm = torch.empty((rows, hidden), dtype=residual.dtype, device=residual.device)
+        res = torch.empty_like(norm)
+    else:
+        norm, res = out
+        if (
+            norm.shape != (rows, hidden)
+            or res.shape != norm.shape
+            or res.stride() != norm.stride()
+            or norm.stride(-1) != 1
+        ):
+            raise ValueError("partials_add_rmsnorm: out must be two [rows, hidden] tensors of one layout")
     block = triton.next_power_of_2(hidden)
     if block > _MAX_BLOCK:
         raise ValueError(f"partials_add_rmsnorm: hidden {hidden} above {_MAX_BLOCK}")
@@ -103,4 +115,6 @@ def partials_add_rmsnorm(
             *padded, r2, weight, norm, res, parts[0].stride(0), r2.stride(0), norm.stride(0), hidden,
             float(eps), float(weight_bias), PARTS=len(parts), BLOCK=block, num_warps=warps,
         )  # fmt: skip
+    if out is not None:
+        return out
     return norm.view(residual.shape), res.view(residual.shape)
