@@ -260,3 +260,31 @@ def test_through_inductor_in_a_gloo_world(transport):
     for rank in ranks:
         for got, want in rank["calls"].values():
             assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_norm_site_the_norm_op_cannot_take_goes_to_the_plain_op_with_its_reason():
+    """A constant scale between the all-reduce and the residual add (``AR(x @ w) * 0.5 +
+    r`` then an RMSNorm): the norm op would have to apply it to every partial, so the site
+    takes ``matmul_all_reduce`` and the graph keeps its own scale, add and norm."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        c10d = torch.ops._c10d_functional
+        h = c10d.wait_tensor(c10d.all_reduce(x @ w, "sum", dist.group.WORLD.group_name)) * 0.5 + r
+        hs = h.float()
+        return g * (hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype), h
+
+    bf16 = torch.bfloat16
+    args = (
+        torch.randn(8, 16).to(bf16),
+        torch.randn(16, 32).to(bf16),
+        torch.randn(8, 32).to(bf16),
+        torch.ones(32).to(bf16),
+    )
+    with fake_world(2):
+        result = run_passes(fn, *args, passes=[OVERLAP])
+    assert (count_ops(result.graph_after, FUSED), count_ops(result.graph_after, FUSED_NORM)) == (1, 0)
+    assert count_ops(result.graph_after, "aten.rsqrt.default") == 1
+    notes = "; ".join(result.report["allreduce_overlap"].notes)
+    assert "norm sites left to the plain rewrite" in notes and "a scale between the all-reduce" in notes, (
+        notes
+    )

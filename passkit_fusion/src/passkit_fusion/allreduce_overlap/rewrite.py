@@ -38,6 +38,8 @@ from ..patterns import marks
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+MAX_HIDDEN = 65536
+"""The largest hidden size :mod:`.triton_kernel` normalises (one row per program)."""
 
 
 @dataclasses.dataclass
@@ -91,6 +93,8 @@ def norm_site_matmul(site: Any) -> tuple[fx.Node, list[fx.Node]] | str | None:
         return "no residual add read afterwards, or a norm without a weight"
     if not all(is_view(n) for n in (*site.lead, *site.chain_views)):
         return "a scale between the all-reduce and the residual add"
+    if site.hidden > MAX_HIDDEN:
+        return f"hidden size {site.hidden} above the norm kernel's {MAX_HIDDEN}"
     return matmul
 
 
