@@ -16,6 +16,11 @@ rounds' medians), CUDA-graph replays of:
 ``(nccl - ce) / (nccl - mm)``. Numerics: each ``ce`` output against NCCL's (relative error).
 Device times are max over ranks.
 
+``--probe-norm`` (one GPU) times only the step after the matmuls of ``fuse_norm``'s op: its
+partials + residual + RMSNorm kernel (all rows, and in 4 chunks as the op runs it) against
+Inductor's add + RMSNorm of the sum (what the unfused graph runs after its all-reduce) and of
+the two partials, with the HBM rate each reaches.
+
 Run on a machine with W GPUs:  python benchmarks/overlap_op.py --world 2 --out benchmarks/results/
 """
 
@@ -32,6 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from nccl_ranks import run_on_gpus  # benchmarks/ is on sys.path when run as a script
+from passkit_fusion.tuning.timing import graph_median_us
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 PROJECTIONS = {"o_proj": HIDDEN, "down_proj": INTERMEDIATE}
@@ -52,8 +58,61 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="first print the copy engines' rate between GPU 0 and 1 (push, pull; one way, both ways at once)",
     )
+    parser.add_argument(
+        "--probe-norm",
+        action="store_true",
+        help="only the norm step, on one GPU: the op's partials + residual + RMSNorm kernel (whole, in 4 chunks) "
+        "against Inductor's add + RMSNorm of the sum (the unfused graph's) and of two partials",
+    )
     args = parser.parse_args(argv)
+    if args.probe_norm:
+        return run_on_gpus(_probe_norm, 1, args)
     return run_on_gpus(_rank_main, args.world, args)
+
+
+def _probe_norm(rank: int, args: argparse.Namespace) -> None:
+    """us per call and the HBM rate (bytes read and written / time) of the norm step at each
+    token count, hidden 4096, bf16, CUDA-graph timed, steps interleaved round by round."""
+    print("| tokens | step | us | GB/s |\n|---|---|---|---|", flush=True)
+    for tokens in args.tokens:
+        steps = _norm_steps(tokens)
+        samples: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(args.rounds):
+            for name, (step, _moved) in steps.items():
+                samples[name].append(graph_median_us(step, ops_per_graph=4, replays=30))
+        nbytes = tokens * HIDDEN * 2
+        for name, (_step, moved) in steps.items():
+            us = statistics.median(samples[name])
+            print(f"| {tokens} | {name} | {us:.1f} | {moved * nbytes / us / 1e3:.0f} |", flush=True)
+
+
+def _norm_steps(tokens: int) -> dict[str, tuple[Callable[[], object], int]]:
+    """name -> (step, how many ``[tokens, hidden]`` tensors it reads and writes)."""
+    from passkit_fusion.allreduce_overlap.runtime import chunk_bounds
+    from passkit_fusion.allreduce_overlap.triton_kernel import partials_add_rmsnorm
+
+    def rmsnorm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        hs = h.float()
+        return w * (hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+
+    inductor_sum = torch.compile(lambda s, r, w: (rmsnorm(s + r, w), s + r))
+    inductor_parts = torch.compile(lambda p0, p1, r, w: (rmsnorm((p0 + p1) + r, w), (p0 + p1) + r))
+    p0, p1, r = (torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    w = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
+    norm, total = torch.empty_like(p0), torch.empty_like(p0)
+
+    def chunked() -> None:
+        for lo, hi in chunk_bounds(tokens, 4):
+            partials_add_rmsnorm(
+                [p0[lo:hi], p1[lo:hi]], r[lo:hi], w, 1e-6, 0.0, out=(norm[lo:hi], total[lo:hi])
+            )
+
+    return {
+        "Inductor: add + RMSNorm of the sum (the unfused graph's)": (lambda: inductor_sum(p0, r, w), 4),
+        "Inductor: partials + add + RMSNorm": (lambda: inductor_parts(p0, p1, r, w), 5),
+        "the op's kernel, all rows": (lambda: partials_add_rmsnorm([p0, p1], r, w, 1e-6, 0.0), 5),
+        "the op's kernel, 4 chunks": (chunked, 5),
+    }
 
 
 def _rank_main(rank: int, args: argparse.Namespace) -> None:
@@ -72,7 +131,6 @@ def _rank_main(rank: int, args: argparse.Namespace) -> None:
 def _measure(args: argparse.Namespace, tokens: int, proj: str, width: int) -> dict[str, object]:
     import passkit_fusion.allreduce_overlap.ops  # noqa: F401  (registers the op)
     import torch.distributed._functional_collectives as funcol
-    from passkit_fusion.tuning.timing import graph_median_us
 
     warnings.simplefilter("ignore", FutureWarning)
     name = dist.group.WORLD.group_name
