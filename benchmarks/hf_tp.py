@@ -66,8 +66,6 @@ VARIANTS = {
     "passkit overlap8 reduce-overhead": ("overlap8", "reduce-overhead"),
     "passkit overlap4 plain": ("overlap4plain", None),
     "passkit overlap4 plain reduce-overhead": ("overlap4plain", "reduce-overhead"),
-    "passkit overlap4 early": ("overlap4early", None),
-    "passkit overlap4 early reduce-overhead": ("overlap4early", "reduce-overhead"),
 }
 """name -> (pass set, mode). ``serving``: the README's serving config; ``allreduce_rmsnorm``:
 that pass alone; ``sp4096`` / ``sp2048``: the serving config with sequence parallelism and
@@ -76,8 +74,7 @@ programmatic dependent launch (``launch_with_pdl``, set while the variant compil
 its CUDA graphs); ``overlap2`` / ``overlap4`` / ``overlap8``: ``allreduce_overlap`` from 2048
 tokens (2, 4 or 8 chunks, each moved by the copy engines, the residual add and RMSNorm in the
 op), ``allreduce_rmsnorm`` below; ``overlap4plain``: 4 chunks with ``fuse_norm=False`` (the
-op's sum, then Inductor's add + RMSNorm); ``overlap4early``: 4 chunks with ``early_sums``
-(falling chunk sizes, each chunk's norm between the later matmuls); ``overlap2nccl``: an NCCL all-reduce per chunk; ``ceiling``: every all-reduce removed (wrong output; the time a forward
+op's sum, then Inductor's add + RMSNorm); ``overlap2nccl``: an NCCL all-reduce per chunk; ``ceiling``: every all-reduce removed (wrong output; the time a forward
 would take if the all-reduces cost nothing: no fusion of them can beat it). The first four
 are the gate's; ``--variants`` adds others."""
 GATE = list(VARIANTS)[:4]
@@ -100,8 +97,6 @@ EXTRA = {
     "overlap8-ro": "passkit overlap8 reduce-overhead",
     "overlap4-plain": "passkit overlap4 plain",
     "overlap4-plain-ro": "passkit overlap4 plain reduce-overhead",
-    "overlap4-early": "passkit overlap4 early",
-    "overlap4-early-ro": "passkit overlap4 early reduce-overhead",
 }
 """``--variants`` names for the variants beyond the gate's."""
 
@@ -121,14 +116,12 @@ def pass_set(kind: str, impl: str) -> list:
     if kind == "ceiling":
         return [CEILING, "cleanup"]
     if kind.startswith("overlap"):
-        chunks = kind[7:].removesuffix("nccl").removesuffix("plain").removesuffix("early")
-        overlap: dict[str, Any] = {"name": "allreduce_overlap", "min_tokens": 2048, "chunks": int(chunks)}
+        chunks = kind[7:].removesuffix("nccl").removesuffix("plain")
+        overlap = {"name": "allreduce_overlap", "min_tokens": 2048, "chunks": int(chunks)}
         if kind.endswith("nccl"):
             overlap["transport"] = "nccl"
         if kind.endswith("plain"):
             overlap["fuse_norm"] = False
-        if kind.endswith("early"):
-            overlap["early_sums"] = True
         return [overlap, arn, "cleanup"]
     return [p if p != "allreduce_rmsnorm" else arn for p in SERVING]
 

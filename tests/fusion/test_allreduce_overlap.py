@@ -58,8 +58,7 @@ def test_by_default_each_projection_with_its_residual_add_and_rmsnorm_becomes_on
     ops = [n for n in after.graph.nodes if str(n.target) == FUSED_NORM]
     group = next(n for n in before.graph.nodes if str(n.target) == ALL_REDUCE).args[2]
     # (a, b, residual, weight, eps, weight_bias, group, chunks, lanes, max_tokens, timeout_s)
-    # (..., max_tokens, timeout_s, early_sums)
-    assert {n.args[4:] for n in ops} == {(1e-6, 0.0, group, 4, 1, 0, 180.0, False)}
+    assert {n.args[4:] for n in ops} == {(1e-6, 0.0, group, 4, 1, 0, 180.0)}
     for n in ops:
         norm_out, residual_out = n.meta["val"]
         residual = n.args[2].meta["val"]
@@ -87,7 +86,7 @@ def test_without_fuse_norm_each_output_projection_becomes_one_copy_engine_op(sha
     ops = [n for n in after.graph.nodes if n.target is torch.ops.passkit_fusion.matmul_all_reduce.default]
     group = next(n for n in before.graph.nodes if str(n.target) == ALL_REDUCE).args[2]
     # (a, b, group, chunks, lanes, max_tokens, timeout_s): the runtime's settings fixed in the graph
-    assert {n.args[2:] for n in ops} == {(group, 4, 1, 0, 180.0, False)}
+    assert {n.args[2:] for n in ops} == {(group, 4, 1, 0, 180.0)}
     assert all(
         n.meta["val"].shape == n.args[0].meta["val"].shape[:1] + n.args[1].meta["val"].shape[1:] for n in ops
     )
@@ -158,25 +157,6 @@ def test_chunk_bounds_cover_every_row_once():
         for k in (2, 3, 4, 8):
             bounds = chunk_bounds(rows, k)
             assert [r for lo, hi in bounds for r in range(lo, hi)] == list(range(rows))
-
-
-def test_early_sums_travel_in_the_graph_and_taper_the_chunks():
-    from passkit_fusion.allreduce_overlap.runtime import tapered_bounds
-
-    graph = _traced(4, transport="copy_engine", early_sums=True).graph_after.graph
-    ops = [n for n in graph.nodes if str(n.target) == FUSED_NORM]
-    assert len(ops) == SITES and all(n.args[-1] is True for n in ops)
-    # weights 4:3:2:1, on multiples of 16 rows where the rows allow: the last is the smallest
-    assert tapered_bounds(8192, 4) == [(0, 3264), (3264, 5728), (5728, 7360), (7360, 8192)]
-    assert tapered_bounds(10, 4) == [(0, 4), (4, 7), (7, 9), (9, 10)]
-    assert tapered_bounds(2, 4) == [(0, 1), (1, 2)]
-    assert tapered_bounds(0, 4) == []
-    for rows in range(1, 300, 7):
-        for k in (2, 3, 4, 8):
-            bounds = tapered_bounds(rows, k)
-            assert [r for lo, hi in bounds for r in range(lo, hi)] == list(range(rows))
-            sizes = [hi - lo for lo, hi in bounds]
-            assert sizes[-1] == min(sizes), (rows, k, bounds)
 
 
 def test_a_matmul_read_elsewhere_is_left_with_its_reason():

@@ -28,8 +28,7 @@ NORM_OP = "passkit_fusion::matmul_all_reduce_rmsnorm"
     OP,
     mutates_args=(),
     schema=(
-        "(Tensor a, Tensor b, str group_name, int chunks, int lanes, int max_tokens, float timeout_s, "
-        "bool early_sums=False) -> Tensor"
+        "(Tensor a, Tensor b, str group_name, int chunks, int lanes, int max_tokens, float timeout_s) -> Tensor"
     ),
 )
 def matmul_all_reduce(
@@ -40,7 +39,6 @@ def matmul_all_reduce(
     lanes: int,
     max_tokens: int,
     timeout_s: float,
-    early_sums: bool = False,
 ) -> torch.Tensor:
     """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
     Collective: every rank calls it with the same shapes, in the same order."""
@@ -52,11 +50,11 @@ def matmul_all_reduce(
         raise ValueError(
             f"passkit_fusion.matmul_all_reduce: chunks and lanes must be >= 1, got {chunks}, {lanes}"
         )
-    return runtime.matmul_all_reduce(a, b, group_name, chunks, lanes, max_tokens, timeout_s, early_sums)
+    return runtime.matmul_all_reduce(a, b, group_name, chunks, lanes, max_tokens, timeout_s)
 
 
 @matmul_all_reduce.register_fake
-def _fake(a, b, group_name, chunks, lanes, max_tokens, timeout_s, early_sums=False):
+def _fake(a, b, group_name, chunks, lanes, max_tokens, timeout_s):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
@@ -70,7 +68,7 @@ def matmul_all_reduce_op() -> torch._ops.OpOverload:
     mutates_args=(),
     schema=(
         "(Tensor a, Tensor b, Tensor residual, Tensor weight, float eps, float weight_bias, str group_name, "
-        "int chunks, int lanes, int max_tokens, float timeout_s, bool early_sums=False) -> (Tensor, Tensor)"
+        "int chunks, int lanes, int max_tokens, float timeout_s) -> (Tensor, Tensor)"
     ),
 )
 def matmul_all_reduce_rmsnorm(
@@ -85,7 +83,6 @@ def matmul_all_reduce_rmsnorm(
     lanes: int,
     max_tokens: int,
     timeout_s: float,
-    early_sums: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm_out, residual_out)``: ``residual_out = all_reduce_sum(a @ b) + residual`` (the
     sum viewed as ``residual``'s shape), ``norm_out`` its RMSNorm over the last dim with
@@ -102,25 +99,12 @@ def matmul_all_reduce_rmsnorm(
             f"passkit_fusion.matmul_all_reduce_rmsnorm: chunks and lanes must be >= 1, got {chunks}, {lanes}"
         )
     return runtime.matmul_all_reduce_rmsnorm(
-        a, b, residual, weight, eps, weight_bias, group_name, chunks, lanes, max_tokens, timeout_s, early_sums
+        a, b, residual, weight, eps, weight_bias, group_name, chunks, lanes, max_tokens, timeout_s
     )
 
 
 @matmul_all_reduce_rmsnorm.register_fake
-def _fake_norm(
-    a,
-    b,
-    residual,
-    weight,
-    eps,
-    weight_bias,
-    group_name,
-    chunks,
-    lanes,
-    max_tokens,
-    timeout_s,
-    early_sums=False,
-):
+def _fake_norm(a, b, residual, weight, eps, weight_bias, group_name, chunks, lanes, max_tokens, timeout_s):
     torch._check(weight.dim() == 1 and weight.shape[0] == b.shape[1], lambda: "weight must be [n]")
     return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
 

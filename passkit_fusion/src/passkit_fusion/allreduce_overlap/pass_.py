@@ -56,8 +56,6 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
     """how many token chunks each matmul and its all-reduce are split into (the last chunk's all-reduce is not overlapped: more chunks hide more of it, each matmul is smaller)"""
     copy_lanes: int = pydantic.Field(1, ge=1, le=8)
     """with "copy_engine": how many streams push each chunk at once, each a slice of it (on 2x H200, 1-4 lanes measured alike: the slices ran one after another; each push is a node of the CUDA graph, which lengthens its launch)"""
-    early_sums: bool = False
-    """with "copy_engine": chunks of falling size, each chunk's sum (or norm) run between the later chunks' matmuls instead of after the last one, so that only the last, smallest chunk's push and sum follow the matmul (each costs a wait for that chunk's barrier)"""
     fuse_norm: bool = True
     """with "copy_engine": where the sum is followed by a residual add and an RMSNorm, the op takes them too (one kernel adds the ranks' partials in rank order, the residual, and normalises: the sum is never written and read back on its own)"""
     min_tokens: int = pydantic.Field(2048, ge=1)
@@ -123,13 +121,7 @@ class AllReduceOverlap(decisions.Tunable, GraphPass):
         if not gm.graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.all_reduce.default):
             return PassResult(modified=False, matches=0, notes=["no functional all-reduce in the graph"])
         rewriter = Rewriter(
-            gm.graph,
-            self.name,
-            opts.chunks,
-            opts.max_tokens or 0,
-            opts.collective_timeout_s,
-            opts.copy_lanes,
-            opts.early_sums,
+            gm.graph, self.name, opts.chunks, opts.max_tokens or 0, opts.collective_timeout_s, opts.copy_lanes
         )
         with_norm = self._fuse_norm_sites(gm.graph, rewriter, notes) if self._norm_fused() else 0
         sites, reasons = find(gm.graph)

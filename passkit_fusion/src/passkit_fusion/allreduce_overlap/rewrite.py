@@ -129,7 +129,6 @@ class Rewriter:
         max_tokens: int = 0,
         timeout_s: float = 180.0,
         lanes: int = 1,
-        early_sums: bool = False,
     ):
         from torch._guards import detect_fake_mode
 
@@ -144,7 +143,6 @@ class Rewriter:
         self.max_tokens = max_tokens
         self.timeout_s = timeout_s
         self.lanes = lanes
-        self.early_sums = early_sums
 
     def _call(self, target: Any, args: tuple[Any, ...], like: fx.Node) -> fx.Node:
         node = self.graph.call_function(target, args)
@@ -169,7 +167,6 @@ class Rewriter:
             self.lanes,
             self.max_tokens,
             self.timeout_s,
-            self.early_sums,
         )
         with self.graph.inserting_before(site.mm):
             out = self._call(ops.matmul_all_reduce_op(), args, like=site.all_reduce)
@@ -186,7 +183,7 @@ class Rewriter:
 
         args = (
             mm.args[0], mm.args[1], site.residual, site.weight, site.eps, site.weight_bias,
-            site.group_name, self.chunks, self.lanes, self.max_tokens, self.timeout_s, self.early_sums,
+            site.group_name, self.chunks, self.lanes, self.max_tokens, self.timeout_s,
         )  # fmt: skip
         with self.graph.inserting_before(site.total):
             fused = self._call(ops.matmul_all_reduce_rmsnorm_op(), args, like=site.out)

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -114,27 +113,6 @@ def chunk_bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
     return [(i * size, rows if i == k - 1 else (i + 1) * size) for i in range(k)] if rows else []
 
 
-def tapered_bounds(rows: int, chunks: int, align: int = 16) -> list[tuple[int, int]]:
-    """``rows`` cut into up to ``chunks`` contiguous pieces of falling size (weights ``k, k-1,
-    ..., 1``: the last is the smallest, so the push nothing overlaps is short), boundaries
-    on multiples of ``align`` rows where the rows allow; empty pieces dropped."""
-    k = max(1, min(chunks, rows))
-    total = k * (k + 1) // 2
-    ends, cum = [], 0
-    for i in range(k - 1):
-        cum += k - i
-        end = rows * cum // total
-        if rows >= 2 * align * total:  # then aligning keeps the last piece the smallest
-            end -= end % align
-        ends.append(end)
-    bounds, start = [], 0
-    for end in [*ends, rows]:
-        if end > start:
-            bounds.append((start, end))
-            start = end
-    return bounds
-
-
 # ------------------------------------------------------------------------------ calls --
 
 
@@ -146,23 +124,21 @@ def matmul_all_reduce(
     lanes: int,
     max_tokens: int,
     timeout_s: float,
-    early_sums: bool = False,
 ) -> torch.Tensor:
     """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
-    Collective: every rank calls it with the same shapes, in the same order. ``early_sums``:
-    see :func:`_pipelined`."""
+    Collective: every rank calls it with the same shapes, in the same order."""
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         return unfused(a, b, group_name)
-    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-
-    def add(parts: list[torch.Tensor], start: int, end: int) -> None:
+    parts, landed = _push_chunks(a, b, handle, chunks, lanes)
+    out = torch.empty_like(parts[0])
+    compute = torch.cuda.current_stream()
+    for start, end, event in landed:  # each chunk's rows as soon as the peers' have landed
+        compute.wait_event(event)
         rows = [part[start:end] for part in parts]
         torch.add(rows[0], rows[1], out=out[start:end])
         for row in rows[2:]:
             out[start:end].add_(row)
-
-    _pipelined(a, b, handle, chunks, lanes, early_sums, add)
     return out
 
 
@@ -178,7 +154,6 @@ def matmul_all_reduce_rmsnorm(
     lanes: int,
     max_tokens: int,
     timeout_s: float,
-    early_sums: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm_out, residual_out)`` of ``residual_out = all_reduce_sum(a @ b) + residual``
     (the sum viewed as ``residual``'s shape) and its RMSNorm with ``weight + weight_bias``;
@@ -191,18 +166,17 @@ def matmul_all_reduce_rmsnorm(
         return reference.allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group_name)
     from .triton_kernel import partials_add_rmsnorm
 
+    parts, landed = _push_chunks(a, b, handle, chunks, lanes)
     hidden = residual.shape[-1]
     res2 = residual.reshape(-1, hidden)
-    norm = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    total = torch.empty_like(norm)
-
-    def add_norm(parts: list[torch.Tensor], start: int, end: int) -> None:
+    norm, total = torch.empty_like(parts[0]), torch.empty_like(parts[0])
+    compute = torch.cuda.current_stream()
+    for start, end, event in landed:
+        compute.wait_event(event)
         partials_add_rmsnorm(
             [part[start:end] for part in parts], res2[start:end], weight, eps, weight_bias,
             out=(norm[start:end], total[start:end]),
         )  # fmt: skip
-
-    _pipelined(a, b, handle, chunks, lanes, early_sums, add_norm)
     return norm.view(residual.shape), total.view(residual.shape)
 
 
@@ -237,25 +211,13 @@ def _why_unfused(a: torch.Tensor, b: torch.Tensor) -> str:
     return ""
 
 
-def _pipelined(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    handle: Any,
-    chunks: int,
-    lanes: int,
-    early_sums: bool,
-    consume: Callable[[list[torch.Tensor], int, int], None],
-) -> None:
-    """Compute ``a @ b`` in row chunks, push each to the peers, and call ``consume(parts,
-    start, end)`` on the current stream once rows ``start:end`` of every rank's product have
-    landed (``parts``: every rank's ``[rows, n]`` product in rank order, this rank's own and
-    views of the slots its peers pushed into).
-
-    By default every chunk is consumed after the last matmul (equal chunks). With
-    ``early_sums`` the chunks fall in size (:func:`tapered_bounds`) and chunk ``i`` is
-    consumed right after chunk ``i + 1``'s matmul is issued, so that only the last chunks'
-    work follows the last matmul; each costs the compute stream a wait for that chunk's
-    barrier (a kernel that starts once the matmul before it has left the SMs)."""
+def _push_chunks(
+    a: torch.Tensor, b: torch.Tensor, handle: Any, chunks: int, lanes: int
+) -> tuple[list[torch.Tensor], list[tuple[int, int, torch.cuda.Event]]]:
+    """Every rank's ``a @ b`` on this rank, in rank order (``[rows, n]`` each: this rank's
+    own, and views of the slots its peers pushed into), and per chunk ``(start, end,
+    event)``: once the current stream waits for ``event``, rows ``start:end`` of every
+    part have landed (the chunk's barrier ran on the signal stream)."""
     rows, n = a.shape[0], b.shape[1]
     rank, world = handle.rank, handle.world_size
     mine = torch.empty((rows, n), dtype=a.dtype, device=a.device)
@@ -264,24 +226,15 @@ def _pipelined(
         """Rows ``start:end`` of ``writer``'s slot in ``owner``'s buffer."""
         return handle.get_buffer(owner, (end - start, n), a.dtype, (writer * rows + start) * n)
 
-    bounds = (tapered_bounds if early_sums else chunk_bounds)(rows, chunks)
-    if not bounds:
-        return
     parts = [mine if r == rank else slot(rank, r, 0, rows) for r in range(world)]
+    bounds = chunk_bounds(rows, chunks)
+    if not bounds:
+        return parts, []
     peers = [r for r in range(world) if r != rank]
     compute = torch.cuda.current_stream()
     copies, signal = _side_streams(a.device, lanes)
-    landed: list[tuple[int, int, torch.cuda.Event]] = []
-    consumed = 0
-
-    def consume_next() -> None:
-        nonlocal consumed
-        start, end, event = landed[consumed]
-        compute.wait_event(event)
-        consume(parts, start, end)
-        consumed += 1
-
     handle.barrier(channel=_OPEN_CHANNEL)  # every peer has read what we pushed last call
+    landed = []
     for i, (start, end) in enumerate(bounds):
         torch.mm(a[start:end], b, out=mine[start:end])
         for lane, (lo, hi) in zip(copies, chunk_bounds(end - start, len(copies)), strict=False):
@@ -295,12 +248,9 @@ def _pipelined(
             event = torch.cuda.Event()
             event.record(signal)
         landed.append((start, end, event))
-        if early_sums and i >= 1:  # the chunk before landed during this chunk's matmul
-            consume_next()
-    while consumed < len(landed):
-        consume_next()
-    # the last event follows every push: once the current stream has waited for it, no copy
-    # reads ``mine`` any more (it may be freed)
+    # the last event follows every push: ``mine`` is not read by a copy any more once the
+    # current stream has waited for it (the callers wait for every chunk's)
+    return parts, landed
 
 
 def _side_streams(device: torch.device, lanes: int) -> tuple[list[torch.cuda.Stream], torch.cuda.Stream]:
