@@ -65,6 +65,7 @@ RESULT_KINDS = (
     ("fusion_op_fp8", "Op level", "All-reduce + RMSNorm + FP8 quant"),
     ("fusion_op", "Op level", "All-reduce + add + RMSNorm"),
     ("async_tp_op", "Op level", "MLP: TP, sequence parallel, async TP"),
+    ("overlap_norm_kernel", "Op level", "Copy-engine overlap: its norm kernel vs Inductor"),
     ("overlap_op", "Op level", "Matmul + all-reduce on the copy engines"),
     ("op_host_cost", "Op level", "Host time per fused call"),
     ("compile_modes", "Compile time", "torch.compile modes"),
