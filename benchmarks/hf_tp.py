@@ -184,6 +184,12 @@ def op_runtimes() -> dict[str, Any]:
     return {"allreduce_rmsnorm": rmsnorm, "allreduce_overlap": overlap, "async_tp": async_tp}
 
 
+def op_paths_lines(res: dict[str, Any]) -> list[str]:
+    """The report's line of :data:`OP_PATHS` as a run's results carry them (none without)."""
+    paths = {n: p for n, p in res.get("op_paths", {}).items() if p}
+    return ["fused ops' calls per path (compile, warm-up, capture): " + json.dumps(paths)] if paths else []
+
+
 OP_PATHS: dict[str, dict[str, dict[str, int]]] = {}
 """Per variant compiled by :func:`compile_variants`: each fused op's calls per path during
 compile, warm-up and capture (replays of a CUDA graph are not seen; calls without graphs are)."""
@@ -481,8 +487,7 @@ def render(res: dict[str, Any], args: argparse.Namespace) -> str:
         "max |out - eager| / max |eager| per variant (Inductor's is the bar): "
         + json.dumps({k: f"{v:.2e}" for k, v in diffs.items()}),
     ]
-    if paths := {n: p for n, p in res.get("op_paths", {}).items() if p}:
-        lines.append("fused ops' calls per path (compile, warm-up, capture): " + json.dumps(paths))
+    lines += op_paths_lines(res)
     lines.append(
         "compile + warm-up s: " + json.dumps({k: round(v, 1) for k, v in res["compile_and_warmup_s"].items()})
     )

@@ -616,8 +616,7 @@ def render(res: dict[str, Any]) -> str:
     lines += ["", "sites per compile: " + json.dumps(res["sites"])[:3000]]
     if any(res.get("not_captured", {}).values()):
         lines.append("not captured (ran uncaptured): " + json.dumps(res["not_captured"])[:2000])
-    if paths := {n: p for n, p in res.get("op_paths", {}).items() if p}:
-        lines.append("fused ops' calls per path (compile, warm-up, capture): " + json.dumps(paths))
+    lines += hf_tp.op_paths_lines(res)
     diffs = {n: max(v.values()) for n, v in res["rel_diff_vs_eager"].items()}
     lines.append("max |out - eager| / max |eager|: " + json.dumps({k: f"{v:.2e}" for k, v in diffs.items()}))
     lines.append(

@@ -34,12 +34,11 @@ import torch.fx as fx
 from torch.fx.node import map_arg
 
 from ..patterns import marks
+from .triton_kernel import MAX_HIDDEN
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-MAX_HIDDEN = 65536
-"""The largest hidden size :mod:`.triton_kernel` normalises (one row per program)."""
 
 
 @dataclasses.dataclass

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -132,9 +133,7 @@ def matmul_all_reduce(
         return unfused(a, b, group_name)
     parts, landed = _push_chunks(a, b, handle, chunks, lanes)
     out = torch.empty_like(parts[0])
-    compute = torch.cuda.current_stream()
-    for start, end, event in landed:  # each chunk's rows as soon as the peers' have landed
-        compute.wait_event(event)
+    for start, end in _as_they_land(landed):
         rows = [part[start:end] for part in parts]
         torch.add(rows[0], rows[1], out=out[start:end])
         for row in rows[2:]:
@@ -170,9 +169,7 @@ def matmul_all_reduce_rmsnorm(
     hidden = residual.shape[-1]
     res2 = residual.reshape(-1, hidden)
     norm, total = torch.empty_like(parts[0]), torch.empty_like(parts[0])
-    compute = torch.cuda.current_stream()
-    for start, end, event in landed:
-        compute.wait_event(event)
+    for start, end in _as_they_land(landed):
         partials_add_rmsnorm(
             [part[start:end] for part in parts], res2[start:end], weight, eps, weight_bias,
             out=(norm[start:end], total[start:end]),
@@ -251,6 +248,15 @@ def _push_chunks(
     # the last event follows every push: ``mine`` is not read by a copy any more once the
     # current stream has waited for it (the callers wait for every chunk's)
     return parts, landed
+
+
+def _as_they_land(landed: list[tuple[int, int, torch.cuda.Event]]) -> Iterator[tuple[int, int]]:
+    """Each chunk's ``(start, end)`` of :func:`_push_chunks`, once the current stream waits
+    for its rows to have landed: what is issued before the next one runs as soon as they have."""
+    compute = torch.cuda.current_stream()
+    for start, end, event in landed:
+        compute.wait_event(event)
+        yield start, end
 
 
 def _side_streams(device: torch.device, lanes: int) -> tuple[list[torch.cuda.Stream], torch.cuda.Stream]:

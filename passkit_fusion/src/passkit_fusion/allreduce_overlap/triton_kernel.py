@@ -26,10 +26,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_PARTS", "partials_add_rmsnorm"]
+__all__ = ["MAX_HIDDEN", "MAX_PARTS", "partials_add_rmsnorm"]
 
 MAX_PARTS = 4
-_MAX_BLOCK = 65536  # rewrite.MAX_HIDDEN: the pass leaves larger hidden sizes to the plain op
+MAX_HIDDEN = 65536
+"""The largest hidden size the kernel normalises (one row per program): the pass leaves
+sites with a larger one to the plain op."""
 
 
 @functools.cache
@@ -104,8 +106,8 @@ def partials_add_rmsnorm(
         ):
             raise ValueError("partials_add_rmsnorm: out must be two [rows, hidden] tensors of one layout")
     block = triton.next_power_of_2(hidden)
-    if block > _MAX_BLOCK:
-        raise ValueError(f"partials_add_rmsnorm: hidden {hidden} above {_MAX_BLOCK}")
+    if block > MAX_HIDDEN:
+        raise ValueError(f"partials_add_rmsnorm: hidden {hidden} above {MAX_HIDDEN}")
     if any(p.stride(-1) != 1 or p.stride(0) != parts[0].stride(0) for p in parts):
         raise ValueError("partials_add_rmsnorm: the partials must share one row-major layout")
     warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
