@@ -21,6 +21,11 @@ partials + residual + RMSNorm kernel (all rows, and in 4 chunks as the op runs i
 Inductor's add + RMSNorm of the sum (what the unfused graph runs after its all-reduce) and of
 the two partials, with the HBM rate each reaches.
 
+``--host-cost`` (any ``--world``, one GPU too) times the host: microseconds a call takes to
+enqueue, called eagerly back to back as a graph without CUDA graphs calls it (no synchronize
+inside the timed calls, variants interleaved), for NCCL's path and the op's, and a cProfile of
+the op's calls split by function: what a forward without CUDA graphs pays per site on the CPU.
+
 Run on a machine with W GPUs:  python benchmarks/overlap_op.py --world 2 --out benchmarks/results/
 """
 
@@ -30,6 +35,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -64,7 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         help="only the norm step, on one GPU: the op's partials + residual + RMSNorm kernel (whole, in 4 chunks) "
         "against Inductor's add + RMSNorm of the sum (the unfused graph's) and of two partials",
     )
+    parser.add_argument(
+        "--host-cost",
+        action="store_true",
+        help="host microseconds per eager call (NCCL's path, the op's), and a cProfile of the op's calls",
+    )
     args = parser.parse_args(argv)
+    if args.host_cost:
+        return run_on_gpus(_host_cost, args.world, args)
     if args.probe_norm:
         return run_on_gpus(_probe_norm, 1, args)
     return run_on_gpus(_rank_main, args.world, args)
@@ -113,6 +126,174 @@ def _norm_steps(tokens: int) -> dict[str, tuple[Callable[[], object], int]]:
         "the op's kernel, all rows": (lambda: partials_add_rmsnorm([p0, p1], r, w, 1e-6, 0.0), 5),
         "the op's kernel, 4 chunks": (chunked, 5),
     }
+
+
+HOST_VARIANTS = (
+    "mm",
+    "mm + all_reduce_ + wait_tensor (Inductor's calls)",
+    "mm + funcol.all_reduce",
+    "op, 2 chunks, no norm",
+    "op, 2 chunks, norm",
+    "op's Python function, 2 chunks, norm",
+    "op, 4 chunks, norm",
+)
+
+
+def _host_cost(rank: int, args: argparse.Namespace) -> None:
+    """Host us per call: ``calls`` calls enqueued back to back, timed up to the last enqueue
+    (then one synchronize, not timed), median over ``rounds`` interleaved rounds, max over
+    ranks; then a cProfile of the norm op's calls, per call, by function."""
+    import cProfile
+    import pstats
+
+    calls = 40
+    if rank == 0:
+        print(f"| tokens | {' | '.join(HOST_VARIANTS)} |\n|---|{'---|' * len(HOST_VARIANTS)}", flush=True)
+    for tokens in args.tokens:
+        steps = _host_steps(args.world, tokens)
+        samples: dict[str, list[float]] = {v: [] for v in steps}
+        for _ in range(args.rounds):
+            for v, step in steps.items():
+                dist.barrier()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                samples[v].append((time.perf_counter() - t0) / calls * 1e6)
+                torch.cuda.synchronize()
+        us = [_max_over_ranks(statistics.median(samples[v])) for v in steps]
+        if rank == 0:
+            print(f"| {tokens} | {' | '.join(f'{u:.1f}' for u in us)} |", flush=True)
+    if rank == 0:
+        print("\n| piece of the op's host work | us per call |\n|---|---|", flush=True)
+    for piece, us in _host_pieces().items():
+        if rank == 0:
+            print(f"| {piece} | {us:.1f} |", flush=True)
+    step = _host_steps(args.world, args.tokens[0])["op's Python function, 2 chunks, norm"]
+    profile = cProfile.Profile()
+    dist.barrier()
+    profile.enable()
+    for _ in range(calls):
+        step()
+    profile.disable()
+    torch.cuda.synchronize()
+    if rank == 0:
+        print(
+            f"\ncProfile of the op's Python function, 2 chunks, norm, at {args.tokens[0]} tokens, {calls} calls (tottime / {calls} = us per call):"
+        )
+        stats = pstats.Stats(profile)
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:25]  # type: ignore[attr-defined]
+        print("| function | calls per op call | us per op call (own) |\n|---|---|---|")
+        for (file, line, fn), (_cc, nc, tt, _ct, _callers) in rows:
+            where = fn if file == "~" else f"{fn} ({Path(file).name}:{line})"
+            print(f"| `{where}` | {nc / calls:g} | {tt / calls * 1e6:.1f} |")
+    dist.barrier()
+
+
+def _host_pieces(calls: int = 200, rounds: int = 5) -> dict[str, float]:
+    """Host us per call of each kind of call the op makes (median of ``rounds``)."""
+    from passkit_fusion.allreduce_overlap import runtime
+    from passkit_fusion.allreduce_overlap.triton_kernel import partials_add_rmsnorm
+
+    name = dist.group.WORLD.group_name
+    handle = runtime._buffers[name].handle
+    rank = dist.get_rank()
+    compute = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    event = torch.cuda.Event()
+    event.record()
+    x = torch.randn(16, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(HIDDEN, device="cuda", dtype=torch.bfloat16)
+    out = (torch.empty_like(x), torch.empty_like(x))
+
+    def in_stream() -> None:
+        with torch.cuda.stream(side):
+            pass
+
+    def new_event() -> None:
+        torch.cuda.Event().record(side)
+
+    pieces: dict[str, Callable[[], object]] = {
+        "symmetric-memory barrier (handle.barrier)": lambda: handle.barrier(channel=0),
+        "a view of the buffer (handle.get_buffer)": lambda: handle.get_buffer(rank, (16, HIDDEN), x.dtype, 0),
+        "torch.cuda.Event() + record": new_event,
+        "record of a kept event": lambda: event.record(side),
+        "stream.wait_event": lambda: compute.wait_event(event),
+        "stream.wait_stream": lambda: side.wait_stream(compute),
+        "with torch.cuda.stream(s)": in_stream,
+        "torch.cuda.current_stream()": torch.cuda.current_stream,
+        "x.copy_(y), 16 x 4096": lambda: out[0].copy_(x),
+        "Triton norm kernel (partials_add_rmsnorm)": lambda: partials_add_rmsnorm(
+            [x, x], x, w, 1e-6, 0.0, out=out
+        ),
+        "dist.get_world_size(resolve_group(name))": lambda: dist.get_world_size(runtime.resolve_group(name)),
+    }
+    result = {}
+    for piece, fn in pieces.items():
+        samples = []
+        for _ in range(rounds):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+        result[piece] = _max_over_ranks(statistics.median(samples))
+    return result
+
+
+def _host_steps(world: int, tokens: int) -> dict[str, Callable[[], object]]:
+    import passkit_fusion.allreduce_overlap.ops  # noqa: F401  (registers the ops)
+    import torch.distributed._functional_collectives as funcol
+
+    warnings.simplefilter("ignore", FutureWarning)
+    name = dist.group.WORLD.group_name
+    k = INTERMEDIATE // world
+    a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+    b = (torch.randn(HIDDEN, k, device="cuda", dtype=torch.bfloat16) / k**0.5).t()
+    residual = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    weight = torch.ones(HIDDEN, device="cuda", dtype=torch.bfloat16)
+    from passkit_fusion.allreduce_overlap import runtime
+
+    from passkit_fusion import reference
+
+    ops, c10d = torch.ops.passkit_fusion, torch.ops._c10d_functional
+    norm_args = (residual, weight, 1e-6, 0.0, name)
+
+    def inductors() -> object:
+        buf = torch.mm(a, b)
+        c10d.all_reduce_.default(buf, "sum", name)
+        return c10d.wait_tensor.default(buf)
+
+    steps: dict[str, Callable[[], object]] = dict(
+        zip(
+            HOST_VARIANTS,
+            (
+                lambda: a @ b,
+                inductors,
+                lambda: funcol.wait_tensor(funcol.all_reduce(a @ b, "sum", name)),
+                lambda: ops.matmul_all_reduce.default(a, b, name, 2, 1, 16384, 120.0),
+                lambda: ops.matmul_all_reduce_rmsnorm.default(a, b, *norm_args, 2, 1, 16384, 120.0),
+                lambda: runtime.matmul_all_reduce_rmsnorm(a, b, *norm_args, 2, 1, 16384, 120.0),
+                lambda: ops.matmul_all_reduce_rmsnorm.default(a, b, *norm_args, 4, 1, 16384, 120.0),
+            ),
+            strict=True,
+        )
+    )
+    for step in steps.values():  # the buffer, the kernels' compilation
+        step()
+    for v in ("op, 2 chunks, norm", "op, 4 chunks, norm"):  # the op's numbers, before its time
+        got = steps[v]()
+        want = reference.allreduce_rmsnorm(torch.mm(a, b), residual, weight, 1e-6, 0.0, name)
+        err = max(
+            float((g.float() - w.float()).norm() / w.float().norm()) for g, w in zip(got, want, strict=True)
+        )
+        if dist.get_rank() == 0:
+            print(
+                f"{v}, {tokens} tokens: relative error vs reference.allreduce_rmsnorm {err:.1e}", flush=True
+            )
+    torch.cuda.synchronize()
+    return steps
 
 
 def _rank_main(rank: int, args: argparse.Namespace) -> None:

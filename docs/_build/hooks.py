@@ -68,6 +68,7 @@ RESULT_KINDS = (
     ("async_tp_op", "Op level", "MLP: TP, sequence parallel, async TP"),
     ("overlap_norm_kernel", "Op level", "Copy-engine overlap: its norm kernel vs Inductor"),
     ("overlap_op", "Op level", "Matmul + all-reduce on the copy engines"),
+    ("overlap_host_cost", "Op level", "Copy-engine overlap: host time per call"),
     ("op_host_cost", "Op level", "Host time per fused call"),
     ("compile_modes", "Compile time", "torch.compile modes"),
     ("compile_bill", "Compile time", "Compile time bill"),

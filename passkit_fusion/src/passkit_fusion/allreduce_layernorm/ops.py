@@ -22,6 +22,7 @@ implementation, defined like ``allreduce_rmsnorm`` (:mod:`passkit_fusion.allredu
 import torch
 
 from .. import reference
+from ..op_library import define
 
 OP_NAME = "passkit_fusion::allreduce_add_layernorm"
 IMPLEMENTATIONS = ("symm_mem", "reference")
@@ -35,7 +36,6 @@ SCHEMA = (
     "str group_name, str impl, str norm_kernel='triton', int max_bytes=4194304) -> (Tensor, Tensor)"
 )
 
-_library = torch.library.Library("passkit_fusion", "FRAGMENT")
 _runtime_module = None
 
 
@@ -100,6 +100,4 @@ def _runtime():  # type: ignore[no-untyped-def]
     return _runtime_module
 
 
-_library.define(SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
-_library.impl("allreduce_add_layernorm", allreduce_add_layernorm, "CompositeExplicitAutograd")
-torch.library.register_fake(OP_NAME, _fake, lib=_library)
+define(SCHEMA, allreduce_add_layernorm, _fake)

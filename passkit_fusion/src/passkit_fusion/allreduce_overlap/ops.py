@@ -9,28 +9,34 @@ streams at once) beside the next chunk's matmul (:mod:`.runtime`); elsewhere (gl
 all-reduce. The runtime's settings are arguments, fixed in the graph at compile time, so that
 a graph restored from Inductor's cache behaves the same.
 
-A functional custom op with a fake implementation: it traces, compiles and re-propagates like
-an ATen op. Importing this module registers it (the pass does when it rewrites; a first
-look-up does too, through :mod:`passkit_fusion.lazy_ops`).
+Functional ops with a fake implementation: they trace, compile and re-propagate like ATen
+ops; defined with :func:`passkit_fusion.op_library.define` (the dispatcher's own call, not
+``custom_op``'s wrappers: a forward without CUDA graphs pays the host time of every call).
+Importing this module registers them (the pass does when it rewrites; a first look-up does
+too, through :mod:`passkit_fusion.lazy_ops`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..op_library import define
 from . import runtime
 
 OP = "passkit_fusion::matmul_all_reduce"
 NORM_OP = "passkit_fusion::matmul_all_reduce_rmsnorm"
 
 
-@torch.library.custom_op(
-    OP,
-    mutates_args=(),
-    schema=(
-        "(Tensor a, Tensor b, str group_name, int chunks, int lanes, int max_tokens, float timeout_s) -> Tensor"
-    ),
+SCHEMA = (
+    "matmul_all_reduce(Tensor a, Tensor b, str group_name, int chunks, int lanes, int max_tokens, "
+    "float timeout_s) -> Tensor"
 )
+NORM_SCHEMA = (
+    "matmul_all_reduce_rmsnorm(Tensor a, Tensor b, Tensor residual, Tensor weight, float eps, "
+    "float weight_bias, str group_name, int chunks, int lanes, int max_tokens, float timeout_s) -> (Tensor, Tensor)"
+)
+
+
 def matmul_all_reduce(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -53,7 +59,6 @@ def matmul_all_reduce(
     return runtime.matmul_all_reduce(a, b, group_name, chunks, lanes, max_tokens, timeout_s)
 
 
-@matmul_all_reduce.register_fake
 def _fake(a, b, group_name, chunks, lanes, max_tokens, timeout_s):
     return a.new_empty((a.shape[0], b.shape[1]))
 
@@ -63,14 +68,6 @@ def matmul_all_reduce_op() -> torch._ops.OpOverload:
     return torch.ops.passkit_fusion.matmul_all_reduce.default
 
 
-@torch.library.custom_op(
-    NORM_OP,
-    mutates_args=(),
-    schema=(
-        "(Tensor a, Tensor b, Tensor residual, Tensor weight, float eps, float weight_bias, str group_name, "
-        "int chunks, int lanes, int max_tokens, float timeout_s) -> (Tensor, Tensor)"
-    ),
-)
 def matmul_all_reduce_rmsnorm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -103,10 +100,13 @@ def matmul_all_reduce_rmsnorm(
     )
 
 
-@matmul_all_reduce_rmsnorm.register_fake
 def _fake_norm(a, b, residual, weight, eps, weight_bias, group_name, chunks, lanes, max_tokens, timeout_s):
     torch._check(weight.dim() == 1 and weight.shape[0] == b.shape[1], lambda: "weight must be [n]")
     return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
+
+
+define(SCHEMA, matmul_all_reduce, _fake)
+define(NORM_SCHEMA, matmul_all_reduce_rmsnorm, _fake_norm)
 
 
 def matmul_all_reduce_rmsnorm_op() -> torch._ops.OpOverload:

@@ -81,12 +81,30 @@ class _Buffer:
     nbytes: int
 
 
+@dataclasses.dataclass
+class _Streams:
+    """The side streams and events of a device's calls with one ``(chunks, lanes)``, made
+    once and reused by every call (an event records anew each call: a wait already issued
+    keeps the record it saw), so that a call makes no stream or event of its own."""
+
+    signal: torch.cuda.Stream
+    lanes: list[torch.cuda.Stream]
+    computed: list[torch.cuda.Event]
+    """per chunk: its matmul is done (the lanes wait for it)"""
+    pushed: list[list[torch.cuda.Event]]
+    """per chunk, per lane: its pushes are issued and done (the signal stream waits for them)"""
+    landed: list[torch.cuda.Event]
+    """per chunk: its barrier ran, every peer's rows of it are here (the compute stream waits)"""
+
+
 _buffers: dict[str, _Buffer] = {}
 """The live buffer per process-group name."""
 _retired: list[_Buffer] = []
 """Buffers replaced by larger ones: kept, since a captured CUDA graph may still use them."""
 _streams: dict[int, list[torch.cuda.Stream]] = {}
 """Per device: the signal stream, then the copy lanes."""
+_side: dict[tuple[int, int, int], _Streams] = {}
+"""Per ``(device, chunks, lanes)``: the streams and events its calls reuse."""
 _stats: Counter[str] = Counter()
 
 
@@ -134,9 +152,12 @@ def matmul_all_reduce(
     parts, landed = _push_chunks(a, b, handle, chunks, lanes)
     out = torch.empty_like(parts[0])
     for start, end in _as_they_land(landed):
-        rows = [part[start:end] for part in parts]
-        torch.add(rows[0], rows[1], out=out[start:end])
-        for row in rows[2:]:
+        first, *rest = (part[start:end] for part in parts)
+        if not rest:  # a group of one rank
+            out[start:end].copy_(first)
+            continue
+        torch.add(first, rest[0], out=out[start:end])
+        for row in rest[1:]:
             out[start:end].add_(row)
     return out
 
@@ -163,17 +184,21 @@ def matmul_all_reduce_rmsnorm(
     if handle is None:
         x = torch.mm(a, b).view(residual.shape)
         return reference.allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group_name)
-    from .triton_kernel import partials_add_rmsnorm
+    from .triton_kernel import MAX_PARTS, RowsNorm, partials_add_rmsnorm
 
     parts, landed = _push_chunks(a, b, handle, chunks, lanes)
-    hidden = residual.shape[-1]
-    res2 = residual.reshape(-1, hidden)
     norm, total = torch.empty_like(parts[0]), torch.empty_like(parts[0])
-    for start, end in _as_they_land(landed):
-        partials_add_rmsnorm(
-            [part[start:end] for part in parts], res2[start:end], weight, eps, weight_bias,
-            out=(norm[start:end], total[start:end]),
-        )  # fmt: skip
+    if len(parts) <= MAX_PARTS:  # checked once, a launch per chunk
+        rows_norm = RowsNorm(parts, residual, weight, eps, weight_bias, (norm, total))
+        for start, end in _as_they_land(landed):
+            rows_norm(start, end)
+    else:
+        res2 = residual.reshape(-1, residual.shape[-1])
+        for start, end in _as_they_land(landed):
+            partials_add_rmsnorm(
+                [part[start:end] for part in parts], res2[start:end], weight, eps, weight_bias,
+                out=(norm[start:end], total[start:end]),
+            )  # fmt: skip
     return norm.view(residual.shape), total.view(residual.shape)
 
 
@@ -190,7 +215,8 @@ def _handle_or_fallback(
     (recorded with the reason) where the call takes the functional all-reduce instead."""
     reason = _why_unfused(a, b)
     if not reason:
-        world = dist.get_world_size(resolve_group(group_name))
+        buf = _buffers.get(group_name)
+        world = buf.handle.world_size if buf else dist.get_world_size(resolve_group(group_name))
         need = world * a.shape[0] * b.shape[1] * a.element_size()  # a slot per rank
         reason = _ensure_buffer(group_name, need, a.shape[0], max_tokens, timeout_s)
     if reason:
@@ -214,7 +240,11 @@ def _push_chunks(
     """Every rank's ``a @ b`` on this rank, in rank order (``[rows, n]`` each: this rank's
     own, and views of the slots its peers pushed into), and per chunk ``(start, end,
     event)``: once the current stream waits for ``event``, rows ``start:end`` of every
-    part have landed (the chunk's barrier ran on the signal stream)."""
+    part have landed (the chunk's barrier ran on the signal stream).
+
+    Streams are switched with ``torch.cuda.set_stream`` and ordered with kept events, not
+    with ``torch.cuda.stream(...)`` blocks and ``wait_stream``: without CUDA graphs the
+    forward pays each call's host time, and those cost several times more."""
     rows, n = a.shape[0], b.shape[1]
     rank, world = handle.rank, handle.world_size
     mine = torch.empty((rows, n), dtype=a.dtype, device=a.device)
@@ -229,22 +259,29 @@ def _push_chunks(
         return parts, []
     peers = [r for r in range(world) if r != rank]
     compute = torch.cuda.current_stream()
-    copies, signal = _side_streams(a.device, lanes)
+    side = _side_streams(a.device, len(bounds), lanes)
     handle.barrier(channel=_OPEN_CHANNEL)  # every peer has read what we pushed last call
     landed = []
-    for i, (start, end) in enumerate(bounds):
-        torch.mm(a[start:end], b, out=mine[start:end])
-        for lane, (lo, hi) in zip(copies, chunk_bounds(end - start, len(copies)), strict=False):
-            lane.wait_stream(compute)
-            with torch.cuda.stream(lane):
+    try:
+        for i, (start, end) in enumerate(bounds):
+            torch.mm(a[start:end], b, out=mine[start:end])
+            side.computed[i].record(compute)
+            for lane, pushed, (lo, hi) in zip(
+                side.lanes, side.pushed[i], chunk_bounds(end - start, lanes), strict=False
+            ):
+                torch.cuda.set_stream(lane)
+                lane.wait_event(side.computed[i])
                 for peer in peers:
                     slot(peer, rank, start + lo, start + hi).copy_(mine[start + lo : start + hi])
-            signal.wait_stream(lane)
-        with torch.cuda.stream(signal):
+                pushed.record(lane)
+                side.signal.wait_event(pushed)
+            torch.cuda.set_stream(side.signal)
             handle.barrier(channel=_FIRST_CHUNK_CHANNEL + i)  # the peers' pushes of chunk i landed
-            event = torch.cuda.Event()
-            event.record(signal)
-        landed.append((start, end, event))
+            side.landed[i].record(side.signal)
+            torch.cuda.set_stream(compute)
+            landed.append((start, end, side.landed[i]))
+    finally:
+        torch.cuda.set_stream(compute)
     # the last event follows every push: ``mine`` is not read by a copy any more once the
     # current stream has waited for it (the callers wait for every chunk's)
     return parts, landed
@@ -259,15 +296,25 @@ def _as_they_land(landed: list[tuple[int, int, torch.cuda.Event]]) -> Iterator[t
         yield start, end
 
 
-def _side_streams(device: torch.device, lanes: int) -> tuple[list[torch.cuda.Stream], torch.cuda.Stream]:
-    """``lanes`` copy streams and the signal stream of ``device`` (made once, then reused):
-    the per-chunk barriers wait on a stream of their own, so that a barrier waiting for a
-    free SM (the next chunk's GEMM holds them all) never holds up the next push."""
+def _side_streams(device: torch.device, chunks: int, lanes: int) -> _Streams:
+    """The signal stream, ``lanes`` copy streams and the events of ``device``'s calls of
+    ``chunks`` chunks (made once, then reused): the per-chunk barriers wait on a stream of
+    their own, so that a barrier waiting for a free SM (the next chunk's GEMM holds them all)
+    never holds up the next push."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    streams = _streams.setdefault(index, [])
-    while len(streams) < lanes + 1:
-        streams.append(torch.cuda.Stream(device=index))
-    return streams[1 : lanes + 1], streams[0]
+    key = (index, chunks, lanes)
+    if (made := _side.get(key)) is None:
+        streams = _streams.setdefault(index, [])
+        while len(streams) < lanes + 1:
+            streams.append(torch.cuda.Stream(device=index))
+        made = _side[key] = _Streams(
+            signal=streams[0],
+            lanes=streams[1 : lanes + 1],
+            computed=[torch.cuda.Event() for _ in range(chunks)],
+            pushed=[[torch.cuda.Event() for _ in range(lanes)] for _ in range(chunks)],
+            landed=[torch.cuda.Event() for _ in range(chunks)],
+        )
+    return made
 
 
 def _record(path: str, reason: str = "") -> None:

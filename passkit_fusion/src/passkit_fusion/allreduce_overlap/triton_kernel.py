@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_HIDDEN", "MAX_PARTS", "partials_add_rmsnorm"]
+__all__ = ["MAX_HIDDEN", "MAX_PARTS", "RowsNorm", "partials_add_rmsnorm"]
 
 MAX_PARTS = 4
 MAX_HIDDEN = 65536
@@ -41,10 +41,10 @@ def _kernel() -> Any:
 
     @triton.jit
     def partials_add_rmsnorm_kernel(
-        P0, P1, P2, P3, R, W, NORM, RES, stride_p, stride_r, stride_o, H, eps, weight_bias,
+        P0, P1, P2, P3, R, W, NORM, RES, stride_p, stride_r, stride_o, H, eps, weight_bias, row0,
         PARTS: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        row = tl.program_id(0).to(tl.int64)
+        row = tl.program_id(0).to(tl.int64) + row0
         cols = tl.arange(0, BLOCK)
         mask = cols < H
         total = tl.load(P0 + row * stride_p + cols, mask=mask, other=0.0).to(tl.float32)
@@ -81,22 +81,43 @@ def partials_add_rmsnorm(
     (``[rows, hidden]`` each, contiguous rows, in rank order) summed, plus ``residual``,
     RMS-normalised with ``weight + weight_bias``. ``out``: two ``[rows, hidden]`` tensors
     with one row stride (rows of larger ones) to write instead, returned as they are."""
-    import triton
-
-    hidden = residual.shape[-1]
     if len(parts) > MAX_PARTS:  # the first ones summed in rank order, then the kernel
         head = parts[0].float()
         for part in parts[1 : len(parts) - MAX_PARTS + 1]:
             head = head + part.float()
         parts = [head.to(parts[0].dtype), *parts[len(parts) - MAX_PARTS + 1 :]]
-    rows = parts[0].shape[0]
-    r2 = residual.reshape(rows, hidden)
-    if r2.stride(-1) != 1:
-        r2 = r2.contiguous()
-    if out is None:
-        norm = torch.empty((rows, hidden), dtype=residual.dtype, device=residual.device)
-        res = torch.empty_like(norm)
-    else:
+    rows, hidden = parts[0].shape[0], residual.shape[-1]
+    if out is not None:
+        RowsNorm(parts, residual, weight, eps, weight_bias, out)(0, rows)
+        return out
+    norm = torch.empty((rows, hidden), dtype=residual.dtype, device=residual.device)
+    res = torch.empty_like(norm)
+    RowsNorm(parts, residual, weight, eps, weight_bias, (norm, res))(0, rows)
+    return norm.view(residual.shape), res.view(residual.shape)
+
+
+class RowsNorm:
+    """:func:`partials_add_rmsnorm` of fixed tensors, launched over row ranges: the layout is
+    checked once, then each call (``norm(start, end)``) is one kernel launch with no view
+    made, which is what a chunked caller pays per chunk on the host."""
+
+    def __init__(
+        self,
+        parts: Sequence[torch.Tensor],
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        weight_bias: float,
+        out: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        import triton
+
+        if not 1 <= len(parts) <= MAX_PARTS:
+            raise ValueError(f"partials_add_rmsnorm: 1 to {MAX_PARTS} partials a launch, got {len(parts)}")
+        rows, hidden = parts[0].shape[0], residual.shape[-1]
+        r2 = residual.reshape(rows, hidden)
+        if r2.stride(-1) != 1:
+            r2 = r2.contiguous()
         norm, res = out
         if (
             norm.shape != (rows, hidden)
@@ -105,18 +126,26 @@ def partials_add_rmsnorm(
             or norm.stride(-1) != 1
         ):
             raise ValueError("partials_add_rmsnorm: out must be two [rows, hidden] tensors of one layout")
-    block = triton.next_power_of_2(hidden)
-    if block > MAX_HIDDEN:
-        raise ValueError(f"partials_add_rmsnorm: hidden {hidden} above {MAX_HIDDEN}")
-    if any(p.stride(-1) != 1 or p.stride(0) != parts[0].stride(0) for p in parts):
-        raise ValueError("partials_add_rmsnorm: the partials must share one row-major layout")
-    warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
-    padded = [*parts, *[parts[0]] * (MAX_PARTS - len(parts))]
-    if rows:
-        _kernel()[(rows,)](
+        block = triton.next_power_of_2(hidden)
+        if block > MAX_HIDDEN:
+            raise ValueError(f"partials_add_rmsnorm: hidden {hidden} above {MAX_HIDDEN}")
+        if any(
+            p.shape != parts[0].shape or p.stride(-1) != 1 or p.stride(0) != parts[0].stride(0) for p in parts
+        ):
+            raise ValueError("partials_add_rmsnorm: the partials must share one row-major layout")
+        padded = [*parts, *[parts[0]] * (MAX_PARTS - len(parts))]
+        self._args = (
             *padded, r2, weight, norm, res, parts[0].stride(0), r2.stride(0), norm.stride(0), hidden,
-            float(eps), float(weight_bias), PARTS=len(parts), BLOCK=block, num_warps=warps,
+            float(eps), float(weight_bias),
         )  # fmt: skip
-    if out is not None:
-        return out
-    return norm.view(residual.shape), res.view(residual.shape)
+        self._meta = {
+            "PARTS": len(parts),
+            "BLOCK": block,
+            "num_warps": 4 if block <= 2048 else 8 if block <= 8192 else 16,
+        }
+        self._kernel = _kernel()
+
+    def __call__(self, start: int, end: int) -> None:
+        """Rows ``start:end``."""
+        if end > start:
+            self._kernel[(end - start,)](*self._args, start, **self._meta)

@@ -34,6 +34,7 @@ cost two to three times the dispatcher's own call (15.7 vs 7.0 us on a busy CPU 
 import torch
 
 from .. import reference
+from ..op_library import define
 
 OP_NAME = "passkit_fusion::allreduce_rmsnorm"
 FP8_OP_NAME = "passkit_fusion::allreduce_rmsnorm_fp8"
@@ -53,16 +54,6 @@ _runtime_settings: tuple[int | None, bool] | None = None
 """The ``(max_tokens, check_rank_consistency)`` last handed to ``runtime.configure``."""
 _runtime_module = None
 """:mod:`.runtime`, once the first flashinfer call imported it."""
-
-_library = torch.library.Library("passkit_fusion", "FRAGMENT")
-
-
-def _define(schema: str, impl, fake) -> None:  # type: ignore[no-untyped-def]
-    """Define ``passkit_fusion::<name>`` with one implementation for every device and a fake."""
-    name = schema.split("(", 1)[0]
-    _library.define(schema, tags=(torch.Tag.pt2_compliant_tag,))
-    _library.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"passkit_fusion::{name}", fake, lib=_library)
 
 
 def allreduce_rmsnorm(
@@ -176,8 +167,8 @@ def _fake_fp8(
     return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), norm_out, x.new_empty(x.shape)
 
 
-_define(SCHEMA, allreduce_rmsnorm, _fake)
-_define(FP8_SCHEMA, allreduce_rmsnorm_fp8, _fake_fp8)
+define(SCHEMA, allreduce_rmsnorm, _fake)
+define(FP8_SCHEMA, allreduce_rmsnorm_fp8, _fake_fp8)
 
 
 def _runtime(x: torch.Tensor, max_tokens: int | None, check_rank_consistency: bool):
