@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["add_layernorm", "max_hidden"]
+from ..triton_rows import MAX_BLOCK, row_block
 
-_MAX_BLOCK = 65536
+__all__ = ["add_layernorm", "max_hidden"]
 
 
 def max_hidden() -> int:
     """The largest hidden size the one-row-per-program kernel takes."""
-    return _MAX_BLOCK
+    return MAX_BLOCK
 
 
 @functools.cache
@@ -72,8 +72,6 @@ def add_layernorm(
     """``(norm_out, residual_out)`` with ``residual_out = x + residual`` (``x`` itself without
     a residual) and ``norm_out = layer_norm(residual_out)``. ``residual_out`` may be given
     (written in place; it may be ``x`` itself)."""
-    import triton
-
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
     if x2.stride(-1) != 1:
@@ -85,10 +83,7 @@ def add_layernorm(
     else:
         res2 = (residual_out if residual_out is not None else torch.empty_like(x)).view(-1, hidden)
     r2 = residual.reshape(-1, hidden).contiguous() if residual is not None else x2
-    block = triton.next_power_of_2(hidden)
-    if block > _MAX_BLOCK:
-        raise ValueError(f"add_layernorm: hidden {hidden} above {_MAX_BLOCK}")
-    warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+    block, warps = row_block(hidden, "add_layernorm")
     if rows:
         _kernel()[(rows,)](
             x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, norm, res2,

@@ -26,10 +26,12 @@ from typing import Any
 
 import torch
 
+from ..triton_rows import MAX_BLOCK, row_block
+
 __all__ = ["MAX_HIDDEN", "MAX_PARTS", "RowsNorm", "partials_add_rmsnorm"]
 
 MAX_PARTS = 4
-MAX_HIDDEN = 65536
+MAX_HIDDEN = MAX_BLOCK
 """The largest hidden size the kernel normalises (one row per program): the pass leaves
 sites with a larger one to the plain op."""
 
@@ -110,8 +112,6 @@ class RowsNorm:
         weight_bias: float,
         out: tuple[torch.Tensor, torch.Tensor],
     ) -> None:
-        import triton
-
         if not 1 <= len(parts) <= MAX_PARTS:
             raise ValueError(f"partials_add_rmsnorm: 1 to {MAX_PARTS} partials a launch, got {len(parts)}")
         rows, hidden = parts[0].shape[0], residual.shape[-1]
@@ -126,9 +126,7 @@ class RowsNorm:
             or norm.stride(-1) != 1
         ):
             raise ValueError("partials_add_rmsnorm: out must be two [rows, hidden] tensors of one layout")
-        block = triton.next_power_of_2(hidden)
-        if block > MAX_HIDDEN:
-            raise ValueError(f"partials_add_rmsnorm: hidden {hidden} above {MAX_HIDDEN}")
+        block, warps = row_block(hidden, "partials_add_rmsnorm")
         if any(
             p.shape != parts[0].shape or p.stride(-1) != 1 or p.stride(0) != parts[0].stride(0) for p in parts
         ):
@@ -141,7 +139,7 @@ class RowsNorm:
         self._meta = {
             "PARTS": len(parts),
             "BLOCK": block,
-            "num_warps": 4 if block <= 2048 else 8 if block <= 8192 else 16,
+            "num_warps": warps,
         }
         self._kernel = _kernel()
 
