@@ -191,17 +191,10 @@ class AllReduceLayerNorm(GraphPass):
         fused.meta.update(val=vals, stack_trace=site.out.meta.get("stack_trace"))
         for node, value in zip(outputs, vals):  # type: ignore[call-overload]
             node.meta["val"] = value
-        inside = set(site.nodes)
+        from ..patterns.sites import rebind_outputs
+
         norm_out, residual_out = outputs
-        site.out.replace_all_uses_with(norm_out)
-        if site.total is not None:
-            site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
-        for node in sorted(site.nodes, key=position.__getitem__, reverse=True):
-            if not node.users:
-                graph.erase_node(node)
-        for node in outputs:
-            if not node.users:
-                graph.erase_node(node)
+        rebind_outputs(graph, site, norm_out, residual_out, position.__getitem__, new=outputs)
         return needs_sort
 
 

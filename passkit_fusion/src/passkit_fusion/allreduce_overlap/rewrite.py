@@ -34,6 +34,7 @@ import torch.fx as fx
 from torch.fx.node import map_arg
 
 from ..patterns import marks
+from ..patterns.sites import rebind_outputs
 from .triton_kernel import MAX_HIDDEN
 
 aten = torch.ops.aten
@@ -188,13 +189,14 @@ class Rewriter:
             fused = self._call(ops.matmul_all_reduce_rmsnorm_op(), args, like=site.out)
             norm_out = self._call(operator.getitem, (fused, 0), like=site.out)
             residual_out = self._call(operator.getitem, (fused, 1), like=site.total)
-        inside = set(site.nodes)
-        site.out.replace_all_uses_with(norm_out)
-        site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
-        order = _position(self.graph)
-        for node in sorted({*site.nodes, *views, mm}, key=order, reverse=True):
-            if not node.users:
-                self.graph.erase_node(node)
+        rebind_outputs(
+            self.graph,
+            site,
+            norm_out,
+            residual_out,
+            _position(self.graph),
+            replaced=(*site.nodes, *views, mm),
+        )
         if not getattr(site.all_reduce, "_erased", False):
             raise RuntimeError(f"{self.pass_name}: {site.all_reduce.name} is still read after the rewrite")
         self._index += 1

@@ -30,6 +30,12 @@ for ``y = all_reduce(a @ b)`` on ``W`` ranks, with the rows (tokens) cut into ``
   they received in the previous call (their reads come before the next call's opening
   barrier on their compute stream), so their buffers can be written again.
 
+The streams are ordered with events kept per device (recorded anew by every call; a wait
+already issued keeps the record it saw) and switched with ``torch.cuda.set_stream``: without
+CUDA graphs a forward pays each call's host time, and ``with torch.cuda.stream()`` blocks,
+``wait_stream`` and new events cost several times more (``benchmarks/overlap_op.py
+--host-cost``).
+
 What is not hidden: the last chunk's push and barrier, and the last chunk's sum. Every rank
 pushes its chunk to every peer (``W - 1`` copies): the fewest steps, optimal bytes at
 ``W = 2``.
@@ -240,11 +246,7 @@ def _push_chunks(
     """Every rank's ``a @ b`` on this rank, in rank order (``[rows, n]`` each: this rank's
     own, and views of the slots its peers pushed into), and per chunk ``(start, end,
     event)``: once the current stream waits for ``event``, rows ``start:end`` of every
-    part have landed (the chunk's barrier ran on the signal stream).
-
-    Streams are switched with ``torch.cuda.set_stream`` and ordered with kept events, not
-    with ``torch.cuda.stream(...)`` blocks and ``wait_stream``: without CUDA graphs the
-    forward pays each call's host time, and those cost several times more."""
+    part have landed (the chunk's barrier ran on the signal stream)."""
     rows, n = a.shape[0], b.shape[1]
     rank, world = handle.rank, handle.world_size
     mine = torch.empty((rows, n), dtype=a.dtype, device=a.device)

@@ -278,28 +278,18 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         fused.meta.update(val=vals, stack_trace=site.out.meta.get("stack_trace"))
         for node, value in zip(outputs, vals):
             node.meta["val"] = value
-        inside = set(site.nodes)
-        replaced = list(site.nodes)
+        from ..patterns.sites import rebind_outputs
+
+        taken = (*site.nodes, *quant.nodes) if quant is not None else site.nodes
         if quant is not None:
             quant_out, norm_out, residual_out = outputs
-            inside.update(quant.nodes)
-            replaced.extend(quant.nodes)
             quant.out.replace_all_uses_with(quant_out)
-            if need_norm_out:
-                site.out.replace_all_uses_with(norm_out, delete_user_cb=lambda user: user not in inside)
         else:
             norm_out, residual_out = outputs
-            site.out.replace_all_uses_with(norm_out)
-        for node in site.host_norm.rebind if site.host_norm is not None else ():
-            node.replace_all_uses_with(residual_out)  # a maybe-in-place op's residual: the new sum
-        if site.total is not None:
-            site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in inside)
-        for node in sorted(replaced, key=position.__getitem__, reverse=True):
-            if not node.users:
-                graph.erase_node(node)
-        for node in outputs:
-            if not node.users:  # an empty norm_out
-                graph.erase_node(node)
+        rebind_outputs(
+            graph, site, norm_out if need_norm_out else None, residual_out, position.__getitem__,
+            inside=taken, replaced=taken, new=outputs,  # an empty norm_out goes
+        )  # fmt: skip
         return needs_sort
 
 

@@ -38,7 +38,7 @@ the fp32 one: the hosts' own fusions make the same substitution.)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -193,6 +193,37 @@ class Site:
     def start(self) -> fx.Node:
         """The node the residual add (or the norm) reads: the lead's last, else the sum."""
         return self.lead[-1] if self.lead else self.result  # type: ignore[return-value]
+
+
+def rebind_outputs(
+    graph: fx.Graph,
+    site: Site,
+    norm_out: fx.Node | None,
+    residual_out: fx.Node,
+    order: Callable[[fx.Node], float],
+    *,
+    inside: Collection[fx.Node] = (),
+    replaced: Iterable[fx.Node] = (),
+    new: Iterable[fx.Node] = (),
+) -> None:
+    """Hand the readers of a rewritten ``site`` the fused op's outputs, then erase what
+    nothing reads any more.
+
+    ``norm_out`` takes over :attr:`Site.out` (None: only nodes the op took over read it),
+    ``residual_out`` :attr:`Site.total` and the host norm's in-place residual; readers in
+    ``inside`` (default: the site's nodes) keep what they read, they are going. Then every
+    node of ``replaced`` (default: the site's) and of ``new`` (the op's outputs) that nothing
+    reads is erased, the last by ``order`` first."""
+    taken = set(inside or site.nodes)
+    if norm_out is not None:
+        site.out.replace_all_uses_with(norm_out, delete_user_cb=lambda user: user not in taken)
+    for node in site.host_norm.rebind if site.host_norm is not None else ():
+        node.replace_all_uses_with(residual_out)  # a maybe-in-place op's residual: the new sum
+    if site.total is not None:
+        site.total.replace_all_uses_with(residual_out, delete_user_cb=lambda user: user not in taken)
+    for node in (*sorted(set(replaced or site.nodes), key=order, reverse=True), *new):
+        if not node.users:
+            graph.erase_node(node)
 
 
 @dataclasses.dataclass(frozen=True)
