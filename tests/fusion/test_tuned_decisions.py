@@ -655,3 +655,41 @@ def test_a_compile_mode_that_records_cuda_graphs_is_timed_per_call(compile_mode,
     """Candidates compiled with Inductor's CUDA graphs replay their own graphs, which cannot
     be captured again: the default GPU timer for them times calls."""
     assert measure.records_cuda_graphs(compile_mode) is records
+
+
+@pytest.mark.parametrize(
+    "compile_mode, timing, timer",
+    [
+        (None, None, "cuda_graph_timer"),
+        ("reduce-overhead", None, "cuda_call_timer"),
+        (None, "calls", "cuda_call_timer"),
+        ("max-autotune-no-cudagraphs", "calls", "cuda_call_timer"),
+        ("default", "graphs", "cuda_graph_timer"),
+    ],
+)
+def test_the_gpu_timer_follows_the_timing_asked_for(compile_mode, timing, timer):
+    """``timing="calls"`` counts each call's host time (a program without CUDA graphs: a
+    pass whose ops cost more on the host than they save on the GPU must lose the tuning)."""
+    assert measure.gpu_timer(compile_mode, timing).__qualname__ == f"{timer}.<locals>.timer"
+
+
+@pytest.mark.parametrize(
+    "compile_mode, timing, words",
+    [("reduce-overhead", "graphs", "cannot be captured again"), (None, "wall", "must be one of")],
+)
+def test_a_timing_that_cannot_be_is_a_config_error(compile_mode, timing, words):
+    import passkit
+
+    with pytest.raises(passkit.ConfigError, match=words):
+        measure.resolve_timing(compile_mode, timing)
+
+
+def test_tune_model_cli_refuses_a_conflicting_timing_before_starting_ranks(capsys):
+    from passkit.cli import main
+
+    code = main(
+        ["tune-model", "passkit_fusion.model:tuning_target", "--cpu", "--timing", "graphs",
+         "--compile-mode", "reduce-overhead"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code != 0 and "timing='graphs'" in err and "Traceback" not in err

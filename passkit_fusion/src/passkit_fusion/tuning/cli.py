@@ -167,6 +167,15 @@ def add_tune_model_arguments(parser: argparse.ArgumentParser) -> None:
         "(reduce-overhead: calls timed with their own CUDA graphs)",
     )
     parser.add_argument(
+        "--timing",
+        choices=["graphs", "calls"],
+        default=None,
+        help="how each candidate is timed on GPUs: graphs (CUDA-graph replays, the host's time not "
+        "counted: for a program that replays the model in its own CUDA graphs; the default without "
+        "reduce-overhead) or calls (each call as it runs, its host time counted: for a program that "
+        "calls the model without CUDA graphs; the default with reduce-overhead)",
+    )
+    parser.add_argument(
         "--cpu", action="store_true", help="gloo ranks on the CPU, wall-clock timing (smoke runs)"
     )
 
@@ -175,6 +184,9 @@ def run_tune_model(args: argparse.Namespace) -> int:
     """Run ``passkit tune-model`` with parsed arguments: one process per rank."""
     from passkit.cli import import_target
 
+    from .measure import resolve_timing
+
+    resolve_timing(args.compile_mode, args.timing)  # a conflict fails here, before any rank starts
     # loaded here to fail early (the working directory importable, as for `passkit explain`);
     # each rank loads it again (spawned processes inherit this sys.path)
     factory = import_target(args.target)
@@ -227,6 +239,7 @@ def _tune_model_worker(rank: int, world_size: int, port: int, args: argparse.Nam
             mark_dynamic=target.mark_dynamic,
             mode=args.mode,
             compile_mode=args.compile_mode,
+            timing=args.timing,
         )
         if rank == 0:
             print(result.format(), flush=True)

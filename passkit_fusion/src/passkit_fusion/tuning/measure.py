@@ -43,6 +43,7 @@ __all__ = [
     "cuda_call_timer",
     "cuda_graph_timer",
     "default_candidates",
+    "gpu_timer",
     "tune_model",
     "wall_clock_timer",
 ]
@@ -118,6 +119,43 @@ def records_cuda_graphs(compile_mode: str | None) -> bool:
     from torch._inductor import list_mode_options
 
     return bool(list_mode_options(compile_mode).get("triton.cudagraphs", False))
+
+
+TIMINGS = ("graphs", "calls")
+
+
+def gpu_timer(compile_mode: str | None, timing: str | None = None, group: Any = None) -> Timer:
+    """The timer of candidates on GPUs. ``timing``:
+
+    * ``"graphs"`` (the default without Inductor's CUDA graphs): each forward captured in a
+      CUDA graph and replayed (:func:`cuda_graph_timer`): what a program pays that replays
+      the compiled model in CUDA graphs of its own (a serving host's captured sizes); the
+      host's time per call is not counted;
+    * ``"calls"`` (the default with them): each call timed as it runs
+      (:func:`cuda_call_timer`), its host time included: what a program pays that calls the
+      compiled model without CUDA graphs (a host's prompts beyond its captured sizes), where
+      a pass whose ops cost more host time than the graph saves on the GPU loses.
+
+    ``"graphs"`` with a compile mode that records CUDA graphs is a ``ConfigError``: those
+    calls replay their own graphs and cannot be captured again."""
+    timing = resolve_timing(compile_mode, timing)
+    return cuda_call_timer(group=group) if timing == "calls" else cuda_graph_timer(group=group)
+
+
+def resolve_timing(compile_mode: str | None, timing: str | None) -> str:
+    """``timing`` checked against ``compile_mode`` (None: the mode's default), as
+    :func:`gpu_timer` takes it; a ``ConfigError`` naming the conflict otherwise."""
+    records = records_cuda_graphs(compile_mode)
+    if timing is None:
+        return "calls" if records else "graphs"
+    if timing not in TIMINGS:
+        raise passkit.ConfigError(f"tune_model: timing must be one of {TIMINGS}, got {timing!r}")
+    if timing == "graphs" and records:
+        raise passkit.ConfigError(
+            f"tune_model: timing='graphs' with compile_mode={compile_mode!r}: Inductor records CUDA graphs "
+            "in that mode, which cannot be captured again; time 'calls' (the default for it)"
+        )
+    return timing
 
 
 def default_candidates(tunable: Sequence[str]) -> list[Candidate]:
@@ -235,6 +273,7 @@ def tune_model(
     group: Any = None,
     mode: str = "inductor",
     compile_mode: str | None = None,
+    timing: str | None = None,
     save: bool = True,
     progress: bool | TextIO = True,
     clock: Callable[[], float] = time.monotonic,
@@ -250,7 +289,9 @@ def tune_model(
     :func:`default_candidates`). ``mode``: passkit's (``"inductor"`` or ``"eager"``);
     ``compile_mode``: torch.compile's for every candidate (``"reduce-overhead"``: Inductor's
     CUDA graphs; the default timer then times calls, :func:`cuda_call_timer`, instead of
-    capturing them). ``group``: the process group (default: the world when
+    capturing them). ``timing``: how the default GPU timer times a candidate (see
+    :func:`gpu_timer`): ``"graphs"``, ``"calls"``, None for the compile mode's own way.
+    ``group``: the process group (default: the world when
     torch.distributed is initialised). ``progress``: a line per unit on rank 0's stderr
     (or the given stream). ``clock``: what the budget is measured with (seconds; tests
     inject one). Resets Dynamo between candidates.
@@ -271,16 +312,12 @@ def tune_model(
     if not tunable:
         raise passkit.ConfigError(
             f"tune_model: none of the passes {pipeline.names()} is tunable "
-            "(allreduce_rmsnorm, sequence_parallel, async_tp)"
+            "(allreduce_rmsnorm, sequence_parallel, async_tp, allreduce_overlap)"
         )
     cands = _candidates(candidates, tunable)
     device = _device(inputs(counts[0]))
     if timer is None and device == "cuda":
-        timer = (
-            cuda_call_timer(group=group)
-            if records_cuda_graphs(compile_mode)
-            else cuda_graph_timer(group=group)
-        )
+        timer = gpu_timer(compile_mode, timing, group)
     timer = timer or wall_clock_timer()
     stream = None if rank != 0 or progress is False else (sys.stderr if progress is True else progress)
     budget = _Budget(budget_s, group, len(cands) * (1 + len(counts)), stream, clock)
