@@ -13,7 +13,7 @@ What a user does, in the user's order, each step its own program:
    speed-up over Inductor), the fresh program's passkit / Inductor, and the ratio of the two
    speed-ups (target: the stored choice within 1% of the best measured, >= 0.99).
 
-    python benchmarks/hf_tune.py --world 2 [--compile-mode reduce-overhead] [--budget 240]
+    python benchmarks/hf_tune.py --world 2 [--compile-mode reduce-overhead] [--timing calls] [--budget 240]
     python benchmarks/hf_tune.py --smoke          # CPU, gloo, a tiny Llama (plumbing only)
 
 Writes ``hf_tune_w<N>[_ro].{md,json}`` to ``--out-dir`` (default ``$OUT`` or ``/tmp``).
@@ -138,6 +138,12 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=240.0, help="tuning seconds")
     ap.add_argument("--compile-mode", choices=["default", "reduce-overhead"], default="default")
     ap.add_argument("--candidates", nargs="+", default=None, help="as passkit tune-model's (names joined by '+')")
+    ap.add_argument(
+        "--timing",
+        choices=["graphs", "calls"],
+        default=None,
+        help="as passkit tune-model's: calls counts each call's host time (a program without CUDA graphs)",
+    )
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=4, help="the fresh program's interleaved rounds")
     ap.add_argument("--cache", type=Path, default=None, help="PASSKIT_CACHE_DIR (default: a new folder)")
@@ -157,7 +163,7 @@ def main() -> None:
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     ro = mode_suffix(args)
-    stem = f"hf_tune_w{args.world}" + ("_ro" if ro else "")
+    stem = f"hf_tune_w{args.world}" + ("_ro" if ro else "") + (f"_{args.timing}" if args.timing else "")
     log = args.out_dir / f"{stem}.log"
     tokens = [str(t) for t in args.tokens]
     tune = [sys.executable, "-m", "passkit.cli", "tune-model", "hf_tp:tune_target", "--world-size", str(args.world)]
@@ -166,6 +172,8 @@ def main() -> None:
         tune += ["--compile-mode", args.compile_mode]
     if args.candidates:
         tune += ["--candidates", *args.candidates]
+    if args.timing:
+        tune += ["--timing", args.timing]
     if args.smoke:
         tune.append("--cpu")
     run(tune, env, log)
