@@ -693,3 +693,13 @@ def test_tune_model_cli_refuses_a_conflicting_timing_before_starting_ranks(capsy
     )  # fmt: skip
     err = capsys.readouterr().err
     assert code != 0 and "timing='graphs'" in err and "Traceback" not in err
+
+
+def test_tune_model_checks_the_timing_on_every_device_before_compiling():
+    import passkit
+
+    with pytest.raises(passkit.ConfigError, match="must be one of"):
+        measure.tune_model(
+            torch.nn.Linear(4, 4), lambda t: (torch.randn(t, 4),), ["allreduce_rmsnorm"], timing="wall",
+            save=False, progress=False,
+        )  # fmt: skip

@@ -68,6 +68,7 @@ from ..async_tp.runtime import agree_on_symmetric_memory, target_bytes
 from ..collective import resolve_group
 from ..collective.resources import capturing as _capturing
 from ..collective.resources import outside_graph_pools
+from .triton_kernel import MAX_PARTS, RowsNorm, partials_add_rmsnorm  # Triton is imported at a launch
 
 COPY_ENGINE = "copy_engine"
 FALLBACK = "fallback"
@@ -190,8 +191,6 @@ def matmul_all_reduce_rmsnorm(
     if handle is None:
         x = torch.mm(a, b).view(residual.shape)
         return reference.allreduce_rmsnorm(x, residual, weight, eps, weight_bias, group_name)
-    from .triton_kernel import MAX_PARTS, RowsNorm, partials_add_rmsnorm
-
     parts, landed = _push_chunks(a, b, handle, chunks, lanes)
     norm, total = torch.empty_like(parts[0]), torch.empty_like(parts[0])
     if len(parts) <= MAX_PARTS:  # checked once, a launch per chunk

@@ -314,6 +314,7 @@ def tune_model(
             f"tune_model: none of the passes {pipeline.names()} is tunable "
             "(allreduce_rmsnorm, sequence_parallel, async_tp, allreduce_overlap)"
         )
+    timing = resolve_timing(compile_mode, timing)  # checked on every device, before any compile
     cands = _candidates(candidates, tunable)
     device = _device(inputs(counts[0]))
     if timer is None and device == "cuda":
