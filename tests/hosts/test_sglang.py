@@ -178,7 +178,8 @@ def _device_path(group: Any) -> None:
 def _block() -> torch.nn.Module:
     """A TP block of SGLang's layers: two MLPs (column-, row-parallel), each all-reduce
     followed by residual add + RMSNorm, then ``x + residual * x * 0.5`` (a site of the
-    example plugin's ``fuse_addcmul``)."""
+    example plugin's ``fuse_addcmul``), then a third MLP and the model's final norm, whose
+    residual output is unused (``h, _ = self.norm(y, residual)``, as in SGLang's Llama)."""
     from sglang.srt.layers.layernorm import RMSNorm
     from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 
@@ -192,6 +193,9 @@ def _block() -> torch.nn.Module:
             self.up2 = ColumnParallelLinear(HIDDEN, INTERMEDIATE, **kw)
             self.down2 = RowParallelLinear(INTERMEDIATE, HIDDEN, **kw)
             self.norm2 = RMSNorm(HIDDEN, eps=1e-5)
+            self.up3 = ColumnParallelLinear(HIDDEN, INTERMEDIATE, **kw)
+            self.down3 = RowParallelLinear(INTERMEDIATE, HIDDEN, **kw)
+            self.norm = RMSNorm(HIDDEN, eps=1e-6)
 
         def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             y, _ = self.up1(x)
@@ -200,7 +204,11 @@ def _block() -> torch.nn.Module:
             y, _ = self.up2(x)
             y, _ = self.down2(torch.relu(y))
             x, residual = self.norm2(y, residual)
-            return x + residual * x * 0.5, residual
+            mixed = x + residual * x * 0.5
+            y, _ = self.up3(mixed)
+            y, _ = self.down3(torch.relu(y))
+            h, _ = self.norm(y, residual)  # the model's final norm: its residual output unused
+            return h, mixed
 
     torch.manual_seed(0)  # the same weights on every rank and in every scenario
     block = Block()
@@ -596,13 +604,13 @@ def test_allreduce_rmsnorm_matches_every_sglang_all_reduce_site(world):
                     continue
                 sites = _records(report)["sglang_probe"]["matches"]
                 fused = _records(report)["allreduce_rmsnorm"]["matches"]
-                assert sites == 2 and fused == sites, (scenario, report["token_range"], sites, fused)
+                assert sites == 3 and fused == sites, (scenario, report["token_range"], sites, fused)
                 # issue 27: layer names are module paths on every path (not Dynamo's sources,
                 # e.g. L['fn'].__closure__[1].cell_contents.__self__.norm1 under torch.compile)
                 notes = _records(report)["allreduce_rmsnorm"]["notes"]
-                assert "per layer: norm1=1, norm2=1" in notes, (scenario, notes)
+                assert "per layer: norm1=1, norm2=1, norm=1" in notes, (scenario, notes)
         device = [n for r in rank["device"]["reports"] for n in _records(r)["allreduce_rmsnorm"]["notes"]]
-        assert any("2 in the sglang dialect" in n for n in device), device
+        assert any("3 in the sglang dialect" in n for n in device), device
 
 
 @pytest.mark.skipif(not HAVE_DIALECTS, reason="passkit_fusion.dialects not installed")
