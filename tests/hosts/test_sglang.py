@@ -539,9 +539,9 @@ def test_numerics_equal_eager(world):
 def test_host_all_reduce_sites_reach_passkit(world):
     for rank in world:
         for report in rank["cpu"]["reports"]:  # SGLang on CPU: torch's functional all-reduce
-            assert _records(report)["sglang_probe"]["notes"] == ["_c10d_functional.all_reduce=2"]
+            assert _records(report)["sglang_probe"]["notes"] == ["_c10d_functional.all_reduce=3"]
         for report in rank["device"]["reports"]:  # SGLang's GPU branch: its own op
-            assert _records(report)["sglang_probe"]["notes"] == ["sglang.outplace_all_reduce=2"]
+            assert _records(report)["sglang_probe"]["notes"] == ["sglang.outplace_all_reduce=3"]
 
 
 def test_a_third_party_pass_runs_inside(world):
