@@ -2,7 +2,7 @@
 (reference op, ``aot_eager``): ``tests/fusion/exit_probe.py`` run ``--runs`` times, every
 other run ending with ``dist.destroy_process_group()``, one line of JSON per run (each rank's
 exit code, the seconds the world took, the last lines of a rank that did not exit with 0).
-Issue 45 saw "terminate called without an active exception" (rc -6) in 4 of 16 runs.
+It looks for "terminate called without an active exception" (rc -6), once seen in 4 of 16 runs.
 
     python benchmarks/exit_probe_runs.py --runs 40 > benchmarks/results/exit_probe_runs.jsonl
 """

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Issue 44's attribution runs on the GPU machine (benchmarks/hf_tp_profile.py), time-boxed,
-# results and a tarball of rank traces to $OUT. From the repo root, with .whl/ and .gpu-carry/
-# carried (see benchmarks/README.md). Each job is "GPUS:LIMIT_S:NAME:ARGS"; the jobs of one
+# Where the time goes between passkit and the ceiling (benchmarks/hf_tp_profile.py) on the GPU
+# machine, time-boxed, results and a tarball of rank traces to $OUT. From the repo root
+# (gpu_env.sh installs what it needs: benchmarks/README.md, "How to run"). Each job is "GPUS:LIMIT_S:NAME:ARGS"; the jobs of one
 # PROFILE_JOBS entry (separated by "|") run at once on disjoint GPUs, the entries one after another.
 # A job named suite* runs the whole GPU suite (pytest tests/gpu ARGS) at the world size of its GPUs:
 #     PROFILE_JOBS="0,1:300:w2:--world 2 --modes graph|2,3:300:w2_8l:--world 2 --layers 8;0,1,2,3:200:w4:--world 4 --modes graph" \

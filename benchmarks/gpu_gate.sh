@@ -1,11 +1,11 @@
 #!/bin/bash
 # The two-GPU gate: run on every change that touches passes or the backend while a machine
-# with 2+ GPUs is lent. From the repo root on the GPU machine, with .whl/ (wheels of the
-# three distributions and of pydantic/pluggy, see benchmarks/README.md) and .gpu-carry/
-# (bash ../shared/device/stage-flashinfer.sh) carried:
+# with 2+ GPUs is at hand. From the repo root on the GPU machine (gpu_env.sh installs what
+# it needs from the package index, or from what benchmarks/stage_offline.sh staged on a
+# machine without network: benchmarks/README.md, "How to run"):
 #     bash benchmarks/gpu_gate.sh                      # every step
-#     GATE_STEPS="probe tests" bash benchmarks/gpu_gate.sh   # some (each call of the device
-#     GATE_STEPS="hf e2e" bash benchmarks/gpu_gate.sh        # tool is limited to 10 minutes)
+#     GATE_STEPS="probe tests" bash benchmarks/gpu_gate.sh   # some (each step is time-boxed,
+#     GATE_STEPS="hf e2e" bash benchmarks/gpu_gate.sh        # so a few fit a 10-minute slot)
 # Steps: probe (versions, flashinfer JIT build, kernels saved to $OUT), host (the fused op's
 # host time per call, benchmarks/op_host_cost.py), tests (tests/gpu at
 # GPU_WORLD_SIZE=$GATE_WORLD but the users' order), suite (the whole of tests/gpu as one command,
@@ -27,7 +27,7 @@ source benchmarks/gpu_env.sh
 python3 -c "import torch, passkit, passkit_fusion; print('torch', torch.__version__, 'passkit', passkit.__version__, 'GPUs', torch.cuda.device_count())" | tee -a "$LOG"
 for s in ${GATE_STEPS:-probe users tests hf e2e}; do
   case $s in
-    probe) step "${PROBE_LIMIT:-330}" python3 benchmarks/gpu_probe.py; bash .gpu-carry/save-jit.sh ;;
+    probe) step "${PROBE_LIMIT:-330}" python3 benchmarks/gpu_probe.py; [ -z "$STAGED" ] || bash "$STAGED/save-jit.sh" ;;
     host) step "${HOST_LIMIT:-120}" python3 benchmarks/op_host_cost.py --device cuda --world "$WORLD" --out "$OUT/op_host_cost" ${HOST_ARGS:-} ;;
     tests) GPU_WORLD_SIZE=$WORLD step "${TEST_LIMIT:-300}" python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-tests/gpu --deselect tests/gpu/test_users_order_gpu.py} ;;
     suite) USERS_ORDER_LOG=$OUT/users_w$WORLD.jsonl GPU_WORLD_SIZE=$WORLD step "${SUITE_LIMIT:-540}" python3 -m pytest -q -p no:cacheprovider -n "${SUITE_PARALLEL:-6}" --dist loadgroup tests/gpu ${SUITE_ARGS:-} ;;
@@ -36,8 +36,10 @@ for s in ${GATE_STEPS:-probe users tests hf e2e}; do
     hf) step "${HF_LIMIT:-420}" python3 benchmarks/hf_tp.py --world "$WORLD" --out "$OUT/hf_tp" ${HF_ARGS:-} ;;
     coverage) step "${COVERAGE_LIMIT:-540}" python3 benchmarks/coverage.py --gpu --jobs "${COVERAGE_JOBS:-3}" --cache "${COVERAGE_CACHE:-$OUT/coverage_runs}" --write-to "$OUT" ${COVERAGE_ARGS:-} ;;
     stale)  # a pass's skip must not outlive its cause: flashinfer hidden at the first start, importable at the second, same caches
+      # hidden: a sitecustomize that makes `import flashinfer` fail and find_spec() say None
+      mkdir -p /tmp/stale/hide && echo 'import sys; sys.modules["flashinfer"] = None' > /tmp/stale/hide/sitecustomize.py
       for phase in hidden present; do
-        path=$PYTHONPATH; [ "$phase" = hidden ] && path=${PYTHONPATH//\/tmp\/fi-site:/}
+        path=${PYTHONPATH:-}; [ "$phase" = hidden ] && path=/tmp/stale/hide${path:+:$path}
         PYTHONPATH=$path PASSKIT_CACHE_DIR=/tmp/stale/passkit TORCHINDUCTOR_CACHE_DIR=/tmp/stale/inductor \
           step "${STALE_LIMIT:-240}" python3 benchmarks/coverage.py --gpu --families Llama --write-to "$OUT/stale_$phase"
       done ;;

@@ -1,12 +1,11 @@
 #!/bin/bash
 # One GPU-machine session: the GPU tests and the fusion benchmarks, each step time-boxed so
-# the whole command ends inside the device tool's 10-minute limit. Run from the repo root on
-# the GPU machine, with .whl/ (wheels of passkit, passkit-fusion, passkit-testing and the
-# dependencies the image lacks: pip wheel --no-deps -w .whl . ./passkit_fusion ./passkit_testing)
-# and .gpu-carry/ (bash ../shared/device/stage-flashinfer.sh) carried along:
+# the whole command ends inside a 10-minute slot. Run from the repo root on
+# the GPU machine (gpu_env.sh installs from the package index, or from what
+# benchmarks/stage_offline.sh staged for a machine without network):
 #     E2E_WORLDS="2 4" OP_WORLDS="4" TEST_WORLDS="2 4" TEST_REPEAT=3 TEARDOWN_WORLDS="2" \
 #       bash benchmarks/gpu_session.sh
-# Logs and results go to $OUT. NVLink multicast stays off (activate.sh sets the variables).
+# Logs and results go to $OUT. NVLink multicast stays off (gpu_env.sh sets the variables).
 LOG="${OUT:-/tmp/out}/log.txt"
 source benchmarks/gpu_env.sh
 python3 -c "import torch, passkit, passkit_fusion, flashinfer; print(torch.__version__, passkit.__version__, flashinfer.__version__, torch.cuda.device_count())" | tee -a "$LOG"

@@ -1,4 +1,4 @@
-"""The cost of the checks passkit runs after every pass (issue 36), on a real post-grad graph
+"""The cost of the checks passkit runs after every pass, on a real post-grad graph
 of about 1,700 nodes (a decoder-like stack, as Inductor hands it to its custom passes).
 
 Per pass, always (``verify`` off): the measured change (:func:`passkit._pipeline.graph_diff.measure`,

@@ -73,7 +73,7 @@ def main() -> None:
         marker="s",
         label="TP=2 FP8 linears, allreduce_rmsnorm + quant",
     )
-    old = load("fusion_e2e_w4.json")["rows"]  # 2026-11-22, allreduce_rmsnorm, one compile
+    old = load("fusion_e2e_w4.json")["rows"]  # the first TP=4 run: allreduce_rmsnorm, one compile
     ax.plot(
         [r["tokens"] for r in old],
         [r["speedup"] for r in old],

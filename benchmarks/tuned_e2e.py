@@ -17,7 +17,7 @@ For each stack (``--stacks``, default the 8-layer Llama-8B-shaped decode stack o
 With ``--compile-mode reduce-overhead`` the tuning and the three variants compile in that mode
 (Inductor's CUDA graphs) and each step is timed per call (CUDA events, a barrier before each).
 
-Targets (issue 22): tuned >= 0.99x Inductor at every count, and within 1% of the best pass
+Targets: tuned >= 0.99x Inductor at every count, and within 1% of the best pass
 set. The model and timing helpers are ``fusion_e2e.py``'s.
 
 Run on 2 GPUs (spawns one process per GPU), or under torchrun:

@@ -33,6 +33,7 @@ PAGES = {
     "passkit_fusion/README.md": "fusion.md",
     "passkit_testing/README.md": "testing.md",
     "benchmarks/README.md": "benchmarks.md",
+    "CHANGELOG.md": "changelog.md",
 }
 """Repository files that are pages of the site, by the page they are."""
 ASSETS = {
@@ -88,8 +89,9 @@ VARIANTS = {
     "sp4096": "SP from 4096 tokens",
     "with_torch_async_tp": "with torch's async TP",
     "fresh": "fresh processes",
-    "issue28": "issue 28",
-    "gc": "GC paused",
+    "first_use": "ranges at first use",
+    "range_cache": "AOTAutograd cache per range",
+    "gc": "garbage collector timed",
     "tiny": "tiny model",
     "warm": "warm",
     "warm3": "3 warm runs",

@@ -109,7 +109,7 @@ class Backend:
         if mode == "inductor":
             # Inductor imported now, as torch.compile(backend="inductor") imports it inside
             # torch.compile: imported inside Dynamo's compile of the first call instead, the
-            # same import made a warm start about 0.4 s slower on the CPU (issue 28)
+            # same import made a warm start about 0.4 s slower on the CPU
             import torch._inductor.compile_fx  # noqa: F401
         self.mode: Mode = mode
         self.compiler: str | Callable[..., Any] = compiler

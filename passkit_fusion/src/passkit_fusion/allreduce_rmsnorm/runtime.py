@@ -748,7 +748,7 @@ def _create_workspace(site: _Site) -> Workspace:
     _agree(site, "allreduce_rmsnorm:workspace", {"api": api.name, "max_tokens": max_tokens})
     site.routes.clear()  # the capacity changes
     # outside any CUDA-graph pool: a first call inside Inductor's CUDA-graph warm-up would
-    # otherwise leave the workspace's tensors in the graph's private pool (issue 34)
+    # otherwise leave the workspace's tensors in the graph's private pool
     site.workspace = outside_graph_pools(
         lambda: workspaces.create(
             api,

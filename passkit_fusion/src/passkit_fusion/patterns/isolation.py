@@ -1,4 +1,4 @@
-"""One site's error declines that site, not the pass (issue 48).
+"""One site's error declines that site, not the pass.
 
 A fusion pass handles a graph's sites one by one. An unexpected error while matching or
 rewriting one of them (a form the matcher did not foresee: vLLM's final

@@ -513,7 +513,7 @@ GRAPH_BREAK_ADVICE = (
     "Dynamo breaks the graph at ('Module-level backwards hooks require compiled autograd'): "
     "use transformers 5.23.0 or later, which compiles the decoder as one graph"
 )
-"""What to do about graph breaks between the all-reduces and their norms (issue 39)."""
+"""What to do about graph breaks between the all-reduces and their norms."""
 
 
 def _walked_chain(ar: AllReduce) -> str:
