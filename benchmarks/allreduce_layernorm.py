@@ -38,7 +38,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -98,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     json_path = args.out.with_suffix(".json")
     json_path.unlink(missing_ok=True)
-    port = _free_port()
+    from worlds import free_port  # benchmarks/ is on sys.path when run as a script
+
+    port = free_port()
     procs = [
         ctx.Process(target=_rank_main, args=(rank, port, args, str(json_path))) for rank in range(args.world)
     ]
@@ -121,29 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _rank_main(rank: int, port: int, args: argparse.Namespace, json_path: str) -> None:
-    import torch
     import torch.distributed as dist
+    from worlds import join
 
-    if args.cpu:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world
-        )
-    else:
-        torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=args.world,
-            device_id=torch.device("cuda", rank),
-        )
+    join(rank, args.world, port, cuda=not args.cpu)
     try:
         rows = _run(rank, args)
         if rank == 0:  # before the teardown: the results are kept whatever happens after

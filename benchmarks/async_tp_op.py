@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from nccl_ranks import run_on_gpus  # benchmarks/ is on sys.path when run as a script
+from worlds import max_over_ranks, run_on_gpus  # benchmarks/ is on sys.path when run as a script
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 VARIANTS = ("tp", "sp", "async_tp")
@@ -93,7 +93,7 @@ def _measure(args: argparse.Namespace, tokens: int) -> dict[str, object]:
     row: dict[str, object] = {"tokens": tokens}
     for variant in VARIANTS:
         us, how = _time(steps[variant], args.replays)
-        row[variant] = _max_over_ranks(us)
+        row[variant] = max_over_ranks(us)
         row[f"{variant}_timing"] = how
     # numerics: async TP's outputs vs the unfused SP ops
     _, (up,) = torch.ops.symm_mem.fused_all_gather_matmul(x_shard, [w_up], 0, name)
@@ -123,12 +123,6 @@ def _time(step: Callable[[], None], replays: int) -> tuple[float, str]:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1000.0)
     return statistics.median(times), "eager"
-
-
-def _max_over_ranks(us: float) -> float:
-    t = torch.tensor([us], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return round(float(t.item()), 1)
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -428,38 +428,8 @@ def render(res: dict, args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _results(q, procs: list, limit: float = 1500.0) -> dict:
-    """Rank 0's results; exits with an error as soon as a rank died without them."""
-    import queue
-
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        try:
-            return q.get(timeout=2.0)
-        except queue.Empty:
-            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if dead:
-                for p in procs:
-                    p.kill()
-                raise SystemExit(f"ranks died before reporting (rank, exit code): {dead}") from None
-    raise SystemExit(f"no results within {limit:.0f} s")
-
-
-def _exit_times(procs: list, results_at: float, limit: float = 120.0) -> list[float | None]:
-    """Seconds from rank 0 handing over its results (its last line) to each rank's exit;
-    None for a rank still alive after ``limit`` seconds (then killed)."""
-    exits: list[float | None] = []
-    for p in procs:
-        p.join(timeout=max(0.0, results_at + limit - time.monotonic()))
-        exits.append(round(time.monotonic() - results_at, 2) if not p.is_alive() else None)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    return exits
-
-
 def main() -> None:
-    import torch.multiprocessing as mp
+    from worlds import exit_times, rank0_results, spawn  # benchmarks/ is on sys.path when run as a script
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="1,16,64,256,1024,2048,4096,8192,16384")
@@ -486,18 +456,9 @@ def main() -> None:
     unknown = set(args.variants) - set(VARIANTS)
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, args.world, port, args, q)) for r in range(args.world)]
-    for p in procs:
-        p.start()
-    res = _results(q, procs)
-    res["exit_s"] = _exit_times(procs, time.monotonic())
+    q, procs = spawn(worker, args.world, args)
+    res = rank0_results(q, procs)
+    res["exit_s"] = exit_times(procs, time.monotonic())
     md = render(res, args)
     print(md)
     if not args.cpu:

@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import re
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from passkit_fusion.allreduce_rmsnorm import runtime, tune
 from passkit_fusion.tuning import tables, timing
+from worlds import free_port, join  # benchmarks/ is on sys.path when run as a script
 
 WORLD = int(os.environ.get("GPU_WORLD_SIZE", "2"))
 """Ranks (one GPU each); set GPU_WORLD_SIZE=4 or 8 on larger machines."""
@@ -85,14 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank_main, args=(_free_port(), args), nprocs=WORLD, join=True)
+    mp.spawn(_rank_main, args=(free_port(), args), nprocs=WORLD, join=True)
     return 0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,14 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
-    torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        device_id=torch.device("cuda", rank),
-    )
+    join(rank, WORLD, port)
     try:
         _run(rank, args)
     finally:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from passkit_fusion.allreduce_rmsnorm import runtime, tune
 from passkit_fusion.tuning import tables, timing
+from worlds import free_port, join  # benchmarks/ is on sys.path when run as a script
 
 WORLD = int(os.environ.get("GPU_WORLD_SIZE", "2"))
 EPS = 1e-6
@@ -69,22 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    mp.spawn(_rank_main, args=(port, args), nprocs=WORLD, join=True)
+    mp.spawn(_rank_main, args=(free_port(), args), nprocs=WORLD, join=True)
     return 0
 
 
 def _rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
-    torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        device_id=torch.device("cuda", rank),
-    )
+    join(rank, WORLD, port)
     try:
         _run(rank, args)
     finally:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -41,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from compile_modes import time_calls  # benchmarks/ is on sys.path when run as a script
+from worlds import free_port
 
 SERVING = ["sequence_parallel", "async_tp", "allreduce_rmsnorm", "cleanup"]
 VARIANTS = {
@@ -513,12 +513,6 @@ def ro_target(tokens: int, world: int) -> float:
     if world >= 4 and 4096 <= tokens <= 16384:
         return 1.10
     return 0.99
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

@@ -224,17 +224,9 @@ def main() -> None:
             f"| {us['custom_op']:.2f} | {us['library']:.2f} | {us['custom_op'] / us['library']:.2f}x |",
         ]
     else:
-        import torch.multiprocessing as mp
-        from hf_tp import free_port  # benchmarks/ is on sys.path when run as a script
+        from worlds import spawn  # benchmarks/ is on sys.path when run as a script
 
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        port = free_port()
-        procs = [
-            ctx.Process(target=gpu_worker, args=(r, args.world, port, args, queue)) for r in range(args.world)
-        ]
-        for p in procs:
-            p.start()
+        queue, procs = spawn(gpu_worker, args.world, args)
         res = queue.get(timeout=600)
         for p in procs:
             p.join(timeout=60)

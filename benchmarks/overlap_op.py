@@ -42,8 +42,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from nccl_ranks import run_on_gpus  # benchmarks/ is on sys.path when run as a script
 from passkit_fusion.tuning.timing import graph_median_us
+from worlds import max_over_ranks, run_on_gpus  # benchmarks/ is on sys.path when run as a script
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 PROJECTIONS = {"o_proj": HIDDEN, "down_proj": INTERMEDIATE}
@@ -163,7 +163,7 @@ def _host_cost(rank: int, args: argparse.Namespace) -> None:
                     step()
                 samples[v].append((time.perf_counter() - t0) / calls * 1e6)
                 torch.cuda.synchronize()
-        us = [_max_over_ranks(statistics.median(samples[v])) for v in steps]
+        us = [max_over_ranks(statistics.median(samples[v])) for v in steps]
         if rank == 0:
             print(f"| {tokens} | {' | '.join(f'{u:.1f}' for u in us)} |", flush=True)
     if rank == 0:
@@ -239,7 +239,7 @@ def _host_pieces(calls: int = 200, rounds: int = 5) -> dict[str, float]:
                 fn()
             samples.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
-        result[piece] = _max_over_ranks(statistics.median(samples))
+        result[piece] = max_over_ranks(statistics.median(samples))
     return result
 
 
@@ -341,7 +341,7 @@ def _measure(args: argparse.Namespace, tokens: int, proj: str, width: int) -> di
             dist.barrier()
             samples[v].append(graph_median_us(steps[v], ops_per_graph=4, replays=args.replays))
     for v in VARIANTS:
-        row[v] = _max_over_ranks(statistics.median(samples[v]))
+        row[v] = max_over_ranks(statistics.median(samples[v]))
     return row
 
 
@@ -378,12 +378,6 @@ def _probe_copies(rank: int) -> None:
                     flush=True,
                 )
     dist.barrier()
-
-
-def _max_over_ranks(us: float) -> float:
-    t = torch.tensor([us], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return round(float(t.item()), 1)
 
 
 def _kept(r: dict[str, object], v: str) -> str:

@@ -41,7 +41,6 @@ import datetime
 import faulthandler
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -187,14 +186,13 @@ def _pretend_gpu(block_synchronize: bool) -> None:
 # ---------------------------------------------------------------------- parent side --
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_scenario(scenario: str, world: int, limit: float, cpu: bool = False) -> dict:
-    port = _free_port()
+    here = str(Path(__file__).parent)  # worlds.py's folder, also where a test loads this file
+    if here not in sys.path:
+        sys.path.append(here)
+    from worlds import free_port
+
+    port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = [
         subprocess.Popen(

@@ -36,15 +36,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from fusion_e2e import Stack, _exit_times, _results, causal_mask, time_graph
+from fusion_e2e import Stack, causal_mask, time_graph
 from passkit_fusion.tuning.timing import call_median_us
+from worlds import exit_times, rank0_results, spawn  # benchmarks/ is on sys.path when run as a script
 
 HERE = Path(__file__).resolve().parent
 STACKS = {
@@ -279,7 +279,6 @@ def render(res: dict, args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    import torch.multiprocessing as mp
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default=",".join(str(2**i) for i in range(14)))
@@ -306,16 +305,9 @@ def main() -> None:
         if res is None:
             return
     else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        procs = [ctx.Process(target=worker, args=(r, args.world, port, args, q)) for r in range(args.world)]
-        for p in procs:
-            p.start()
-        res = _results(q, procs, limit=3600.0)
-        res["exit_s"] = _exit_times(procs, time.monotonic())
+        q, procs = spawn(worker, args.world, args)
+        res = rank0_results(q, procs, limit=3600.0)
+        res["exit_s"] = exit_times(procs, time.monotonic())
     md = render(res, args)
     print(md)
     if not args.cpu:
