@@ -16,7 +16,6 @@ compared with Inductor's; the CUDA-graph records and replays are counted.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results import write as write_result  # benchmarks/ is on sys.path when run as a script
 
 import passkit
 
@@ -102,19 +102,15 @@ def forward_fn(model: torch.nn.Module, smoke: bool):
 
 def time_calls(fn: Any, ids: torch.Tensor, iters: int, device: torch.device) -> float:
     """Median milliseconds of ``fn(ids)`` (a fresh output each call, as a server reads it)."""
+    if device.type == "cuda":
+        from passkit_fusion.tuning.timing import call_median_us
+
+        return call_median_us(lambda: fn(ids), calls=iters, warmup=0) / 1e3
     samples = []
     for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(ids)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn(ids)
-            samples.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        fn(ids)
+        samples.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(samples)
 
 
@@ -215,18 +211,8 @@ def main() -> None:
         f"passkit reduce-overhead vs Inductor default: {speedup}",
         f"passkit reduce-overhead output identical to Inductor reduce-overhead: {same} (max abs diff {close})",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text + "\n")
-        args.out.with_suffix(".json").write_text(
-            json.dumps(
-                {"title": title, "results": results, "identical": same, "max_abs_diff": close},
-                indent=2,
-                default=str,
-            )
-        )
+    data = {"title": title, "results": results, "identical": same, "max_abs_diff": close}
+    write_result(args.out, "\n".join(lines), data, indent=2, default=str)
 
 
 if __name__ == "__main__":

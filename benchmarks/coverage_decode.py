@@ -211,23 +211,15 @@ def _time(step: Any, args: argparse.Namespace, cuda: bool, graphs_of_its_own: bo
         with torch.no_grad():
             return call_median_us(step, calls=args.replays, before_call=torch.distributed.barrier)
     if cuda:
-        from passkit_fusion.tuning.timing import replay_median_us
+        from passkit_fusion.tuning.timing import call_median_us, replay_median_us
 
         try:
             with torch.no_grad():
                 return replay_median_us(step, replays=args.replays, before_replays=torch.distributed.barrier)
         except Exception as exc:  # not capturable: time the eager launches instead
             print(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); timing plain calls", flush=True)
-            times = []
             with torch.no_grad():
-                for _ in range(args.replays):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    step()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end) * 1e3)
-            return -statistics.median(times)  # negative: marks "no CUDA graph"
+                return -call_median_us(step, calls=args.replays, warmup=0)  # negative: marks "no CUDA graph"
     times = []
     with torch.no_grad():
         for _ in range(args.replays):

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from compile_modes import time_calls  # benchmarks/ is on sys.path when run as a script
+from results import write as write_result
 from worlds import free_port
 
 SERVING = ["sequence_parallel", "async_tp", "allreduce_rmsnorm", "cleanup"]
@@ -558,12 +559,7 @@ def main() -> None:
     result["ms"] = {
         n: {t: statistics.median(v) for t, v in per.items()} for n, per in result.pop("samples_ms").items()
     }
-    text = render(result, args)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    write_result(args.out, render(result, args), result, indent=2)
     if failed:
         sys.exit(1)
 

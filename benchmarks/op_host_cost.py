@@ -25,7 +25,6 @@ interleaved), hidden 4096, bf16, for each token count:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results import write as write_result  # benchmarks/ is on sys.path when run as a script
 
 SCHEMA = (
     "(Tensor x, Tensor? residual, Tensor weight, float eps, float weight_bias, str group_name, "
@@ -248,12 +248,7 @@ def main() -> None:
                 res["profile"],
                 "```",
             ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
+    write_result(args.out, "\n".join(lines), res, indent=1, json_newline=True)
 
 
 if __name__ == "__main__":
