@@ -28,8 +28,10 @@ elif [ -n "$STAGED" ]; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   export PATH=/tmp/site/bin:$PATH
   source "$STAGED/activate.sh"
-else
-  # online: editable installs beside the environment's CUDA torch, flashinfer from the index
+elif ! python3 -c "import os, sys, passkit, passkit_fusion, passkit_testing, flashinfer, xdist
+sys.exit(os.path.dirname(os.path.realpath(passkit.__file__)) != os.path.realpath('passkit'))" 2>/dev/null; then
+  # online (unless this checkout is installed already): editable installs beside the
+  # environment's CUDA torch, flashinfer from the index
   python3 -m pip install -q -e . -e "./passkit_fusion[flashinfer,hf]" -e ./passkit_testing "pytest>=8" pytest-xdist || exit 1
 fi
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
