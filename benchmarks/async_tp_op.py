@@ -19,7 +19,6 @@ Run on a machine with W GPUs:  python benchmarks/async_tp_op.py --world 2 --out 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,7 +28,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from worlds import max_over_ranks, run_on_gpus  # benchmarks/ is on sys.path when run as a script
+from results import write as write_result  # benchmarks/ is on sys.path when run as a script
+from worlds import max_over_ranks, run_on_gpus
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 VARIANTS = ("tp", "sp", "async_tp")
@@ -148,12 +148,8 @@ def _report(args: argparse.Namespace, rows: list[dict[str, object]]) -> None:
             f"{sp_ / atp:.2f}x | {float(r['rel_err']):.1e} | "  # type: ignore[arg-type]
             f"{'/'.join(str(r[f'{v}_timing']) for v in VARIANTS)} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"async_tp_op_w{args.world}.md").write_text(text)
-        (args.out / f"async_tp_op_w{args.world}.json").write_text(json.dumps(rows, indent=1))
+    out = None if args.out is None else args.out / f"async_tp_op_w{args.world}"
+    write_result(out, "\n".join(lines), rows, indent=1)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from passkit_fusion.allreduce_rmsnorm import runtime, tune
 from passkit_fusion.tuning import tables, timing
-from worlds import free_port, join  # benchmarks/ is on sys.path when run as a script
+from worlds import run_on_gpus  # benchmarks/ is on sys.path when run as a script
 
 WORLD = int(os.environ.get("GPU_WORLD_SIZE", "2"))
 EPS = 1e-6
@@ -65,22 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     )
     args = parser.parse_args(argv)
-    if torch.cuda.device_count() < WORLD:
-        print(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
-        return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank_main, args=(free_port(), args), nprocs=WORLD, join=True)
-    return 0
+    return run_on_gpus(_rank_main, WORLD, args)
 
 
-def _rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
-    join(rank, WORLD, port)
+def _rank_main(rank: int, args: argparse.Namespace) -> None:
     try:
         _run(rank, args)
     finally:
         torch._dynamo.reset()
-        runtime.destroy_workspaces()
-        dist.destroy_process_group()
+        runtime.destroy_workspaces()  # before run_on_gpus destroys the process group
 
 
 def _add_rmsnorm_quant(

@@ -32,7 +32,6 @@ Run on a machine with W GPUs:  python benchmarks/overlap_op.py --world 2 --out b
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -43,7 +42,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from passkit_fusion.tuning.timing import graph_median_us
-from worlds import max_over_ranks, run_on_gpus  # benchmarks/ is on sys.path when run as a script
+from results import write as write_result  # benchmarks/ is on sys.path when run as a script
+from worlds import max_over_ranks, run_on_gpus
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 PROJECTIONS = {"o_proj": HIDDEN, "down_proj": INTERMEDIATE}
@@ -408,12 +408,8 @@ def _report(args: argparse.Namespace, rows: list[dict[str, object]]) -> None:
         "|---|---|---|---|---|---|---|---|---|",
         *(_line(r) for r in rows),
     ]
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"overlap_op_w{args.world}.md").write_text(text)
-        (args.out / f"overlap_op_w{args.world}.json").write_text(json.dumps(rows, indent=1))
+    out = None if args.out is None else args.out / f"overlap_op_w{args.world}"
+    write_result(out, "\n".join(lines), rows, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def write(
     """Print ``text``; with ``out``, write it to ``out.md`` and ``data`` to ``out.json``
     (``json.dumps(data, indent=indent, default=default)``, a newline after it with
     ``json_newline``)."""
-    print(text)
+    print(text, flush=True)
     if out is None:
         return
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -323,3 +323,50 @@ def _script(*args: object) -> subprocess.CompletedProcess[str]:
     for two gloo ranks compiling a Llama on a loaded 2-core machine)."""
     argv = [sys.executable, *map(str, args)]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=2400)
+
+
+def _bench_module(name: str):
+    """``benchmarks/NAME.py`` loaded as the scripts load it (``benchmarks/`` on ``sys.path``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / f"benchmarks/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shared_result_writer_prints_the_table_and_writes_both_files(tmp_path, capsys):
+    write = _bench_module("results").write
+    write(tmp_path / "new" / "r", "| a |\n|---|", {"k": [1]}, indent=1, json_newline=True)
+    assert (tmp_path / "new/r.md").read_text() == "| a |\n|---|\n"
+    assert (tmp_path / "new/r.json").read_text() == '{\n "k": [\n  1\n ]\n}\n'
+    write(None, "only printed", {})
+    assert capsys.readouterr().out == "| a |\n|---|\nonly printed\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["new", "r.json", "r.md"]
+
+
+def test_worlds_times_each_ranks_exit_and_kills_one_that_outlives_the_limit():
+    import time
+
+    worlds = _bench_module("worlds")
+
+    class Rank:  # a process that exits at once, or never
+        def __init__(self, hangs: bool) -> None:
+            self.alive, self.killed = hangs, False
+
+        def join(self, timeout: float) -> None:
+            if self.alive:
+                time.sleep(min(timeout, 0.05))
+
+        def is_alive(self) -> bool:
+            return self.alive
+
+        def kill(self) -> None:
+            self.alive, self.killed = False, True
+
+    ranks = [Rank(hangs=False), Rank(hangs=True)]
+    exits = worlds.exit_times(ranks, time.monotonic(), limit=0.05)
+    assert exits[0] is not None and exits[0] < 1.0 and exits[1] is None
+    assert ranks[1].killed and not ranks[0].killed
+    port = worlds.free_port()
+    assert 0 < port < 65536
