@@ -167,11 +167,17 @@ def validate(args: argparse.Namespace) -> None:
             f"--max-compiles {args.max_compiles}: a bisect needs at least 2 (limit 0 and all rewrites)"
         )
     if args.repro is not None:
+        from ..cli import _writable_folder
+        from ..errors import cut
+
         repro = Path(args.repro)
-        if repro.exists() and (not repro.is_dir() or any(repro.iterdir())):
-            raise PasskitError(
-                f"--repro {args.repro}: {'not a folder' if not repro.is_dir() else 'not empty'}"
-            )
+        try:
+            full = repro.is_dir() and any(repro.iterdir())
+        except OSError as exc:
+            raise PasskitError(f"--repro {cut(args.repro)}: cannot be read ({exc.strerror or exc})") from None
+        if full:
+            raise PasskitError(f"--repro {cut(args.repro)}: not empty (a reproducer goes in a new or empty folder)")
+        _writable_folder(repro, "--repro")
     target = import_target(args.target)
     if not callable(target):
         raise PasskitError(f"{args.target} is a {type(target).__name__}, not a function")
@@ -194,7 +200,7 @@ def _run_ranks(spec: Path, world_size: int, timeout: float, log_stem: Path) -> d
     logs = []
     try:
         for rank in range(world_size):
-            log = open(f"{log_stem}_rank{rank}.txt", "w")
+            log = open(f"{log_stem}_rank{rank}.txt", "w")  # noqa: SIM115 (closed below, with the others)
             logs.append(log)
             procs.append(
                 subprocess.Popen(

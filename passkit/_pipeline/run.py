@@ -327,13 +327,13 @@ class Runner:
             if graph is not baselines.graph_object:
                 carry_node_attributes(graph, saved)  # Dynamo's node attributes, which it lacks
             change = graph_diff.measure(graph, baseline.fingerprint, saved)  # never the pass's own flag
-            if scope is not None and change.modified and not scope.asked:  # counted as one rewrite
-                if not rewrite_counter.count_whole_pass(scope).allowed:
-                    baselines.restore()
-                    record.status, record.matches = "ran", 0
-                    record.notes = [_refused_note(scope)]
-                    record.nodes_after = record.nodes_before
-                    return record
+            whole = scope is not None and change.modified and not scope.asked  # counted as one rewrite
+            if whole and scope is not None and not rewrite_counter.count_whole_pass(scope).allowed:
+                baselines.restore()
+                record.status, record.matches = "ran", 0
+                record.notes = [_refused_note(scope)]
+                record.nodes_after = record.nodes_before
+                return record
             if change.dangling:
                 raise VerificationError(
                     f"after pass {p.name!r}: node(s) still in use were removed from the graph "
