@@ -176,7 +176,9 @@ def validate(args: argparse.Namespace) -> None:
         except OSError as exc:
             raise PasskitError(f"--repro {cut(args.repro)}: cannot be read ({exc.strerror or exc})") from None
         if full:
-            raise PasskitError(f"--repro {cut(args.repro)}: not empty (a reproducer goes in a new or empty folder)")
+            raise PasskitError(
+                f"--repro {cut(args.repro)}: not empty (a reproducer goes in a new or empty folder)"
+            )
         _writable_folder(repro, "--repro")
     target = import_target(args.target)
     if not callable(target):

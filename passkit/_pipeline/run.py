@@ -356,7 +356,7 @@ class Runner:
                 raise
             record.ms = record.ms or (time.perf_counter() - start) * 1e3
             baselines.restore()  # the graph object and the code that runs
-            return self._failed(p, gm, exc, record, report, dumper, index, before_code)
+            return self._failed(p, gm, exc, record, report, dumper, index, before_code, ctx)
         baselines.after_pass(change)
         if change.modified:
             gm.recompile()
@@ -403,6 +403,7 @@ class Runner:
         dumper: Dumper | None,
         index: int,
         before_code: str,
+        ctx: CompileContext | None = None,
     ) -> PassRecord:
         record.status = "failed"
         record.reason = describe(exc)
@@ -413,6 +414,8 @@ class Runner:
         if dumper:
             written = dumper.reproducer(index, p, before_code, exc)
             record.reproducer = str(written) if written is not None else None
+            if ctx is not None:  # the graph is restored: what the pass saw
+                dumper.replay(index, p, gm, ctx, exc)
         self._hook("passkit_pass_failed", report, p, None, pass_=p, gm=gm, error=exc, record=record)
         logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
         if self.config.on_error == "raise":

@@ -41,9 +41,12 @@ def planted(clean_env):
     rewrite_counter.reset()
 
 
-def _compile(passes, limit, *, fn=None, example=None):
-    fn_, example_ = bisect_model.make()
-    fn, example = fn or fn_, example or example_
+def _compile(passes, limit):
+    """Compile the model (same input each time) with a fresh count; (outputs, report, eager)."""
+    rewrite_counter.reset()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    fn, example = bisect_model.make()
     b = passkit.backend(passes=passes, compiler="aot_eager", bisect_limit=limit)
     with torch.no_grad():
         out = torch.compile(fn, backend=b)(*example)
@@ -64,7 +67,10 @@ def test_graph_pass_rewrites_up_to_the_limit_and_logs_each(planted, caplog):
     assert [r.allowed for r in counted] == [True] * 3 + [False] * 6
     lines = [r.getMessage() for r in caplog.records]
     assert any(
-        re.match(r"passkit bisect: rewrite 1: pass=planted_graph, stage=post_grad_post, graph=\d+ \(inference\), site=neg neg$", line)
+        re.match(
+            r"passkit bisect: rewrite 1: pass=planted_graph, stage=post_grad_post, graph=\d+ \(inference\), site=neg neg$",
+            line,
+        )
         for line in lines
     ), lines
     assert any("rewrite 3: " in line and "the last allowed: limit 3" in line for line in lines), lines
@@ -90,7 +96,6 @@ def test_pattern_pass_counts_each_match_without_author_code(planted):
 def test_a_pass_that_never_asks_is_counted_once(planted):
     (doubled,), report, (expected,) = _compile(["planted_whole"], 1)
     torch.testing.assert_close(doubled, expected * 2)
-    rewrite_counter.reset()
     (kept,), report, (expected,) = _compile(["planted_whole"], 0)
     torch.testing.assert_close(kept, expected)  # refused: the graph as it was
     record = report["planted_whole"]
@@ -192,7 +197,11 @@ def _bisect(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[s
 
 def _culprit(done: subprocess.CompletedProcess[str]) -> tuple[re.Match[str], int]:
     assert done.returncode == 0, done.stdout + done.stderr
-    found = re.search(r"^culprit: rewrite (\d+) of (\d+): pass=(\S+), stage=(\S+), graph=(.+), site=(.+)$", done.stdout, re.M)
+    found = re.search(
+        r"^culprit: rewrite (\d+) of (\d+): pass=(\S+), stage=(\S+), graph=(.+), site=(.+)$",
+        done.stdout,
+        re.M,
+    )
     compiles = re.search(r"^(\d+) compiles$", done.stdout, re.M)
     assert found and compiles, done.stdout
     return found, int(compiles.group(1))
@@ -225,7 +234,9 @@ def _run_repro(folder: Path, site: Path, cwd: Path) -> subprocess.CompletedProce
 @pytest.mark.slow
 def test_bisect_names_the_planted_match_of_a_pattern_pass_and_writes_a_repro(site, tmp_path):
     repro = tmp_path / "repro"
-    done = _bisect(site, TARGET, "--repro", str(repro), PASSKIT_PASSES="planted_pattern", PASSKIT_COMPILER="aot_eager")
+    done = _bisect(
+        site, TARGET, "--repro", str(repro), PASSKIT_PASSES="planted_pattern", PASSKIT_COMPILER="aot_eager"
+    )
     found, compiles = _culprit(done)
     # Inductor's matcher walks the graph from its end: the 6th scale's site is the 4th match
     assert found.group(1, 3) == ("4", "planted_pattern"), done.stdout
@@ -251,7 +262,14 @@ def test_bisect_check_compile_finds_the_rewrite_inductor_rejects(site):
 
 @pytest.mark.slow
 def test_bisect_check_grad_finds_the_planted_gradient_error(site):
-    done = _bisect(site, "bisect_model:make_training", "--check", "grad", PASSKIT_PASSES="planted_grad", PASSKIT_COMPILER="aot_eager")
+    done = _bisect(
+        site,
+        "bisect_model:make_training",
+        "--check",
+        "grad",
+        PASSKIT_PASSES="planted_grad",
+        PASSKIT_COMPILER="aot_eager",
+    )
     found, compiles = _culprit(done)
     assert found.group(3) == "planted_grad" and "(backward)" in found.group(5), done.stdout
     assert compiles <= _budget(N_SITES)
