@@ -253,11 +253,19 @@ def test_bisect_names_the_planted_match_of_a_pattern_pass_and_writes_a_repro(sit
 
 
 @pytest.mark.slow
-def test_bisect_check_compile_finds_the_rewrite_inductor_rejects(site):
-    done = _bisect(site, TARGET, "--check", "compile", PASSKIT_PASSES="planted_crash")
+def test_bisect_check_compile_finds_the_rewrite_inductor_rejects(site, tmp_path):
+    repro = tmp_path / "repro"
+    done = _bisect(site, TARGET, "--check", "compile", "--repro", str(repro), PASSKIT_PASSES="planted_crash")
     found, compiles = _culprit(done)
     assert found.group(1, 3) == ("6", "planted_crash"), done.stdout
+    assert "Inductor failed on the graph this pass changed" in done.stdout
     assert compiles <= _budget(N_SITES)
+    failing = _run_repro(repro, site, tmp_path)  # lowered by Inductor: rejected as in the model
+    assert failing.returncode == 1 and "is not an OpOverload" in failing.stdout, failing.stdout
+    plugin = site / "planted_passes.py"
+    plugin.write_text(plugin.read_text().replace("PLANTED = True", "PLANTED = False"))
+    passing = _run_repro(repro, site, tmp_path)
+    assert passing.returncode == 0, passing.stdout + passing.stderr
 
 
 @pytest.mark.slow
@@ -281,3 +289,21 @@ def test_bisect_says_when_no_rewrite_is_the_cause(site):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "no culprit" in done.stdout and "output wrong without any rewrite" in done.stdout
     assert "2 compiles" in done.stdout
+
+
+@pytest.mark.slow
+def test_bisect_names_the_wrong_site_of_allreduce_rmsnorm_in_a_gloo_world(site):
+    """passkit-fusion's pass asks per all-reduce site; the target plants a wrong result in
+    the fused op's reference path at its 6th site, and two gloo ranks run each probe."""
+    done = _bisect(
+        site,
+        "tp_model:make",
+        "--world-size",
+        "2",
+        PASSKIT_PASSES='allreduce_rmsnorm:implementation="reference"',
+        PASSKIT_COMPILER="aot_eager",
+    )
+    found, compiles = _culprit(done)
+    assert found.group(1, 2, 3) == ("6", "8", "allreduce_rmsnorm"), done.stdout
+    assert found.group(6) == "allreduce_rmsnorm at all-reduce all_reduce_5"
+    assert compiles <= _budget(8)

@@ -8,6 +8,7 @@ computation is off there (the 6th site), so bisect must name that all-reduce.
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+
 from passkit_fusion import reference
 
 EPS = [1.1e-6, 2.2e-6, 3.3e-6, 4.4e-6, 5.5e-6, 6.6e-6, 7.7e-6, 8.8e-6]
