@@ -130,6 +130,12 @@ def _search(s: Search) -> int:
     lo, hi, detail = 0, n, full["detail"]
     while hi - lo > 1:
         mid = (lo + hi) // 2
+        if s.compiles >= args.max_compiles:
+            print(
+                f"no culprit named: --max-compiles {args.max_compiles} reached; it is one of rewrites {lo + 1}..{hi}"
+            )
+            print(f"{s.compiles} compiles")
+            return 1
         found = s.probe(mid)
         print(f"  limit {mid}: {'bad (' + found['detail'] + ')' if found['bad'] else 'ok'}")
         if found["bad"]:
