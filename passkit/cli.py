@@ -372,9 +372,15 @@ def _writable_folder(path: Path, name: str) -> None:
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from ._bisect.search import run
+    from ._bisect import search
 
-    return run(args)
+    search.validate(args)
+    factory = import_target(args.target)  # named as explain names it, before any probe starts
+    if not callable(factory):
+        raise PasskitError(f"{args.target} is a {type(factory).__name__}, not a function")
+    if args.repro is not None:
+        _writable_folder(Path(args.repro), "--repro")
+    return search.run(args)
 
 
 def nonnegative_float(text: str) -> float:

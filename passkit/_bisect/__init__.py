@@ -4,3 +4,6 @@
 each probe in fresh processes (:mod:`.probe`); :mod:`.repro` writes a standalone reproducer
 of the culprit pass on the graph it saw.
 """
+
+COUNT_ALL = 10**12
+"""The limit of the probe that counts every rewrite (all allowed)."""

@@ -15,9 +15,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-COUNT_ALL = 10**12
-"""The limit of the probe that counts every rewrite (all allowed)."""
-
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())

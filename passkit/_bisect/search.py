@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import PasskitError
-from .probe import COUNT_ALL
+from ..errors import PasskitError, cut
+from . import COUNT_ALL
 
 CHECKS = ("output", "compile", "grad")
 
@@ -92,8 +92,8 @@ class Search:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Find and print the culprit; 0 when found, 1 when there is none."""
-    validate(args)
+    """Find and print the culprit; 0 when found, 1 when there is none (the options checked:
+    :func:`validate`)."""
     work = Path(tempfile.mkdtemp(prefix="passkit-bisect-"))
     try:
         return _search(Search(args, work))
@@ -157,9 +157,9 @@ def _search(s: Search) -> int:
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Every option that cannot work, as one :class:`PasskitError` (exit 2), before any probe."""
-    from ..cli import import_target
-
+    """Every option that cannot work, as one :class:`PasskitError` (exit 2), before any probe
+    (the target and a writable ``--repro`` folder are the command line's to check:
+    :func:`passkit.cli.cmd_bisect`)."""
     if args.check not in CHECKS:  # argparse's choices say it first; kept for callers in Python
         raise PasskitError(f"--check {args.check!r}: expected one of {', '.join(CHECKS)}")
     for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
@@ -173,9 +173,6 @@ def validate(args: argparse.Namespace) -> None:
             f"--max-compiles {args.max_compiles}: a bisect needs at least 2 (limit 0 and all rewrites)"
         )
     if args.repro is not None:
-        from ..cli import _writable_folder
-        from ..errors import cut
-
         repro = Path(args.repro)
         try:
             full = repro.is_dir() and any(repro.iterdir())
@@ -185,10 +182,6 @@ def validate(args: argparse.Namespace) -> None:
             raise PasskitError(
                 f"--repro {cut(args.repro)}: not empty (a reproducer goes in a new or empty folder)"
             )
-        _writable_folder(repro, "--repro")
-    target = import_target(args.target)
-    if not callable(target):
-        raise PasskitError(f"{args.target} is a {type(target).__name__}, not a function")
     if args.passes is not None:  # names and options checked here, as a compile would
         from .._pipeline.build import build_pipeline
 
