@@ -123,8 +123,10 @@ def _counted_check(check: Callable[[Any], bool], label: str) -> Callable[[Any], 
     Inductor replaces a match only when its entry's check passes, so each match is counted
     once, as the last check before it is rewritten, and a refused one is left alone."""
 
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
     def counted(match: Any) -> bool:
-        if not check(match):
+        if not guard_or_false(check(match)):  # as Inductor reads a check (a SymBool too)
             return False
         try:
             at = ", ".join(n.name for n in match.output_nodes() if n is not None)
