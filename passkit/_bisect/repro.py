@@ -76,7 +76,12 @@ def write(folder: Path, found: dict[str, Any], spec: dict[str, Any]) -> None:
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
-    gm, p, ctx = found["gm"], found["pass"], found["context"]
+    import torch.fx
+
+    from ..graph_utils import snapshot
+
+    p, ctx = found["pass"], found["context"]
+    gm = torch.fx.GraphModule(found["gm"], snapshot(found["gm"].graph))  # its class: GraphModule
     code = gm.print_readable(print_output=False)
     (folder / "graph.py").write_text(
         f'"""The graph pass {p.name!r} saw ({ctx.stage}, a {ctx.graph_kind} graph), written by passkit."""\n'

@@ -8,6 +8,7 @@ reproducer it writes from another folder with only that site folder on ``PYTHONP
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -131,6 +132,26 @@ def test_bad_environment_limit_is_one_line(planted, monkeypatch, value):
 def test_environment_limit_applies(planted, monkeypatch):
     monkeypatch.setenv("PASSKIT_BISECT_LIMIT", "2")
     assert passkit.load_config().bisect_limit == 2
+
+
+def test_a_pass_that_raises_with_dump_dir_writes_a_replayable_reproducer(planted, tmp_path):
+    from passkit_testing import load_graph, make_inputs, replay_pass
+
+    fn, example = bisect_model.make()
+    b = passkit.backend(passes=["planted_raise"], compiler="aot_eager", dump_dir=tmp_path / "dumps")
+    with torch.no_grad():
+        torch.compile(fn, backend=b)(*example)
+    assert b.reports[-1]["planted_raise"].status == "failed"
+    (folder,) = (tmp_path / "dumps").glob("graph_*/FAILED_01_planted_raise.repro")
+    assert {p.name for p in folder.iterdir()} >= {"graph.py", "repro.json", "test_repro.py"}
+    spec = json.loads((folder / "repro.json").read_text())
+    assert spec["pass"] == {"name": "planted_raise", "wrong_site": 5}
+    assert spec["error"].startswith("RuntimeError: planted failure at neg_5")
+    gm = load_graph(folder)  # the graph the pass raised on: it raises there again
+    with pytest.raises(RuntimeError, match="planted failure at"):
+        replay_pass(
+            gm, spec["pass"], inputs=make_inputs(spec["inputs"], spec["seed"]), context=spec["context"]
+        )
 
 
 # -- the command line's refusals (no probe starts) --------------------------------------

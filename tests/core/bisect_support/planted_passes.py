@@ -142,6 +142,24 @@ class WholeGraph(passkit.GraphPass):
         return passkit.PassResult(modified=True, matches=1)
 
 
+class PlantedRaise(passkit.GraphPass):
+    """Raises at ``wrong_site`` (after rewriting the sites before it)."""
+
+    name = "planted_raise"
+    Options = WrongSite
+
+    def run(self, gm, ctx):
+        for i, node in enumerate(_negated(gm.graph, self)):
+            if PLANTED and i == self.options.wrong_site:
+                raise RuntimeError(f"planted failure at {node.name}")
+            with gm.graph.inserting_before(node):
+                new = gm.graph.call_function(aten.mul.Tensor, (node.args[0], -1.0))
+            new.meta.update(node.meta)
+            node.replace_all_uses_with(new)
+            gm.graph.erase_node(node)
+        return passkit.PassResult(modified=True, matches=self.options.wrong_site)
+
+
 @passkit.hookimpl
 def passkit_register_passes():
-    return [PlantedPattern, PlantedGraph, PlantedCrash, PlantedGrad, WholeGraph]
+    return [PlantedPattern, PlantedGraph, PlantedCrash, PlantedGrad, WholeGraph, PlantedRaise]
