@@ -38,6 +38,7 @@ from .pass_base import GraphPass, NoOptions, Pass, PassResult, Requirements, Sta
 from .pattern_pass import Pattern, PatternPass
 from .pipeline_plan import PipelinePlan
 from .report import PassRecord, Report
+from .rewrite_counter import may_rewrite
 from .tokens import TokenConstraint, TokenRange
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "install",
     "last_report",
     "load_config",
+    "may_rewrite",
     "register",
     "teardown",
     "unregister",

@@ -5,6 +5,7 @@
     passkit schema               JSON schema of the config, with installed passes' options
     passkit check [FILE|DIR]     validate a config (and the PASSKIT_* environment) against the installed passes
     passkit explain MOD:FN       compile MOD:FN's model with the configured passes, print the report
+    passkit bisect MOD:FN        the first rewrite after which MOD:FN's compiled output is wrong
     passkit demo                 the demo (core, then plugins' demos)
 
 Plugins add commands through the ``passkit_cli_commands`` hook (``passkit-fusion`` adds
@@ -370,6 +371,29 @@ def _writable_folder(path: Path, name: str) -> None:
         raise PasskitError(f"{name} {cut(str(path))}: cannot be written ({why})") from None
 
 
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from ._bisect import search
+
+    search.validate(args)
+    factory = import_target(args.target)  # named as explain names it, before any probe starts
+    if not callable(factory):
+        raise PasskitError(f"{args.target} is a {type(factory).__name__}, not a function")
+    if args.repro is not None:
+        _writable_folder(Path(args.repro), "--repro")
+    return search.run(args)
+
+
+def nonnegative_float(text: str) -> float:
+    """A number >= 0 (an argparse ``type``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return value
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
@@ -469,6 +493,31 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         "--compile-ranges", type=int_list, metavar="N,N,...", help="range boundaries (overrides the config)"
     )
     handlers["explain"] = cmd_explain
+
+    p = sub.add_parser(
+        "bisect", help="find the first rewrite after which MODULE:FUNCTION's compiled output is wrong"
+    )
+    p.add_argument("target", help="'pkg.module:factory'; factory() returns (model, example_args)")
+    p.add_argument("--passes", type=name_list, help="comma-separated pass names (overrides the config)")
+    p.add_argument(
+        "--check",
+        choices=["output", "compile", "grad"],
+        default="output",
+        help="output: differs from the compile with every rewrite refused; compile: the compile, "
+        "a pass or the call fails; grad: a gradient differs (default: output)",
+    )
+    p.add_argument("--atol", type=nonnegative_float, default=1e-5, help="absolute tolerance (default 1e-5)")
+    p.add_argument("--rtol", type=nonnegative_float, default=1e-4, help="relative tolerance (default 1e-4)")
+    p.add_argument(
+        "--world-size", type=positive_int, default=1, help="ranks of a gloo world per probe (default 1)"
+    )
+    p.add_argument("--repro", metavar="DIR", help="write a standalone reproducer of the culprit here")
+    p.add_argument("--max-compiles", type=positive_int, default=64, help="most probes to run (default 64)")
+    p.add_argument("--timeout", type=positive_int, default=600, help="seconds per probe (default 600)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="torch.manual_seed before the target is built (default 0)"
+    )
+    handlers["bisect"] = cmd_bisect
 
     p = sub.add_parser("demo", help="run the demo")
     p.add_argument("--mode", choices=["inductor", "eager"], default="inductor")

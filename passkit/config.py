@@ -7,7 +7,7 @@ Sources, highest precedence first:
 2. Environment: ``PASSKIT_PASSES=a,b`` (options inline: ``a,b:max_tokens=4096``), ``PASSKIT_DISABLE=c``, ``PASSKIT_ON_ERROR=raise``,
    ``PASSKIT_DUMP_DIR=dir``, ``PASSKIT_VERIFY=1``, ``PASSKIT_STRICT_PLUGINS=1``,
    ``PASSKIT_PLUGINS=a,b`` (allow list), ``PASSKIT_BLOCK_PLUGINS=a,b``,
-   ``PASSKIT_DISABLE_PLUGIN_AUTOLOAD=1``, ``PASSKIT_COMPILE_RANGES=16,256,2048``, ``PASSKIT_CONFIG=path`` naming the TOML file
+   ``PASSKIT_DISABLE_PLUGIN_AUTOLOAD=1``, ``PASSKIT_COMPILE_RANGES=16,256,2048``, ``PASSKIT_BISECT_LIMIT=N``, ``PASSKIT_CONFIG=path`` naming the TOML file
    to use instead of ``passkit.toml``. (``PASSKIT_CACHE_DIR`` is no config field: where
    passkit keeps its report cache.)
 3. ``passkit.toml`` (keys at top level) in the working directory or the nearest parent.
@@ -132,6 +132,12 @@ class Config(pydantic.BaseModel):
     on the same call, so all ranks compile the same range at the same call and their
     collectives stay in step. Choose ``upfront`` when no request may ever wait for a compile
     and the warm-up does not visit every range."""
+
+    bisect_limit: int | None = pydantic.Field(default=None, ge=0)
+    """Allow only the first N rewrites of the process (counted in compile order across
+    graphs, stages, token ranges and passes; each logged) and refuse every later one
+    (:mod:`passkit.rewrite_counter`): what ``passkit bisect`` searches. Unset: every rewrite
+    runs and nothing is counted. Set, compiles bypass the caches."""
 
     _passes_from: str | None = pydantic.PrivateAttr(default=None)
     """Which source set ``passes`` (a file, an environment variable, ``Python config``), for
@@ -332,6 +338,15 @@ def _ints(name: str, value: str) -> list[int]:
         ) from None
 
 
+def _int(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {name}={cut_repr(value)}: expected an integer >= 0"
+        ) from None
+
+
 def _not(name: str, value: str) -> bool:
     return not _bool(name, value)
 
@@ -350,6 +365,7 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "COMPILE_RANGES": ("compile_ranges", _ints),
     "COMPILE_AT": ("compile_at", _text),
     "COMPILER": ("compiler", _text),
+    "BISECT_LIMIT": ("bisect_limit", _int),
 }
 
 

@@ -50,6 +50,14 @@ class CompileContext:
     """The compiler the graph goes to after the passes: ``"inductor"``, ``"aot_eager"`` or
     the name of a custom compiler callable."""
 
+    def may_rewrite(self, site: str) -> bool:
+        """Whether the running pass may rewrite ``site`` (a short description of it): ask
+        before each rewrite and leave the site as it was when refused. Always True unless
+        ``bisect_limit`` is set (see :mod:`passkit.rewrite_counter`)."""
+        from .rewrite_counter import may_rewrite
+
+        return may_rewrite(site)
+
     @classmethod
     def detect(
         cls,

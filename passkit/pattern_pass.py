@@ -6,6 +6,9 @@ first time the pass runs, once per process and set of options, in a
 private ``_seen_patterns``). Scalars named in ``Pattern.scalars`` (an epsilon, a scale)
 become wildcards: one registered pattern matches every value, and the replacement receives
 the matched value as the argument of that name.
+
+Each match is one rewrite for the rewrite counter (``bisect_limit``, ``passkit bisect``): a
+match past the limit is left as it was, with no code from the pass's author.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .pass_base import Pass, PassResult
+from .rewrite_counter import may_rewrite
 
 if TYPE_CHECKING:
     import torch.fx
@@ -84,6 +88,7 @@ class PatternPass(Pass):
                 kwargs["skip_duplicates"] = True
             if pat.extra_check is not None:
                 kwargs["extra_check"] = pat.extra_check
+            before = _entries(pm)
             try:
                 register_replacement(
                     pat.search,
@@ -97,11 +102,39 @@ class PatternPass(Pass):
             except Exception as exc:
                 label = pat.name or getattr(pat.search, "__name__", f"#{i}")
                 raise type(exc)(f"{self.name}: registering pattern {label!r} failed: {exc}") from exc
+            label = pat.name or getattr(pat.search, "__name__", f"#{i}")
+            for key, entry in _entries(pm).items():
+                if key not in before:
+                    entry.extra_check = _counted_check(entry.extra_check, label)
         return pm
 
     def run(self, gm: torch.fx.GraphModule, ctx: CompileContext) -> PassResult:
         count = int(self.matcher().apply(gm.graph) or 0)
         return PassResult(modified=count > 0, matches=count)
+
+
+def _entries(pm: Any) -> dict[int, Any]:
+    """The entries a ``PatternMatcherPass`` holds, by id."""
+    return {id(e): e for entries in pm.patterns.values() for e in entries}
+
+
+def _counted_check(check: Callable[[Any], bool], label: str) -> Callable[[Any], bool]:
+    """``check``, then the rewrite counter (:func:`passkit.rewrite_counter.may_rewrite`):
+    Inductor replaces a match only when its entry's check passes, so each match is counted
+    once, as the last check before it is rewritten, and a refused one is left alone."""
+
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    def counted(match: Any) -> bool:
+        if not guard_or_false(check(match)):  # as Inductor reads a check (a SymBool too)
+            return False
+        try:
+            at = ", ".join(n.name for n in match.output_nodes() if n is not None)
+        except Exception:  # a match without outputs to name: its pattern names it
+            at = "?"
+        return may_rewrite(f"pattern {label!r} at {at}")
+
+    return counted
 
 
 def _check_pattern(pass_name: str, pat: Pattern, index: int) -> None:

@@ -372,8 +372,12 @@ class Backend:
         new = [r for r in new if r.graph_kind != "torch"]
         for report in torch_level:
             pipeline.record_compile_time(report, seconds)
-        if self.mode == "eager" or not report_cache.in_use(patches):
-            for report in new:  # no Inductor cache: nothing to restore a report for
+        if (
+            self.mode == "eager"
+            or not report_cache.in_use(patches)
+            or pipeline.config.bisect_limit is not None
+        ):
+            for report in new:  # no Inductor cache (or never a hit: bisect_limit): nothing to restore
                 pipeline.record_compile_time(report, seconds)
             return compiled
         # the graph's inputs as Dynamo traced them (token dimension symbolic): the key of a

@@ -6,6 +6,7 @@ Layout, one folder per compiled graph::
         01_noop_elimination.before.py   01_noop_elimination.after.py   01_noop_elimination.diff
         02_cleanup.before.py ...
         FAILED_03_my_pass.repro.py      (pre-pass graph, pass name, options, traceback)
+        FAILED_03_my_pass.repro/        (the same, replayable: graph.py, repro.json, test_repro.py)
         report.json
 """
 
@@ -15,7 +16,7 @@ import json
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import warn_config
 from ..graph_utils import unified_diff
@@ -85,6 +86,28 @@ class Dumper:
             f"# ---- graph before the pass ----\n{before}"
         )
         return path if self._write(lambda: path.write_text(text)) else None
+
+    def replay(self, index: int, pass_: Pass, gm: Any, ctx: Any, error: BaseException) -> Path | None:
+        """The crash reproducer of a pass that raised on ``gm`` (the graph it saw): a folder
+        with the graph, the pass and a pytest file replaying it (``passkit bisect --repro``'s)."""
+        from .._bisect.repro import write
+
+        folder = self.folder / f"FAILED_{self._stem(index, pass_.name)}.repro"
+        found = {"gm": gm, "pass": pass_, "context": ctx, "rewrites": None, "error": error}
+        spec = {
+            "check": "output",
+            "atol": 1e-5,
+            "rtol": 1e-4,
+            "seed": 0,
+            "target": f"graph {self.folder.name}",
+        }
+        try:
+            return folder if self._write(lambda: write(folder, found, spec)) else None
+        except Exception as exc:  # a graph that cannot be written as code: the .repro.py stays
+            from .. import logs
+
+            logs.log.warning("passkit: could not write the replayable reproducer %s: %s", folder, exc)
+            return None
 
     def report(self, report: Report) -> None:
         self._write(lambda: (self.folder / "report.json").write_text(report.to_json()))

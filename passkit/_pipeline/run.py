@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.fx
 
-from .. import logs
+from .. import logs, rewrite_counter
 from .._plugins import hooks
 from ..context import CompileContext, Mode, graph_kind_of
 from ..errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
@@ -118,6 +118,9 @@ class Runner:
         failed = sorted({*inductor_state.left_out(), *(p.name for p in self.passes if p.code_failure)})
         if failed:
             uuid = hashlib.sha256(f"{uuid}:failed:{','.join(failed)}".encode()).hexdigest()
+        if self.config.bisect_limit is not None:  # what a compile does depends on what came before it
+            limit = f"{uuid}:bisect:{self.config.bisect_limit}:{rewrite_counter.NONCE}"
+            uuid = hashlib.sha256(limit.encode()).hexdigest()
         return uuid
 
     def current_range(self) -> TokenRange | None:
@@ -310,14 +313,27 @@ class Runner:
         before_code = graph_code(gm) if dumper else ""
         index = len(report.records) + 1
         start = time.perf_counter()
+        limit = self.config.bisect_limit
+        scope = None
         try:
-            result = _as_result(p.run(gm, ctx), p)
+            if limit is None:
+                result = _as_result(p.run(gm, ctx), p)
+            else:
+                with rewrite_counter.counting(limit, p.name, p.stage.value, _graph_label(report)) as scope:
+                    result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
             # the graph the module holds now: a pass may have installed a new one
             graph = gm.graph
             if graph is not baselines.graph_object:
                 carry_node_attributes(graph, saved)  # Dynamo's node attributes, which it lacks
             change = graph_diff.measure(graph, baseline.fingerprint, saved)  # never the pass's own flag
+            whole = scope is not None and change.modified and not scope.asked  # counted as one rewrite
+            if whole and scope is not None and not rewrite_counter.count_whole_pass(scope).allowed:
+                baselines.restore()
+                record.status, record.matches = "ran", 0
+                record.notes = [_refused_note(scope)]
+                record.nodes_after = record.nodes_before
+                return record
             if change.dangling:
                 raise VerificationError(
                     f"after pass {p.name!r}: node(s) still in use were removed from the graph "
@@ -340,7 +356,7 @@ class Runner:
                 raise
             record.ms = record.ms or (time.perf_counter() - start) * 1e3
             baselines.restore()  # the graph object and the code that runs
-            return self._failed(p, gm, exc, record, report, dumper, index, before_code)
+            return self._failed(p, gm, exc, record, report, dumper, index, before_code, ctx)
         baselines.after_pass(change)
         if change.modified:
             gm.recompile()
@@ -350,6 +366,8 @@ class Runner:
                 + ("changed" if change.modified else "did not change")
             )
             result.modified = change.modified
+        if scope is not None and scope.refused:
+            result.notes.append(_refused_note(scope))
         record.status = "ran"
         record.matches, record.modified, record.notes = result.matches, result.modified, result.notes
         if result.declined:
@@ -385,6 +403,7 @@ class Runner:
         dumper: Dumper | None,
         index: int,
         before_code: str,
+        ctx: CompileContext | None = None,
     ) -> PassRecord:
         record.status = "failed"
         record.reason = describe(exc)
@@ -395,6 +414,8 @@ class Runner:
         if dumper:
             written = dumper.reproducer(index, p, before_code, exc)
             record.reproducer = str(written) if written is not None else None
+            if ctx is not None:  # the graph is restored: what the pass saw
+                dumper.replay(index, p, gm, ctx, exc)
         self._hook("passkit_pass_failed", report, p, None, pass_=p, gm=gm, error=exc, record=record)
         logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
         if self.config.on_error == "raise":
@@ -490,6 +511,18 @@ class Runner:
             record=into.hook_failures,
             checkpoint=checkpoint,
         )
+
+
+def _graph_label(report: Report) -> str:
+    """How a counted rewrite names its graph: ``3 (forward, tokens 1..16)``."""
+    details = [
+        d for d in (report.graph_kind, f"tokens {report.token_range}" if report.token_range else "") if d
+    ]
+    return f"{report.graph_id} ({', '.join(details)})" if details else str(report.graph_id)
+
+
+def _refused_note(scope: rewrite_counter._Scope) -> str:
+    return f"bisect_limit {scope.limit}: {scope.refused} of {max(scope.asked, 1)} rewrite(s) refused"
 
 
 def _outside_range(p: Pass, ctx: CompileContext) -> str | None:

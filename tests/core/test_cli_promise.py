@@ -35,6 +35,7 @@ VALID = {
     "schema": [],
     "check": ["{good}"],
     "explain": ["tests.core.explain_target:make"],
+    "bisect": ["tests.core.explain_target:make"],
     "demo": [],
     "tune": [],
     "tune-model": ["passkit_fusion.model:tuning_target"],
@@ -61,11 +62,15 @@ BAD_POSITIONALS = {
         "tests/core/explain_target.py:make",
     ],
     "tune-model": ["nope", "nope:x", ".mymodel:make", "../mymodel:make", ":make", "nope:"],
+    "bisect": ["nope", "nope:make", "tests.core.explain_target:nope", "../mymodel:make", ":make"],
     "explain-hf": ["Lama", "{missing}.json", "{folder}"],
 }
 
 
-BAD_OPTION_VALUES = {"--dump": ["/proc/nope", "{good}", "/proc/nope/deeper"]}
+BAD_OPTION_VALUES = {
+    "--dump": ["/proc/nope", "{good}", "/proc/nope/deeper"],
+    "--repro": ["/proc/nope", "{good}", "/proc/nope/deeper"],
+}
 """Values an option refuses although they look like its type (folders that cannot be written)."""
 
 
@@ -85,6 +90,7 @@ def run(monkeypatch, capsys, tmp_path):
     import torch.multiprocessing
     from passkit_fusion.coverage import run as coverage_run
 
+    import passkit._bisect.search as bisect_search
     import passkit.demo
 
     for name in list(os.environ):
@@ -96,6 +102,7 @@ def run(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(torch.multiprocessing, "spawn", _stop)
     monkeypatch.setattr(coverage_run, "check_model", _stop)
     monkeypatch.setattr(passkit.demo, "run_core_demo", _stop)
+    monkeypatch.setattr(bisect_search, "_run_ranks", _stop)
     (tmp_path / "good.toml").write_text('passes = ["cleanup"]\n')
     (tmp_path / "bad.toml").write_text('passes = ["cleanpu"]\n')
     (tmp_path / "folder").mkdir()

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch.fx as fx
 
+import passkit
+
 _WARNED: set[str] = set()
 
 
@@ -111,7 +113,10 @@ def rewrite_or_decline(
 ) -> bool | str:
     """``rewrite()`` guarded by a :class:`SiteRewrite` over ``nodes``: its result, or the
     reason to decline the site with (a ``str``) when it failed before changing the graph;
-    :class:`SiteRewriteError` when it failed after."""
+    :class:`SiteRewriteError` when it failed after. Each site is one rewrite for passkit's
+    rewrite counter (``bisect_limit``): one it refuses is declined, the graph left as it was."""
+    if not passkit.may_rewrite(f"{pass_name} at all-reduce {site_name}"):
+        return "refused by bisect_limit (passkit bisect)"
     guard = SiteRewrite(graph, nodes)
     try:
         return rewrite()

@@ -152,6 +152,8 @@ class SequenceParallel(decisions.Tunable, GraphPass):
             problem = self._problem(site, ctx, symbol)
             if not problem and (other := next((claimed[n] for n in site.nodes if n in claimed), None)):
                 problem = f"its nodes (the norm {other.out.name}) belong to another site already"
+            if not problem and not ctx.may_rewrite(f"{self.name} at all-reduce {site.all_reduce.name}"):
+                problem = "refused by bisect_limit (passkit bisect)"
             if not problem:
                 claimed.update(dict.fromkeys(site.nodes, site))
             if problem:

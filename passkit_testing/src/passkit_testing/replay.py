@@ -1,0 +1,102 @@
+"""Replay one pass on a saved graph: what the reproducers ``passkit bisect --repro`` writes run.
+
+A reproducer folder holds ``graph.py`` (the graph the pass saw, as readable code: a
+``GraphModule`` class), ``constants.pt`` (its tensor attributes) and ``repro.json`` (the
+inputs' shapes and dtypes, the seed, the pass and its options, the compile context, how
+many rewrites the pass was allowed)::
+
+    gm = load_graph(folder)
+    inputs = make_inputs(spec["inputs"], spec["seed"])
+    after = replay_pass(gm, spec["pass"], rewrites=spec["rewrites"], context=spec["context"])
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+import passkit
+from passkit import rewrite_counter
+
+from .harness import PassSpec, copy_graph_module, resolve_passes
+
+__all__ = ["load_graph", "make_inputs", "replay_pass"]
+
+
+def load_graph(folder: str | Path) -> torch.fx.GraphModule:
+    """The graph of a reproducer folder, traced back from its code (ATen ops as call
+    nodes), its tensor attributes restored; fake values are propagated by :func:`replay_pass`."""
+    folder = Path(folder)
+    spec = importlib.util.spec_from_file_location("passkit_repro_graph", folder / "graph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root = module.GraphModule()
+    constants = folder / "constants.pt"
+    if constants.exists():
+        for name, value in torch.load(constants, weights_only=True).items():
+            owner = root
+            *path, last = name.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            setattr(owner, last, value)
+    return torch.fx.symbolic_trace(root)
+
+
+def make_inputs(specs: Sequence[Mapping[str, Any]], seed: int = 0) -> list[Any]:
+    """Inputs of the given shapes and dtypes (``{"shape": [8, 16], "dtype": "float32"}``, or
+    ``{"value": 3}`` for a scalar), random from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Any] = []
+    for s in specs:
+        if "value" in s:
+            out.append(s["value"])
+            continue
+        dtype = getattr(torch, s["dtype"])
+        shape = tuple(s["shape"])
+        if dtype.is_floating_point:
+            out.append(torch.randn(shape, generator=gen).to(dtype))
+        elif dtype == torch.bool:
+            out.append(torch.rand(shape, generator=gen) > 0.5)
+        else:
+            out.append(torch.randint(0, 4, shape, generator=gen).to(dtype))
+    return out
+
+
+def replay_pass(
+    gm: torch.fx.GraphModule,
+    pass_: PassSpec,
+    *,
+    inputs: Sequence[Any],
+    rewrites: int | None = None,
+    context: Mapping[str, Any] | None = None,
+) -> torch.fx.GraphModule:
+    """Run ``pass_`` once on a copy of ``gm`` (fake values propagated from ``inputs``) and
+    return the copy; ``rewrites``: allow only the first N rewrites it asks for (the rewrite
+    counter), as in the compile a reproducer comes from."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    (p,) = resolve_passes([pass_])
+    graph = copy_graph_module(gm)
+    FakeTensorProp(graph, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
+    fields = dict(context or {})
+    if isinstance(fields.get("dtype"), str):
+        fields["dtype"] = getattr(torch, fields["dtype"])
+    ctx = passkit.CompileContext(**fields)
+    if rewrites is None:
+        result = p.run(graph, ctx)
+    else:
+        rewrite_counter.reset()
+        with rewrite_counter.counting(rewrites, p.name, p.stage.value, "repro"):
+            result = p.run(graph, ctx)
+    if not isinstance(result, passkit.PassResult):
+        raise TypeError(f"pass {p.name!r}: run() returned {type(result).__name__}, not a PassResult")
+    graph.graph.lint()
+    graph.recompile()
+    return graph

@@ -1,0 +1,330 @@
+"""The rewrite counter (``bisect_limit``) in-process, and ``passkit bisect`` end to end.
+
+The planted passes (``bisect_support/planted_passes.py``) are a third-party plugin: the
+end-to-end tests install it into a throw-away site folder with an entry point, run
+``passkit bisect`` on ``bisect_support/bisect_model.py`` in fresh processes, and run the
+reproducer it writes from another folder with only that site folder on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import passkit
+from passkit import rewrite_counter
+from passkit.cli import main
+
+HERE = Path(__file__).resolve().parent
+SUPPORT = HERE / "bisect_support"
+N_SITES = 9
+sys.path.insert(0, str(SUPPORT))
+import bisect_model  # noqa: E402
+import planted_passes  # noqa: E402
+
+sys.path.remove(str(SUPPORT))
+
+
+@pytest.fixture
+def planted(clean_env):
+    rewrite_counter.reset()
+    passkit.register(planted_passes)
+    yield
+    rewrite_counter.reset()
+
+
+def _compile(passes, limit):
+    """Compile the model (same input each time) with a fresh count; (outputs, report, eager)."""
+    rewrite_counter.reset()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    fn, example = bisect_model.make()
+    b = passkit.backend(passes=passes, compiler="aot_eager", bisect_limit=limit)
+    with torch.no_grad():
+        out = torch.compile(fn, backend=b)(*example)
+    return out, b.reports[-1], fn(*example)
+
+
+# -- the counter, in-process (cheap) ----------------------------------------------------
+
+
+def test_graph_pass_rewrites_up_to_the_limit_and_logs_each(planted, caplog):
+    caplog.set_level(logging.INFO, logger="passkit")
+    out, report, expected = _compile(["planted_graph"], 3)
+    record = report["planted_graph"]
+    assert record.matches == 3
+    assert "bisect_limit 3: 6 of 9 rewrite(s) refused" in record.notes
+    counted = rewrite_counter.counted_rewrites()
+    assert [r.index for r in counted] == list(range(1, N_SITES + 1))
+    assert [r.allowed for r in counted] == [True] * 3 + [False] * 6
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(
+        re.match(
+            r"passkit bisect: rewrite 1: pass=planted_graph, stage=post_grad_post, graph=\d+ \(inference\), site=neg neg$",
+            line,
+        )
+        for line in lines
+    ), lines
+    assert any("rewrite 3: " in line and "the last allowed: limit 3" in line for line in lines), lines
+    assert any("limit 3 reached: rewrite 4 REFUSED" in line for line in lines), lines
+    # the planted wrong site is the 6th: refused, so the output is right
+    torch.testing.assert_close(out, expected)
+
+
+def test_the_limit_moves_the_output_at_the_planted_site(planted):
+    assert torch.allclose(_compile(["planted_graph"], 5)[0][0], _compile(["planted_graph"], 0)[0][0])
+    wrong, _, expected = _compile(["planted_graph"], 6)
+    assert not torch.allclose(wrong[0], expected[0])
+
+
+def test_pattern_pass_counts_each_match_without_author_code(planted):
+    _, report, _ = _compile(["planted_pattern"], 4)
+    assert report["planted_pattern"].matches == 4
+    counted = rewrite_counter.counted_rewrites()
+    assert len(counted) == N_SITES
+    assert all(r.site.startswith("pattern 'relu_scale' at ") for r in counted)
+
+
+def test_a_pass_that_never_asks_is_counted_once(planted):
+    (doubled,), report, (expected,) = _compile(["planted_whole"], 1)
+    torch.testing.assert_close(doubled, expected * 2)
+    (kept,), report, (expected,) = _compile(["planted_whole"], 0)
+    torch.testing.assert_close(kept, expected)  # refused: the graph as it was
+    record = report["planted_whole"]
+    assert (record.status, record.matches, record.modified) == ("ran", 0, False)
+    assert record.notes == ["bisect_limit 0: 1 of 1 rewrite(s) refused"]
+    (whole,) = rewrite_counter.counted_rewrites()
+    assert whole.site.startswith("the whole pass") and not whole.allowed
+
+
+def test_unset_limit_counts_nothing(planted):
+    _, report, _ = _compile(["planted_graph", "planted_pattern"], None)
+    assert report["planted_graph"].matches == N_SITES and report["planted_pattern"].matches == N_SITES
+    assert rewrite_counter.counted_rewrites() == []
+    assert passkit.may_rewrite("anything") is True  # outside a pass: always
+
+
+def test_a_limit_changes_the_cache_identity(planted):
+    plain = passkit.build_pipeline(passes=["planted_graph"])
+    limited = passkit.build_pipeline(passes=["planted_graph"], bisect_limit=3)
+    other = passkit.build_pipeline(passes=["planted_graph"], bisect_limit=4)
+    assert len({plain.uuid(), limited.uuid(), other.uuid()}) == 3
+    assert plain.uuid() == passkit.build_pipeline(passes=["planted_graph"]).uuid()
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
+def test_bad_environment_limit_is_one_line(planted, monkeypatch, value):
+    monkeypatch.setenv("PASSKIT_BISECT_LIMIT", value)
+    with pytest.raises(passkit.ConfigError, match="PASSKIT_BISECT_LIMIT") as err:
+        passkit.load_config()
+    assert "Traceback" not in str(err.value)
+
+
+def test_environment_limit_applies(planted, monkeypatch):
+    monkeypatch.setenv("PASSKIT_BISECT_LIMIT", "2")
+    assert passkit.load_config().bisect_limit == 2
+
+
+def test_a_pass_that_raises_with_dump_dir_writes_a_replayable_reproducer(planted, tmp_path):
+    from passkit_testing import load_graph, make_inputs, replay_pass
+
+    fn, example = bisect_model.make()
+    b = passkit.backend(passes=["planted_raise"], compiler="aot_eager", dump_dir=tmp_path / "dumps")
+    with torch.no_grad():
+        torch.compile(fn, backend=b)(*example)
+    assert b.reports[-1]["planted_raise"].status == "failed"
+    (folder,) = (tmp_path / "dumps").glob("graph_*/FAILED_01_planted_raise.repro")
+    assert {p.name for p in folder.iterdir()} >= {"graph.py", "repro.json", "test_repro.py"}
+    spec = json.loads((folder / "repro.json").read_text())
+    assert spec["pass"] == {"name": "planted_raise", "wrong_site": 5}
+    assert spec["error"].startswith("RuntimeError: planted failure at neg_5")
+    gm = load_graph(folder)  # the graph the pass raised on: it raises there again
+    with pytest.raises(RuntimeError, match="planted failure at"):
+        replay_pass(
+            gm, spec["pass"], inputs=make_inputs(spec["inputs"], spec["seed"]), context=spec["context"]
+        )
+
+
+# -- the command line's refusals (no probe starts) --------------------------------------
+
+TARGET = "bisect_model:make"
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--check", "outputs"], "invalid choice: 'outputs'"),
+        (["--atol", "-1"], "argument --atol: -1.0 is not >= 0"),
+        (["--rtol", "nan"], "argument --rtol: nan is not >= 0"),
+        (["--world-size", "0"], "argument --world-size: 0 is not >= 1"),
+        (["--world-size", "4096"], "--world-size 4096: more ranks than this machine's"),
+        (["--max-compiles", "1"], "--max-compiles 1: a bisect needs at least 2"),
+        (["--timeout", "0"], "argument --timeout: 0 is not >= 1"),
+        (["--passes", "planted_grpah"], "did you mean 'planted_graph'"),
+        (["--repro", "{full}"], "not empty"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(planted, monkeypatch, capsys, tmp_path, extra, expected):
+    monkeypatch.syspath_prepend(str(SUPPORT))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    code = main(["bisect", TARGET, *[e.format(full=tmp_path / "full") for e in extra]])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+# -- end to end: fresh processes --------------------------------------------------------
+
+
+@pytest.fixture
+def site(tmp_path):
+    """The planted plugin installed (a module and its dist-info entry point) in a folder of
+    its own; returns that folder."""
+    folder = tmp_path / "site"
+    info = folder / "planted_passes-0.1.dist-info"
+    info.mkdir(parents=True)
+    (folder / "planted_passes.py").write_text((SUPPORT / "planted_passes.py").read_text())
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: planted-passes\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[passkit.passes]\nplanted = planted_passes\n")
+    return folder
+
+
+def _env(site: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PASSKIT_")}
+    env.update(PYTHONPATH=str(site), **extra)
+    return env
+
+
+def _bisect(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "passkit.cli", "bisect", *args],
+        cwd=SUPPORT,
+        env=_env(site, **env),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+
+
+def _culprit(done: subprocess.CompletedProcess[str]) -> tuple[re.Match[str], int]:
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.search(
+        r"^culprit: rewrite (\d+) of (\d+): pass=(\S+), stage=(\S+), graph=(.+), site=(.+)$",
+        done.stdout,
+        re.M,
+    )
+    compiles = re.search(r"^(\d+) compiles$", done.stdout, re.M)
+    assert found and compiles, done.stdout
+    return found, int(compiles.group(1))
+
+
+def _budget(n: int) -> int:
+    return math.ceil(math.log2(n + 1)) + 2
+
+
+@pytest.mark.slow
+def test_bisect_names_the_planted_site_of_a_graph_pass(site):
+    done = _bisect(site, TARGET, PASSKIT_PASSES="planted_graph", PASSKIT_COMPILER="aot_eager")
+    found, compiles = _culprit(done)
+    assert found.group(1, 2, 3, 4) == ("6", str(N_SITES), "planted_graph", "post_grad_post"), done.stdout
+    assert found.group(6) == "neg neg_5"
+    assert compiles <= _budget(N_SITES)
+
+
+def _run_repro(folder: Path, site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder / "test_repro.py")],
+        cwd=cwd,
+        env=_env(site),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_bisect_names_the_planted_match_of_a_pattern_pass_and_writes_a_repro(site, tmp_path):
+    repro = tmp_path / "repro"
+    done = _bisect(
+        site, TARGET, "--repro", str(repro), PASSKIT_PASSES="planted_pattern", PASSKIT_COMPILER="aot_eager"
+    )
+    found, compiles = _culprit(done)
+    # Inductor's matcher walks the graph from its end: the 6th scale's site is the 4th match
+    assert found.group(1, 3) == ("4", "planted_pattern"), done.stdout
+    assert found.group(6).startswith("pattern 'relu_scale' at ")
+    assert compiles <= _budget(N_SITES)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    failing = _run_repro(repro, site, elsewhere)
+    assert failing.returncode == 1 and "1 failed" in failing.stdout, failing.stdout + failing.stderr
+    plugin = site / "planted_passes.py"
+    plugin.write_text(plugin.read_text().replace("PLANTED = True", "PLANTED = False"))
+    passing = _run_repro(repro, site, elsewhere)
+    assert passing.returncode == 0 and "1 passed" in passing.stdout, passing.stdout + passing.stderr
+
+
+@pytest.mark.slow
+def test_bisect_check_compile_finds_the_rewrite_inductor_rejects(site, tmp_path):
+    repro = tmp_path / "repro"
+    done = _bisect(site, TARGET, "--check", "compile", "--repro", str(repro), PASSKIT_PASSES="planted_crash")
+    found, compiles = _culprit(done)
+    assert found.group(1, 3) == ("6", "planted_crash"), done.stdout
+    assert "Inductor failed on the graph this pass changed" in done.stdout
+    assert compiles <= _budget(N_SITES)
+    failing = _run_repro(repro, site, tmp_path)  # lowered by Inductor: rejected as in the model
+    assert failing.returncode == 1 and "is not an OpOverload" in failing.stdout, failing.stdout
+    plugin = site / "planted_passes.py"
+    plugin.write_text(plugin.read_text().replace("PLANTED = True", "PLANTED = False"))
+    passing = _run_repro(repro, site, tmp_path)
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+
+
+@pytest.mark.slow
+def test_bisect_check_grad_finds_the_planted_gradient_error(site):
+    done = _bisect(
+        site,
+        "bisect_model:make_training",
+        "--check",
+        "grad",
+        PASSKIT_PASSES="planted_grad",
+        PASSKIT_COMPILER="aot_eager",
+    )
+    found, compiles = _culprit(done)
+    assert found.group(3) == "planted_grad" and "(backward)" in found.group(5), done.stdout
+    assert compiles <= _budget(N_SITES)
+
+
+@pytest.mark.slow
+def test_bisect_says_when_no_rewrite_is_the_cause(site):
+    done = _bisect(site, TARGET, PASSKIT_PASSES="planted_graph:wrong_site=99", PASSKIT_COMPILER="aot_eager")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no culprit" in done.stdout and "output wrong without any rewrite" in done.stdout
+    assert "2 compiles" in done.stdout
+
+
+@pytest.mark.slow
+def test_bisect_names_the_wrong_site_of_allreduce_rmsnorm_in_a_gloo_world(site):
+    """passkit-fusion's pass asks per all-reduce site; the target plants a wrong result in
+    the fused op's reference path at its 6th site, and two gloo ranks run each probe."""
+    done = _bisect(
+        site,
+        "tp_model:make",
+        "--world-size",
+        "2",
+        PASSKIT_PASSES='allreduce_rmsnorm:implementation="reference"',
+        PASSKIT_COMPILER="aot_eager",
+    )
+    found, compiles = _culprit(done)
+    assert found.group(1, 2, 3) == ("6", "8", "allreduce_rmsnorm"), done.stdout
+    assert found.group(6) == "allreduce_rmsnorm at all-reduce all_reduce_5"
+    assert compiles <= _budget(8)
