@@ -22,6 +22,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
 from passkit_fusion.patterns.sites import find_sites
+from report_notes import pass_notes, version_notes
 
 import passkit
 from passkit_testing import check_pass, count_ops, fake_world, op_counts, run_passes
@@ -544,7 +545,7 @@ def test_rejects_with_reason(form: Form, reason: str, world_size: int):
     assert count_ops(result.graph_after, FUSED) == 0
     assert op_counts(result.graph_after)[ALL_REDUCE] == op_counts(result.graph_before)[ALL_REDUCE] == 1
     result.assert_matches("allreduce_rmsnorm", 0)
-    (note,) = result.report["allreduce_rmsnorm"].notes
+    (note,) = pass_notes(result.report["allreduce_rmsnorm"])
     assert note.startswith("1 candidate(s) rejected: ")
     assert reason in note, note
 
@@ -554,13 +555,37 @@ def test_rejections_are_counted_per_reason():
         return llama_norm(ar(x) + r, w), ar(x, "max") * 1, ar(r, "max") * 1
 
     result = fuse(fn, *Form(fn).inputs())
-    notes = result.report["allreduce_rmsnorm"].notes
+    notes = pass_notes(result.report["allreduce_rmsnorm"])
     # the numeric check says it could not compare (collectives in one process): its own note
     notes = [n for n in notes if not n.startswith("numeric: not run:")]
     assert notes == [
         "1 site(s) -> reference op: 1 with residual, 0 without; plan " + notes[0].rsplit(" ", 1)[1],
         "2 candidate(s) rejected: reduce op 'max' (x2)",
     ]
+
+
+def test_version_notes_are_stripped_exactly(monkeypatch):
+    """On a torch whose schemas are not recorded every fusion report carries the torch
+    dialect's version note; ``pass_notes`` (what the tests above compare) takes out that
+    note and nothing else."""
+    from passkit_fusion.dialects.torch import TorchDialect
+
+    minor = torch.__version__.split(".")[:2]
+    others = tuple(v for v in TorchDialect.VERSIONS if v.split(".")[:2] != minor)
+    monkeypatch.setattr(TorchDialect, "VERSIONS", others)
+
+    def fn(x, r, w):
+        return llama_norm(ar(x) + r, w), ar(x, "max") * 1
+
+    record = fuse(fn, *Form(fn).inputs()).report["allreduce_rmsnorm"]
+    (note,) = version_notes()
+    assert (
+        note.startswith("torch dialect: schemas recorded for torch ")
+        and f"running {torch.__version__}" in note
+    )
+    assert record.notes.count(note) == 1
+    assert pass_notes(record) == [n for n in record.notes if n != note]
+    assert any(n.startswith("1 candidate(s) rejected: reduce op 'max'") for n in pass_notes(record))
 
 
 def test_find_sites_leaves_the_graph_alone():
