@@ -26,7 +26,7 @@ nox.options.reuse_existing_virtualenvs = False
 PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
 # the example third-party plugin: its entry points are what the suite's discovery tests use
 EXAMPLE = ["-e", "examples/passkit-example-plugin"]
-TEST_DEPS = ["pytest>=8", "transformers==5.23.0", "accelerate==1.15.0"]
+TEST_DEPS = ["pytest>=8", "transformers==5.24.0", "accelerate==1.15.0"]
 """transformers and accelerate: the Hugging Face families of the coverage tests and benchmarks
 (accelerate is what `tp_plan="auto"` shards with; without it a model loads unsharded)."""
 
@@ -178,7 +178,7 @@ Adding a host: one entry here, its transformers in :data:`HOST_TRANSFORMERS`, it
 ``passkit/hosts/`` and its test file."""
 HOST_TRANSFORMERS = {"vllm": "transformers<5.21.0", "sglang": "transformers==5.19.0"}
 """The transformers each host release supports (its own pin), used in its venv instead of
-:data:`TEST_DEPS`' ``transformers==5.23.0``: installing that over the host's pin only made pip
+:data:`TEST_DEPS`' ``transformers==5.24.0``: installing that over the host's pin only made pip
 warn, and the host then ran on a transformers it does not support."""
 HOST_TEST_DEPS = [d for d in TEST_DEPS if not d.startswith("transformers")]
 
