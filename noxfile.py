@@ -26,7 +26,7 @@ nox.options.reuse_existing_virtualenvs = False
 PACKAGES = ["-e", ".", "-e", "passkit_testing", "-e", "passkit_fusion"]
 # the example third-party plugin: its entry points are what the suite's discovery tests use
 EXAMPLE = ["-e", "examples/passkit-example-plugin"]
-TEST_DEPS = ["pytest>=8", "transformers==5.23.0", "accelerate==1.15.0"]
+TEST_DEPS = ["pytest>=8", "transformers==5.24.0", "accelerate==1.15.0"]
 """transformers and accelerate: the Hugging Face families of the coverage tests and benchmarks
 (accelerate is what `tp_plan="auto"` shards with; without it a model loads unsharded)."""
 
@@ -126,7 +126,7 @@ def docs(session: nox.Session) -> None:
         )
 
 
-TORCH_VERSIONS = ["2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.14.1"]
+TORCH_VERSIONS = ["2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.14.1", "2.15.0"]
 """The torch releases passkit supports: ``nox -s torch_versions`` tests each (their schemas
 are recorded in passkit_fusion/dialects/recorded/torch.json; tests check the two agree)."""
 TORCH_VERSION_TESTS = [
@@ -147,6 +147,17 @@ TORCH_VERSION_TESTS = [
 and the backend."""
 
 
+def pin_torch(session: nox.Session, torch_version: str) -> None:
+    """Every pip call of the session resolves with ``torch==torch_version``: a constraints file
+    of the session's own, named by ``PIP_CONSTRAINT``, which replaces the ``constraint`` of any
+    pip configuration (a machine's ``/etc/xdg/pip/pip.conf`` capping ``torch<=2.14.1`` would
+    otherwise refuse 2.15.0, or swap it back for 2.14.1 when the later installs resolve)."""
+    path = os.path.join(session.create_tmp(), "torch-constraint.txt")
+    with open(path, "w") as f:
+        f.write(f"torch=={torch_version}\n")
+    session.env["PIP_CONSTRAINT"] = path
+
+
 @nox.session(name="torch_versions")
 @nox.parametrize("torch_version", TORCH_VERSIONS)
 def torch_versions(session: nox.Session, torch_version: str) -> None:
@@ -154,6 +165,7 @@ def torch_versions(session: nox.Session, torch_version: str) -> None:
     ``nox -s "torch_versions(torch_version='2.11.0')"``). Releases other than the local CPU
     2.13.0 install from the registry as CUDA builds (a few GB each), which run on the CPU.
     First checks that the schemas recorded for that torch are the ones it registers."""
+    pin_torch(session, torch_version)
     session.install(f"torch=={torch_version}", "numpy")
     session.install(*PACKAGES, *EXAMPLE, *TEST_DEPS)
     session.run("python", "-m", "passkit_fusion.dialects", "record", "torch", "--check")
@@ -166,7 +178,7 @@ Adding a host: one entry here, its transformers in :data:`HOST_TRANSFORMERS`, it
 ``passkit/hosts/`` and its test file."""
 HOST_TRANSFORMERS = {"vllm": "transformers<5.21.0", "sglang": "transformers==5.19.0"}
 """The transformers each host release supports (its own pin), used in its venv instead of
-:data:`TEST_DEPS`' ``transformers==5.23.0``: installing that over the host's pin only made pip
+:data:`TEST_DEPS`' ``transformers==5.24.0``: installing that over the host's pin only made pip
 warn, and the host then ran on a transformers it does not support."""
 HOST_TEST_DEPS = [d for d in TEST_DEPS if not d.startswith("transformers")]
 

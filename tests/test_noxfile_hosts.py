@@ -28,7 +28,7 @@ def test_each_host_keeps_the_transformers_it_pins():
     assert pins == {"vllm": "transformers<5.21.0", "sglang": "transformers==5.19.0"}
     source = (ROOT / "noxfile.py").read_text()
     hosts_session = source[source.index("def hosts(") :]
-    # one resolver run with the host's pin and without the test deps' transformers==5.23.0
+    # one resolver run with the host's pin and without the test deps' transformers==5.24.0
     assert (
         "session.install(HOSTS[host], HOST_TRANSFORMERS[host], *PACKAGES, *EXAMPLE, *HOST_TEST_DEPS)"
         in hosts_session

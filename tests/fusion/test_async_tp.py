@@ -269,6 +269,30 @@ def test_registered_through_the_entry_point():
     assert lazy is AsyncTP and AsyncTP in plugin.passkit_register_passes()
 
 
+def test_a_group_torch_reports_unusable_is_named_per_candidate(monkeypatch):
+    """Outside test mode, a group whose symmetric memory torch reports unusable
+    (``is_symm_mem_enabled_for_group`` False: on torch 2.15 no symmetric-memory backend for
+    the accelerator, whatever passkit registered) leaves its candidates with that reason, not
+    with a restatement of torch's matching rules."""
+    monkeypatch.setattr(torch_api, "is_enabled", lambda group: False)
+    with fake_world(2) as world:
+        gm = traced(
+            lambda x, w1, w2: mlp(x, w1, w2, world.group_name),
+            torch.randn(8, H),
+            torch.randn(H, F),
+            torch.randn(F, H),
+        )
+        p = AsyncTP(min_tokens=1)
+        result = p.run(gm, CompileContext.from_graph(gm))
+        registered = torch_api.registered(world.group_name)
+    assert registered and result.matches == 0 and count_ops(gm, AG) == count_ops(gm, RS) == 0
+    notes = "\n".join(result.notes)
+    reason = f"torch {torch.__version__} reports symmetric memory unusable for its group"
+    assert notes.count(f"{reason} (is_symm_mem_enabled_for_group is False: ") == 2, notes  # AG and RS
+    rule = "after passkit registered" if torch_api.enabled_by_registration() else "symmetric-memory backend"
+    assert rule in notes, notes
+
+
 # ---------------------------------------------------------------------- runtime sizes --
 
 
@@ -304,7 +328,12 @@ def _setup_scenarios(rank: int, world: int) -> dict[str, Any]:
     out["again_smaller"] = runtime.ensure_workspace(group.group_name, 1 << 20, 16, 0, TIMEOUT_S)
     out["grown"] = runtime.ensure_workspace(group.group_name, 5 << 20, 128, 0, TIMEOUT_S)
     out["calls"] = list(calls)
+    out["registered"] = torch_api.registered(group.group_name)
     out["enabled"] = torch_api.is_enabled(group.group_name)
+    # torch's rule: up to 2.14 the registration enables the group; 2.15 asks the
+    # accelerator's symmetric-memory backend (none on a CPU-only machine)
+    by_backend = torch_api.accelerator_backend() is not None
+    out["torch_enables"] = out["registered"] if torch_api.enabled_by_registration() else by_backend
     dist.barrier()
 
     group = dist.new_group()
@@ -334,7 +363,7 @@ def test_symmetric_memory_set_up_is_agreed_bounded_and_named():
     for rank, out in enumerate(results):
         assert out["first"] == out["again_smaller"] == out["grown"] == ""
         assert [n for _, n in out["calls"]] == [4 << 20, 8 << 20]  # once, grown once; power of two
-        assert out["enabled"]
+        assert out["registered"] and out["enabled"] == out["torch_enables"]
         if rank < 2:
             missing = out["missing"]
             assert missing["ranks"] == [2] and missing["step"] == "async_tp:symm_mem"

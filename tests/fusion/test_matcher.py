@@ -22,8 +22,10 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
 from passkit_fusion.patterns.sites import find_sites
+from report_notes import pass_notes, version_notes
 
 import passkit
+from passkit import CompileContext
 from passkit_testing import check_pass, count_ops, fake_world, op_counts, run_passes
 
 REFERENCE = {"name": "allreduce_rmsnorm", "implementation": "reference"}
@@ -544,7 +546,7 @@ def test_rejects_with_reason(form: Form, reason: str, world_size: int):
     assert count_ops(result.graph_after, FUSED) == 0
     assert op_counts(result.graph_after)[ALL_REDUCE] == op_counts(result.graph_before)[ALL_REDUCE] == 1
     result.assert_matches("allreduce_rmsnorm", 0)
-    (note,) = result.report["allreduce_rmsnorm"].notes
+    (note,) = pass_notes(result.report["allreduce_rmsnorm"])
     assert note.startswith("1 candidate(s) rejected: ")
     assert reason in note, note
 
@@ -554,13 +556,98 @@ def test_rejections_are_counted_per_reason():
         return llama_norm(ar(x) + r, w), ar(x, "max") * 1, ar(r, "max") * 1
 
     result = fuse(fn, *Form(fn).inputs())
-    notes = result.report["allreduce_rmsnorm"].notes
+    notes = pass_notes(result.report["allreduce_rmsnorm"])
     # the numeric check says it could not compare (collectives in one process): its own note
     notes = [n for n in notes if not n.startswith("numeric: not run:")]
     assert notes == [
         "1 site(s) -> reference op: 1 with residual, 0 without; plan " + notes[0].rsplit(" ", 1)[1],
         "2 candidate(s) rejected: reduce op 'max' (x2)",
     ]
+
+
+ANY_REDUCE_OP = pytest.mark.skipif(
+    "Any reduce_op" not in str(torch.ops._c10d_functional.all_reduce.default._schema),
+    reason=f"torch {torch.__version__} registers all_reduce(..., str reduce_op, ...): no graph carries a ReduceOp",
+)
+
+
+@ANY_REDUCE_OP
+@pytest.mark.parametrize(
+    ("op", "reason"),
+    [
+        (dist.ReduceOp.SUM, None),
+        (dist.ReduceOp.MAX, "reduce op 'max'"),
+        (dist.ReduceOp.AVG, "reduce op 'avg'"),
+    ],
+    ids=["sum", "max", "avg"],
+)
+def test_an_all_reduce_carrying_a_reduce_op_is_read(op: Any, reason: str | None):
+    """A graph whose all-reduce carries a ``dist.ReduceOp`` member (torch 2.15 registers
+    ``all_reduce(Tensor input, Any reduce_op, Any group_name)``) fuses for ``SUM``, as the
+    string ``"sum"`` does, and rejects any other op by its name.
+
+    The graph is the traced one with the op's argument respelled: on torch 2.15.0 Dynamo does
+    not trace ``funcol.all_reduce(x, dist.ReduceOp.SUM, group)`` (a graph break: the
+    all-reduce runs eagerly, outside every graph passkit sees), and FX cannot print a
+    ``RedOpType`` into a module's code, so such a graph reaches a pass only as a graph
+    (``gm.graph``), never through ``recompile``: the SUM site's rewrite takes the op out."""
+    from passkit_fusion import AllReduceRMSNorm
+
+    form = Form(llama_residual)
+    with fake_world(2):
+        gm = run_passes(form.fn, *form.inputs(), passes=[REFERENCE]).graph_before
+        (node,) = gm.graph.find_nodes(
+            op="call_function", target=torch.ops._c10d_functional.all_reduce.default
+        )
+        node.args = (node.args[0], op, *node.args[2:])
+        sites, rejected = find_sites(gm.graph)
+        result = AllReduceRMSNorm(implementation="reference").run(gm, CompileContext(world_size=2))
+    notes = [n for n in result.notes if n not in version_notes()]
+    if reason is None:
+        assert len(sites) == 1 and not rejected and sites[0].all_reduce is node
+        assert result.matches == 1 and notes[0].startswith("1 site(s) -> reference op: 1 with residual"), (
+            notes
+        )
+        assert count_ops(gm, FUSED) == 1 and count_ops(gm, ALL_REDUCE) == 0
+        gm.recompile()  # no ReduceOp left in the graph
+    else:
+        assert not sites and [r.reason for r in rejected] == [reason]
+        assert result.matches == 0 and notes == [f"1 candidate(s) rejected: {reason}"], notes
+        assert count_ops(gm, FUSED) == 0 and count_ops(gm, ALL_REDUCE) == 1
+
+
+def test_reduce_op_names_in_either_spelling():
+    from passkit_fusion.dialects.torch import reduce_op_name
+
+    assert [reduce_op_name(op) for op in ("sum", "SUM", "max", "avg")] == ["sum", "sum", "max", "avg"]
+    assert reduce_op_name(dist.ReduceOp.SUM) == "sum" and reduce_op_name(dist.ReduceOp.AVG) == "avg"
+    assert reduce_op_name(dist.ReduceOp(dist.ReduceOp.MAX)) == "max"  # a ReduceOp object: its op
+    assert reduce_op_name(dist._make_nccl_premul_sum(2.0)) == "premul_sum"
+    assert reduce_op_name(0) is None and reduce_op_name(None) is None
+
+
+def test_version_notes_are_stripped_exactly(monkeypatch):
+    """On a torch whose schemas are not recorded every fusion report carries the torch
+    dialect's version note; ``pass_notes`` (what the tests above compare) takes out that
+    note and nothing else."""
+    from passkit_fusion.dialects.torch import TorchDialect
+
+    minor = torch.__version__.split(".")[:2]
+    others = tuple(v for v in TorchDialect.VERSIONS if v.split(".")[:2] != minor)
+    monkeypatch.setattr(TorchDialect, "VERSIONS", others)
+
+    def fn(x, r, w):
+        return llama_norm(ar(x) + r, w), ar(x, "max") * 1
+
+    record = fuse(fn, *Form(fn).inputs()).report["allreduce_rmsnorm"]
+    (note,) = version_notes()
+    assert (
+        note.startswith("torch dialect: schemas recorded for torch ")
+        and f"running {torch.__version__}" in note
+    )
+    assert record.notes.count(note) == 1
+    assert pass_notes(record) == [n for n in record.notes if n != note]
+    assert any(n.startswith("1 candidate(s) rejected: reduce op 'max'") for n in pass_notes(record))
 
 
 def test_find_sites_leaves_the_graph_alone():

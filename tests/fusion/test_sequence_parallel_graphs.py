@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
 from passkit_fusion.sequence_parallel import SequenceParallel
+from report_notes import pass_notes
 from test_matcher import (
     Form,
     bias_in_activation_dtype,
@@ -212,7 +213,7 @@ def test_rejects_with_reason(form: Form, reason: str, world_size: int):
     result.assert_matches("sequence_parallel", 0)
     assert count_ops(result.graph_after, REDUCE_SCATTER) == 0
     assert count_ops(result.graph_after, ALL_REDUCE) == 1
-    (note,) = result.report["sequence_parallel"].notes
+    (note,) = pass_notes(result.report["sequence_parallel"])
     assert note == f"1 candidate(s) rejected: {reason}"
 
 
@@ -233,7 +234,7 @@ def test_static_token_counts_outside_the_range_are_left_alone():
     unclear = Form(llama_residual, shape=(1, 8, 64))
     result = rewrite(unclear.fn, *unclear.inputs(), passes=[{"name": "sequence_parallel"}])
     result.assert_matches("sequence_parallel", 0)
-    assert result.report["sequence_parallel"].notes == [
+    assert pass_notes(result.report["sequence_parallel"]) == [
         "1 candidate(s) rejected: 8 tokens: outside min_tokens..max_tokens (4096..)"
     ]
     unrestricted = {"name": "sequence_parallel", "restrict_tokens": False}

@@ -13,6 +13,9 @@ One world per size runs every scenario in order, each rank returning a verdict p
   set up outside capture), replayed on new inputs, against the reference;
 * ``capture_first``: the op called for the first time inside a capture on a fresh group:
   it must run the unfused (capturable) path, not set up symmetric memory, and replay right;
+* ``symm_mem_rule``: what torch's ``is_symm_mem_enabled_for_group`` answers on the installed
+  torch (2.15: symmetric memory without explicit enablement), for passkit's group and a
+  group passkit never set up;
 * ``timing``: CUDA-graph replay time of the compiled MLP with and without the pass (printed; not
   asserted: ``min_tokens``' default of 1024 awaits these numbers).
 """
@@ -103,6 +106,18 @@ def _scenarios(rank: int, world: int) -> dict[str, Any]:
         "reserved": runtime.reserved_bytes(group),
     }
 
+    # -- torch's symmetric-memory rule on this torch (2.15: no explicit enablement) -----
+    from passkit_fusion.async_tp import torch_api
+
+    untouched = dist.new_group()  # a group passkit never set up
+    out["symm_mem_rule"] = {
+        "torch": torch.__version__,
+        "by_registration": torch_api.enabled_by_registration(),
+        "backend": torch_api.accelerator_backend(),
+        "group": (torch_api.registered(group), torch_api.is_enabled(group)),
+        "untouched": (torch_api.registered(untouched.group_name), torch_api.is_enabled(untouched.group_name)),
+    }
+
     # -- CUDA graph capture and replay --------------------------------------------------
     tokens = TOKENS[1]
     x, xs = _input(tokens, rank, world)
@@ -183,6 +198,24 @@ def test_compiled_mlp_is_fused_and_accurate(world):
         assert c["reserved"] > 0
         for tokens, e in c["errors"].items():
             assert e["compiled"] <= ERROR_RATIO_LIMIT * e["eager"] + 1e-3, (rank, tokens, e)
+
+
+def test_symmetric_memory_rule_of_this_torch(world, capsys):
+    """What torch's ``is_symm_mem_enabled_for_group`` answers on the installed torch: the
+    compiled group (set up by passkit) is enabled on every rank; a group passkit never set
+    up is enabled on torch >= 2.15 (it asks the accelerator's symmetric-memory backend and
+    the group's c10d registration) and not before (the registration decides)."""
+    _, results = world
+    rules = [r["symm_mem_rule"] for r in results]
+    assert all(rule == rules[0] for rule in rules), rules  # agreed across ranks
+    rule = rules[0]
+    assert rule["group"] == (True, True), rule
+    if rule["by_registration"]:
+        assert rule["untouched"] == (False, False), rule
+    else:
+        assert rule["backend"] is not None and rule["untouched"] == (False, True), rule
+    with capsys.disabled():
+        print(f"\nsymmetric-memory rule: {rule}")
 
 
 def test_cuda_graph_replay_is_accurate(world):

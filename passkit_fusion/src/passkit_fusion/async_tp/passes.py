@@ -143,6 +143,9 @@ class AsyncTP(decisions.Tunable, GraphPass):
         if not test:
             for group in groups:  # local and identical on every rank: torch's matcher needs it
                 torch_api.enable_group(group)
+        # torch >= 2.15 asks the accelerator's symmetric-memory backend instead of the
+        # registration: its pass then leaves a disabled group's candidates, and the notes say why
+        disabled = set() if test else {g for g in groups if not torch_api.is_enabled(g)}
         ag_op, rs_op = torch_api.fused_ops()
         preexisting = _count(graph, (ag_op, rs_op))
         if found or not torch_api.has_matchers():
@@ -154,7 +157,7 @@ class AsyncTP(decisions.Tunable, GraphPass):
         fused = [c for c in found if c.node not in alive]
         left = [c for c in found if c.node in alive]
         for c in left:
-            c.why_not = _why_left(c)
+            c.why_not = _not_enabled() if c.group in disabled else _why_left(c)
         host.settle(graph, hosts)  # the host's ops back where torch fused nothing
         wrapped = self._retarget(graph, ag_op, rs_op)
         if ctx.mode == "eager":
@@ -344,3 +347,18 @@ def _fill_meta(graph: fx.Graph) -> None:
                 node.meta["val"] = node.target(*args, **kwargs)
             except Exception:  # a value torch cannot fake: leave it to Inductor, as torch's pass does
                 continue
+
+
+def _not_enabled() -> str:
+    """Why torch's pass left a candidate whose group it reports symmetric memory unusable for."""
+    if torch_api.enabled_by_registration():
+        rule = "after passkit registered the group"
+    else:  # torch >= 2.15
+        found = torch_api.accelerator_backend()
+        rule = (
+            f"the accelerator's symmetric-memory backend is {found}"
+            if found
+            else "no accelerator with a symmetric-memory backend"
+        )
+        rule += ", or the group is not registered with c10d"
+    return f"torch {torch.__version__} reports symmetric memory unusable for its group (is_symm_mem_enabled_for_group is False: {rule})"

@@ -1,4 +1,4 @@
-"""Every torch API the ``async_tp`` pass touches, in one place (torch 2.11 to 2.13).
+"""Every torch API the ``async_tp`` pass touches, in one place (torch 2.11 to 2.15).
 
 PyTorch ships the matcher and the fused ops of micro-pipeline tensor parallelism; they are
 private (``torch._inductor.fx_passes.micro_pipeline_tp``, ``torch.distributed._symmetric_memory``)
@@ -7,10 +7,17 @@ and may move. This module imports them lazily, says in one sentence what is miss
 
 * torch's pass returns at once where NCCL is not built in (the CPU wheels), even in its own
   test mode; :func:`forced_matching` lets it match there, for tracing tests only.
-* ``enable_symm_mem_for_group`` is deprecated (FutureWarning) in 2.13 yet still the only thing
-  that makes ``is_symm_mem_enabled_for_group`` true, which torch's pass requires;
-  :func:`enable_group` calls it without the warning. It is local (it registers the group's
-  store prefix with ``_SymmetricMemory.set_group_info``; no communication, no allocation).
+* ``enable_symm_mem_for_group`` is deprecated (FutureWarning) in 2.13 yet, up to torch 2.14,
+  still the only thing that makes ``is_symm_mem_enabled_for_group`` true, which torch's pass
+  requires; :func:`enable_group` calls it without the warning. It is local (it registers the
+  group's store prefix with ``_SymmetricMemory.set_group_info``; no communication, no
+  allocation). torch 2.15 ("symmetric memory no longer requires explicit enablement") answers
+  ``is_symm_mem_enabled_for_group`` from the accelerator instead: true where a
+  symmetric-memory backend is registered for the current accelerator and the group is
+  registered with c10d, whatever was enabled (:func:`enabled_by_registration` says which
+  rule this torch follows, :func:`accelerator_backend` what 2.15 asks). passkit still
+  registers the group (harmless there) and then asks :func:`is_enabled`: the pass says so
+  when torch would fuse nothing.
 """
 
 from __future__ import annotations
@@ -135,7 +142,35 @@ def enable_group(group_name: str) -> None:
 
 
 def is_enabled(group_name: str) -> bool:
+    """torch's own verdict (``is_symm_mem_enabled_for_group``): whether its pass may fuse
+    the group's collectives."""
     return bool(symm_mem().is_symm_mem_enabled_for_group(group_name))
+
+
+def registered(group_name: str) -> bool:
+    """Whether :func:`enable_group` registered the group with symmetric memory in this process."""
+    return group_name in getattr(symm_mem(), "_group_name_to_store", {})
+
+
+def enabled_by_registration() -> bool:
+    """Whether this torch's ``is_symm_mem_enabled_for_group`` is the registration
+    :func:`enable_group` makes (torch <= 2.14), not the accelerator's backend (torch >= 2.15)."""
+    return torch.torch_version.TorchVersion(torch.__version__) < (2, 15)
+
+
+def accelerator_backend() -> str | None:
+    """The symmetric-memory backend registered for the current accelerator, which torch 2.15
+    asks (``_SymmetricMemory.get_backend``); None without an accelerator, without one
+    registered, or on a torch without the query."""
+    accelerator = getattr(torch, "accelerator", None)
+    try:
+        from torch._C._distributed_c10d import _SymmetricMemory
+
+        device = accelerator.current_accelerator(check_available=True) if accelerator else None
+        backend = None if device is None else _SymmetricMemory.get_backend(device)
+    except (ImportError, AttributeError, RuntimeError, TypeError):
+        return None
+    return None if backend is None else str(backend)
 
 
 def reserve_workspace(group_name: str, nbytes: int) -> None:
