@@ -48,7 +48,9 @@ RECENT_REPORTS: deque[Report] = deque(maxlen=64)
 
 
 def last_report() -> Report | None:
-    """The report of the most recently compiled graph in this process."""
+    """The report of the most recently compiled graph in this process (under passkit's
+    backend: every stage's records of that compile); None when no graph was compiled with a
+    pass enabled (the backend warns once when none is)."""
     return RECENT_REPORTS[-1] if RECENT_REPORTS else None
 
 
