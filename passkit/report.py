@@ -38,7 +38,8 @@ class PassRecord:
     graph_kind: str | None = None
     """The graph the pass ran on (or was skipped on): ``"torch"`` (pre-grad: Dynamo's graph),
     ``"joint"``, ``"forward"``, ``"backward"`` or ``"inference"``; None where not known. A
-    training compile's report holds a post-grad pass twice, once per graph."""
+    report spanning the forward and the backward graph (AOTAutograd compiles the backward
+    with the forward when it saves symbolic sizes for it) holds a post-grad pass once per graph."""
     notes: list[str] = dataclasses.field(default_factory=list)
     reproducer: str | None = None
     """Path of the reproducer written for a failure, when a dump directory is set."""
@@ -56,7 +57,9 @@ class PassRecord:
 class Report:
     """All pass records of one compiled graph, in run order: under passkit's backend, every
     stage's (``pre_grad`` on Dynamo's graph, ``joint``, then the post-grad stages on each
-    graph AOTAutograd made of it: the inference graph, or the forward and the backward)."""
+    graph AOTAutograd made of it: the inference graph, or the forward; a backward graph that
+    AOTAutograd compiles at the first backward call has a report of its own, which names
+    this one)."""
 
     graph_id: int = 0
     pipeline_uuid: str = ""

@@ -232,9 +232,9 @@ class Runner:
     def _report_for(
         self, gm: torch.fx.GraphModule, stage: Stage, mode: Mode, graph_kind: str | None
     ) -> Report:
-        """The report of this compile of ``gm``: the one a stage before ``stage`` of the same
-        phase opened (keyed by the module: a pass may have installed a new graph in it), else
-        a new one."""
+        """The report of this compile of ``gm``: the report of the :meth:`collecting` block
+        under way, else the one a stage before ``stage`` of the same phase opened (keyed by the
+        module: a pass may have installed a new graph in it), else a new one."""
         if self._compile_report is not None:
             return self._compile_report
         phase_stages = self.stages_of(stage_phase(stage))
