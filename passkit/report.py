@@ -35,6 +35,11 @@ class PassRecord:
     nodes_after: int = 0
     reason: str | None = None
     """Why the pass was skipped, vetoed or declined, or the error message when it failed."""
+    graph_kind: str | None = None
+    """The graph the pass ran on (or was skipped on): ``"torch"`` (pre-grad: Dynamo's graph),
+    ``"joint"``, ``"forward"``, ``"backward"`` or ``"inference"``; None where not known. A
+    report spanning the forward and the backward graph (AOTAutograd compiles the backward
+    with the forward when it saves symbolic sizes for it) holds a post-grad pass once per graph."""
     notes: list[str] = dataclasses.field(default_factory=list)
     reproducer: str | None = None
     """Path of the reproducer written for a failure, when a dump directory is set."""
@@ -50,7 +55,11 @@ class PassRecord:
 
 @dataclasses.dataclass
 class Report:
-    """All pass records of one compiled graph, in run order (both stages)."""
+    """All pass records of one compiled graph, in run order: under passkit's backend, every
+    stage's (``pre_grad`` on Dynamo's graph, ``joint``, then the post-grad stages on each
+    graph AOTAutograd made of it: the inference graph, or the forward; a backward graph that
+    AOTAutograd compiles at the first backward call has a report of its own, which names
+    this one)."""
 
     graph_id: int = 0
     pipeline_uuid: str = ""
@@ -70,17 +79,30 @@ class Report:
     """Plugin hookimpls that raised during this compile (each disabled afterwards; the
     compile went on without it)."""
     graph_kind: str | None = None
-    """The graph the passes ran on: ``"torch"`` (pre-grad: Dynamo's graph), ``"joint"``,
-    ``"forward"``, ``"backward"`` or ``"inference"``; None where not known (a cache hit).
-    Each is a report of its own: a training compile gives one per graph."""
+    """The graph the passes ran on: ``"inference"``, ``"training"`` (a joint graph and the
+    forward and backward graphs made of it: each record says which,
+    :attr:`PassRecord.graph_kind`), ``"torch"`` (only pre-grad passes ran: Dynamo's graph),
+    or, in a host's report of one graph, ``"forward"``, ``"backward"`` or ``"joint"``; None
+    where not known (a cache hit)."""
     compile_s: float | None = None
     """Wall-clock seconds of this graph's whole compile (tracing, passes, code generation),
     when passkit's backend compiled it."""
 
     def __getitem__(self, name: str) -> PassRecord:
+        """The record of pass ``name`` (its first: in a training report a post-grad pass has
+        one per graph, see :meth:`record`)."""
+        return self.record(name)
+
+    def record(self, name: str, graph_kind: str | None = None) -> PassRecord:
+        """The record of pass ``name`` on the graph of ``graph_kind`` (None: its first)."""
         for rec in self.records:
-            if rec.name == name:
+            if rec.name == name and graph_kind in (None, rec.graph_kind):
                 return rec
+        if graph_kind is not None and name in self:
+            kinds = [r.graph_kind for r in self.records if r.name == name]
+            raise KeyError(
+                f"pass {name!r} has no record on a {graph_kind} graph in this report (it has: {kinds})"
+            )
         why = f" ({NOT_RESTORED})" if self.cache_hit and not self.restored else ""
         raise KeyError(f"no pass named {name!r} in this report (have: {self.names()}){why}")
 
@@ -142,8 +164,9 @@ class Report:
         )
 
     def format(self) -> str:
-        """A fixed-width table, one row per pass."""
-        head = f"{'pass':<24} {'stage':<15} {'status':<8} {'matches':>7} {'ms':>9} {'nodes':>13}  note"
+        """A table, one row per pass; each column as wide as its widest cell (at least as
+        wide as a typical report's, so that reports line up), a ``graph`` column where the
+        report spans more than one post-grad graph (training: forward and backward)."""
         where = f", {self.token_range}" if self.token_range else ""
         kind = f", {self.graph_kind} graph" if self.graph_kind not in (None, "inference") else ""
         title = f"passkit report (graph {self.graph_id}, {self.mode}{kind}{where})"
@@ -155,18 +178,52 @@ class Report:
             title += ": served from Inductor's cache; what the passes did when they built it:"
         lines = [title, *(f"note: {n}" for n in self.notes)]
         lines += failures
-        lines += [head, "-" * len(head)]
-        for r in self.records:
-            nodes = f"{r.nodes_before}->{r.nodes_after}" if r.status == "ran" else "-"
-            note = r.reason or "; ".join(r.notes)
-            if r.decision:
-                note = f"{note} [decision: {r.decision}]".lstrip()
-            lines.append(
-                f"{r.name:<24} {r.stage:<15} {r.status:<8} {r.matches:>7} {r.ms:>9.2f} {nodes:>13}  {note}"
-            )
+        lines += _table(self.records)
         compiled = f"; whole compile {self.compile_s:.2f} s" if self.compile_s is not None else ""
         lines.append(f"total {self.total_ms:.2f} ms{compiled}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.format()
+
+
+_COLUMNS = (  # name, minimum width, right-aligned
+    ("pass", 24, False),
+    ("stage", 15, False),
+    ("graph", 9, False),
+    ("status", 8, False),
+    ("matches", 7, True),
+    ("ms", 9, True),
+    ("nodes", 13, True),
+)
+
+
+def _table(records: list[PassRecord]) -> list[str]:
+    """The header, its rule and one row per record; the note last, unpadded."""
+    post_grad = {r.graph_kind for r in records if r.stage.startswith("post_grad")}
+    with_graph = len(post_grad) > 1
+    rows = []
+    for r in records:
+        note = r.reason or "; ".join(r.notes)
+        if r.decision:
+            note = f"{note} [decision: {r.decision}]".lstrip()
+        nodes = f"{r.nodes_before}->{r.nodes_after}" if r.status == "ran" else "-"
+        cells = [r.name, r.stage, r.graph_kind or "-", r.status, str(r.matches), f"{r.ms:.2f}", nodes]
+        rows.append((cells, note))
+    columns = [c for c in _COLUMNS if with_graph or c[0] != "graph"]
+    if not with_graph:
+        rows = [([c for i, c in enumerate(cells) if i != 2], note) for cells, note in rows]
+    widths = [
+        max([minimum, len(name), *(len(cells[i]) for cells, _ in rows)])
+        for i, (name, minimum, _) in enumerate(columns)
+    ]
+
+    def line(cells: list[str], note: str) -> str:
+        padded = [
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, (_, _, right) in zip(cells, widths, columns, strict=True)
+        ]
+        return f"{' '.join(padded)}  {note}"
+
+    head = line([name for name, _, _ in columns], "note")
+    return [head, "-" * len(head), *(line(cells, note) for cells, note in rows)]

@@ -14,6 +14,7 @@ Inductor's global config is never changed: the pipeline goes in through ``compil
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -30,7 +31,7 @@ from ..config import COMPILERS, Config, resolve_compiler
 from ..context import Mode, graph_kind_scope
 from ..errors import CompilerError, ConfigError, PassFailedError, PasskitError, describe
 from ..pass_base import STAGE_ORDER, Stage
-from ..report import Report
+from ..report import NOT_RESTORED, Report
 from ..tokens import TokenRange
 from . import inductor_failures, inductor_options, report_cache, shared_trace, specialize
 from .inductor_options import ComposedPass
@@ -118,6 +119,10 @@ class Backend:
         compiler's name (passes' context, and errors)."""
         self.__name__ = f"passkit(compiler={self.compiler_name})"
         """What Dynamo calls this backend in its errors (not ``<Backend object at 0x...>``)."""
+        if pipeline is None and not built.enabled:  # say so, and where passkit looked
+            from . import nothing_enabled
+
+            nothing_enabled.warn(built.config, self.compiler_name)
         self.pipeline: Pipeline = built
         self.pipeline.driven, self.pipeline.host = STAGE_ORDER, "passkit's backend"
         self.inductor_config = dict(inductor_config or {})
@@ -323,10 +328,15 @@ class Backend:
         :meth:`_compile_shared`), called with this compile's config patches. When Inductor
         fails on a graph passes changed, they are named and the graph compiles again without
         them (:mod:`passkit._compile.inductor_failures`)."""
-        reports_before, hits_before = len(pipeline.reports), _cache_hits()
+        hits_before = _cache_hits()
         start = time.perf_counter()
         patches: dict[str, Any] = {}
         pre_grad = Stage.PRE_GRAD in pipeline.stages
+        attempts: list[Report] = []  # the report of each attempt: the last one compiled
+
+        def collecting() -> contextlib.AbstractContextManager[Report | None]:
+            """One report for every stage of this compile (a fresh one per attempt)."""
+            return pipeline.collecting(self.mode) if pipeline.enabled else contextlib.nullcontext()
 
         def run_pre_grad(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
             """The pre-grad stage on Dynamo's graph, before AOTAutograd (any compiler)."""
@@ -336,7 +346,9 @@ class Backend:
             return graph
 
         if self.mode == "eager":
-            compiled = self._compile_eager(pipeline, run_pre_grad(gm) if pre_grad else gm, example_inputs)
+            with collecting() as report:
+                attempts.append(report)
+                compiled = self._compile_eager(pipeline, run_pre_grad(gm) if pre_grad else gm, example_inputs)
         else:
             from torch._inductor.compile_fx import compile_fx
 
@@ -348,69 +360,85 @@ class Backend:
                 teardown.guard_process_groups()
 
             def inductor() -> CompiledFn:
-                if compile_with is not None:
-                    return compile_with(patches)
-                # each attempt rewrites its own copy: when Inductor fails on a graph a pre-grad
-                # pass changed, the retry compiles Dynamo's graph without that pass
-                graph = run_pre_grad(specialize.copy_graph_module(gm)) if pre_grad else gm
-                return cast(
-                    CompiledFn,
-                    compile_fx(
-                        graph,
-                        list(example_inputs),
-                        inner_compile=_kind_recording_inner_compile,
-                        config_patches=patches or None,
-                    ),
-                )
+                with collecting() as report:
+                    attempts.append(report)
+                    if compile_with is not None:
+                        return compile_with(patches)
+                    # each attempt rewrites its own copy: when Inductor fails on a graph a pre-grad
+                    # pass changed, the retry compiles Dynamo's graph without that pass
+                    graph = run_pre_grad(specialize.copy_graph_module(gm)) if pre_grad else gm
+                    return cast(
+                        CompiledFn,
+                        compile_fx(
+                            graph,
+                            list(example_inputs),
+                            inner_compile=_kind_recording_inner_compile,
+                            config_patches=patches or None,
+                        ),
+                    )
 
             compiled = inductor_failures.guarded(inductor, pipeline) if pipeline.enabled else inductor()
         seconds = time.perf_counter() - start
-        if not pipeline.enabled:
+        report = attempts[-1]
+        if report is None:  # no pass enabled
             return compiled
-        new = pipeline.reports[reports_before:]
-        torch_level = [r for r in new if r.graph_kind == "torch"]  # on every compile, cached or not
-        new = [r for r in new if r.graph_kind != "torch"]
-        for report in torch_level:
-            pipeline.record_compile_time(report, seconds)
+        in_inductor = [s.value for s in pipeline.stages if s is not Stage.PRE_GRAD]
+        # bisect_limit: a cache identity of its own per process, never a hit: nothing to restore or keep
         if (
-            self.mode == "eager"
-            or not report_cache.in_use(patches)
-            or pipeline.config.bisect_limit is not None
+            self.mode == "inductor"
+            and in_inductor
+            and report_cache.in_use(patches)
+            and pipeline.config.bisect_limit is None
         ):
-            for report in new:  # no Inductor cache (or never a hit: bisect_limit): nothing to restore
-                pipeline.record_compile_time(report, seconds)
-            return compiled
+            self._with_cached_records(pipeline, report, gm, example_inputs, patches, hits_before, in_inductor)
+        pipeline.publish_compile(report, seconds)
+        return compiled
+
+    def _with_cached_records(
+        self,
+        pipeline: Pipeline,
+        report: Report,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        patches: dict[str, Any],
+        hits_before: int,
+        in_inductor: list[str],
+    ) -> None:
+        """Store the records of a compile whose stages ran in Inductor in passkit's report
+        cache, or, when Inductor served its graphs from its cache (their passes did not run
+        now), add what those passes did when they built the cached code. The pre-grad stage
+        runs on every compile, cached or not: its records are this compile's own."""
         # the graph's inputs as Dynamo traced them (token dimension symbolic): the key of a
         # range is the range (in the uuid), never the token count of the call that compiled it
         key_inputs = specialize.graph_inputs(gm, example_inputs)
         cache_key = report_cache.key(pipeline.uuid(), gm, key_inputs, patches)
-        hit = _cache_hits() > hits_before
-        if new and not hit:
-            report_cache.save(cache_key, new, pipeline.names())
-        elif hit:
-            # served from a cache: the graphs whose passes did not run now (with a joint
-            # stage, the joint graph may have run while its halves came from the cache)
-            restored = report_cache.load(cache_key, pipeline.names())
-            if restored is None and not new:
+        if _cache_hits() == hits_before:
+            report_cache.save(cache_key, [report], pipeline.names())
+            return
+        report.cache_hit = True
+        # with a joint stage, the joint graph may have run while its halves came from the cache
+        ran = {(r.stage, r.graph_kind) for r in report.records}
+        restored = report_cache.load(cache_key, pipeline.names())
+        if restored is None:
+            ran_stages = {stage for stage, _ in ran}
+            if not all(stage in ran_stages for stage in in_inductor):
                 logs.log.warning(
                     "passkit: Inductor served a graph from its cache, but passkit's report cache has no "
                     "report of it (%s): what the passes did to it is not known (a report cache cleared or "
                     "kept elsewhere than Inductor's: PASSKIT_CACHE_DIR)",
                     report_cache.cache_dir() / f"{cache_key}.json",
                 )
-            restored = restored or []
-            ran = {r.graph_kind for r in new}
-            missing = [old for old in restored if old.graph_kind is None or old.graph_kind not in ran]
-            if missing and len({old.graph_kind for old in missing}) == len(missing):
-                new += [pipeline.record_cache_hit(self.mode, old.records, old.graph_kind) for old in missing]
-            elif missing:
-                records = [r for old in missing for r in old.records]
-                new += [pipeline.record_cache_hit(self.mode, records)]
-            elif not new:
-                new = [pipeline.record_cache_hit(self.mode, [])]
-        for report in new:
-            pipeline.record_compile_time(report, seconds)
-        return compiled
+                report.notes.append(NOT_RESTORED)
+            return
+        missing = [r for old in restored for r in old.records if (r.stage, r.graph_kind) not in ran]
+        report.records.extend(missing)
+        report.restored = bool(missing)
+        if missing and ran:
+            fresh = sorted({stage for stage, _ in ran}, key=[s.value for s in STAGE_ORDER].index)
+            report.notes.append(
+                f"the {', '.join(fresh)} stage(s) ran in this compile; the other records are what the "
+                "passes did when they built the cached code (passkit's report cache)"
+            )
 
     def _compile_eager(
         self, pipeline: Pipeline, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]

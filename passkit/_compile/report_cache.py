@@ -55,6 +55,7 @@ class _Record(pydantic.BaseModel):
     nodes_before: int = 0
     nodes_after: int = 0
     reason: str | None = None
+    graph_kind: Literal["torch", "joint", "forward", "backward", "inference"] | None = None
     notes: list[str] = pydantic.Field(default_factory=list)
     reproducer: str | None = None
     decision: str | None = None
@@ -78,7 +79,7 @@ class _Entry(pydantic.BaseModel):
     graph_id: int = 0
     pipeline_uuid: str = ""
     mode: Literal["inductor", "eager"] = "inductor"
-    graph_kind: Literal["torch", "joint", "forward", "backward", "inference"] | None = None
+    graph_kind: Literal["torch", "joint", "forward", "backward", "inference", "training"] | None = None
     cache_hit: bool = False
     token_range: str | None = None
     restored: bool = False

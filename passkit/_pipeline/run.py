@@ -48,7 +48,9 @@ RECENT_REPORTS: deque[Report] = deque(maxlen=64)
 
 
 def last_report() -> Report | None:
-    """The report of the most recently compiled graph in this process."""
+    """The report of the most recently compiled graph in this process (under passkit's
+    backend: every stage's records of that compile); None when no graph was compiled with a
+    pass enabled (the backend warns once when none is)."""
     return RECENT_REPORTS[-1] if RECENT_REPORTS else None
 
 
@@ -103,6 +105,8 @@ class Runner:
     host: str
     _uuid: str
     _open: tuple[weakref.ref[torch.fx.GraphModule], Report] | None
+    _compile_report: Report | None = None
+    """The one report of the backend compile under way (:meth:`collecting`), else None."""
 
     # -- identity --------------------------------------------------------------------
     def uuid(self) -> str:
@@ -231,9 +235,11 @@ class Runner:
     def _report_for(
         self, gm: torch.fx.GraphModule, stage: Stage, mode: Mode, graph_kind: str | None
     ) -> Report:
-        """The report of this compile of ``gm``: the one a stage before ``stage`` of the same
-        phase opened (keyed by the module: a pass may have installed a new graph in it), else
-        a new one."""
+        """The report of this compile of ``gm``: the report of the :meth:`collecting` block
+        under way, else the one a stage before ``stage`` of the same phase opened (keyed by the
+        module: a pass may have installed a new graph in it), else a new one."""
+        if self._compile_report is not None:
+            return self._compile_report
         phase_stages = self.stages_of(stage_phase(stage))
         first = phase_stages[0] if phase_stages else stage
         if stage != first and self._open is not None and self._open[0]() is gm:
@@ -248,6 +254,12 @@ class Runner:
         )
         self._open = (weakref.ref(gm), report)
         inductor_state.opened(report)
+        forward = _COMPILE_REPORTS.get(_compile_id() or "") if graph_kind == "backward" else None
+        if forward is not None:
+            report.notes.append(
+                f"the backward graph of graph {forward}: AOTAutograd compiles it at its first "
+                f"backward call, after graph {forward}'s report was made"
+            )
         return report
 
     def _range_skips(self, ctx: CompileContext) -> dict[str, str]:
@@ -282,7 +294,12 @@ class Runner:
         range_skips: dict[str, str],
         baselines: Baselines,
     ) -> PassRecord:
-        record = PassRecord(name=p.name, stage=p.stage.value, decision=p.checked_decision_source(ctx))
+        record = PassRecord(
+            name=p.name,
+            stage=p.stage.value,
+            graph_kind=ctx.graph_kind,
+            decision=p.checked_decision_source(ctx),
+        )
         dropped = inductor_state.left_out().get(p.name)
         if dropped is not None:  # Inductor failed on the graph it changed: compiled without it
             record.status, record.reason, record.reproducer = "failed", dropped.reason, dropped.reproducer
@@ -479,8 +496,47 @@ class Runner:
         if self.config.dump_dir:
             Dumper(self.config.dump_dir, report.graph_id).report(report)
 
+    @contextlib.contextmanager
+    def collecting(self, mode: Mode = "inductor") -> Iterator[Report]:
+        """Within the block, every stage run on any graph of this pipeline records into one
+        report (the backend's compile of one Dynamo graph: its pre-grad, joint and post-grad
+        stages, on each graph AOTAutograd makes of it), which is not published: the caller
+        hands it to :meth:`publish_compile` once the compile is done. A graph compiled after
+        the block (a backward compiled at its first call) gets a report of its own."""
+        report = Report(
+            graph_id=next(_graph_ids),
+            pipeline_uuid=self.uuid()[:12],
+            mode=mode,
+            token_range=self._range_label(),
+            notes=[self.note] if self.note else [],
+        )
+        inductor_state.opened(report)  # a guarded compile watches it (its passes' changes)
+        compile_id = _compile_id()
+        if compile_id is not None:  # its backward, compiled at its first call, names it
+            _COMPILE_REPORTS[compile_id] = report.graph_id
+            while len(_COMPILE_REPORTS) > 256:
+                _COMPILE_REPORTS.pop(next(iter(_COMPILE_REPORTS)))
+        outer, self._compile_report = self._compile_report, report
+        try:
+            yield report
+        finally:
+            self._compile_report = outer
+            self._open = None
+
+    def publish_compile(self, report: Report, seconds: float) -> None:
+        """Publish the report :meth:`collecting` filled, with the whole compile's time: its
+        graph kind is that of the graphs its records ran on."""
+        report.graph_kind = _compiled_kind(report)
+        self._publish(report, None)
+        self.record_compile_time(report, seconds)
+
     def _finish(self, report: Report, dumper: Dumper | None) -> None:
         self._open = None
+        if report is self._compile_report:  # published once, when the whole compile is done
+            return
+        self._publish(report, dumper)
+
+    def _publish(self, report: Report, dumper: Dumper | None) -> None:
         self.reports.append(report)
         RECENT_REPORTS.append(report)
         # before the dump and the log: a failure of the hook is in the report they show
@@ -523,6 +579,31 @@ def _graph_label(report: Report) -> str:
 
 def _refused_note(scope: rewrite_counter._Scope) -> str:
     return f"bisect_limit {scope.limit}: {scope.refused} of {max(scope.asked, 1)} rewrite(s) refused"
+
+
+_COMPILE_REPORTS: dict[str, int] = {}
+"""torch.compile's compile id -> the graph id of its report (the last 256 compiles)."""
+
+
+def _compile_id() -> str | None:
+    """torch.compile's id of the compile under way (a backward compiled at its first call
+    gets its forward's), or None."""
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    return None if compile_id is None else str(compile_id)
+
+
+def _compiled_kind(report: Report) -> str | None:
+    """The graph kind of a compile's report from its records': ``"training"`` (a joint,
+    forward or backward graph), ``"inference"``, ``"torch"`` (pre-grad passes only), or the
+    report's own where no record says."""
+    kinds = {r.graph_kind for r in report.records}
+    if kinds & {"joint", "forward", "backward"}:
+        return "training"
+    if "inference" in kinds:
+        return "inference"
+    return "torch" if "torch" in kinds else report.graph_kind
 
 
 def _outside_range(p: Pass, ctx: CompileContext) -> str | None:

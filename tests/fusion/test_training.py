@@ -47,7 +47,7 @@ def _rank(rank: int, world_size: int, compiler: str) -> dict[str, Any]:
         "eager": _grads(eager),
         "compiled": _grads(trained),
         "records": [
-            (r.graph_kind, rec.name, rec.status, rec.reason) for r in backend.reports for rec in r.records
+            (rec.graph_kind, rec.name, rec.status, rec.reason) for r in backend.reports for rec in r.records
         ],
     }
 

@@ -33,7 +33,6 @@ import torch.utils._pytree as pytree
 import passkit
 from passkit.context import Mode
 from passkit.graph_utils import graph_code, snapshot, unified_diff
-from passkit.pass_base import stage_phase
 from passkit.plugins import PluginSet, get_plugins, instantiate
 
 from . import numerics
@@ -196,17 +195,14 @@ def run_passes(
         with _compiling(caches), _recording(pipeline):
             compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
             outputs = compiled(*_cloned(inputs))
-    # one report per stage phase a pass is in (pre-grad, joint, post-grad): one compile
-    phases = {stage_phase(p.stage) for p in pipeline.passes}
-    if len(pipeline.reports) != len(phases) or pipeline.graph_before is None or pipeline.graph_after is None:
+    # one report per compiled graph, every stage's records in it
+    if len(pipeline.reports) != 1 or pipeline.graph_before is None or pipeline.graph_after is None:
         raise RuntimeError(
-            f"expected one compiled graph, got {len(pipeline.reports)} report(s) for "
-            f"{len(phases)} stage phase(s): the harness expects fn to compile once; with "
-            "caches=True, an already compiled fn does not run the passes again"
+            f"expected one compiled graph, got {len(pipeline.reports)} report(s): the harness "
+            "expects fn to compile once; with caches=True, an already compiled fn does not run "
+            "the passes again"
         )
     report = pipeline.reports[-1]
-    if len(pipeline.reports) > 1:  # the pre-grad / joint records first, as they ran
-        report = dataclasses.replace(report, records=[r for rep in pipeline.reports for r in rep.records])
     return HarnessResult(
         outputs=outputs,
         eager_outputs=eager_outputs,
