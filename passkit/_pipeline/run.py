@@ -336,7 +336,7 @@ class Runner:
             if limit is None:
                 result = _as_result(p.run(gm, ctx), p)
             else:
-                with rewrite_counter.counting(limit, p.name, p.stage.value, _graph_label(report)) as scope:
+                with rewrite_counter.counting(limit, p.name, p.stage.value, _graph_label(report, ctx.graph_kind)) as scope:
                     result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
             # the graph the module holds now: a pass may have installed a new one
@@ -569,11 +569,10 @@ class Runner:
         )
 
 
-def _graph_label(report: Report) -> str:
-    """How a counted rewrite names its graph: ``3 (forward, tokens 1..16)``."""
-    details = [
-        d for d in (report.graph_kind, f"tokens {report.token_range}" if report.token_range else "") if d
-    ]
+def _graph_label(report: Report, graph_kind: str | None) -> str:
+    """How a counted rewrite names its graph: ``3 (forward, tokens 1..16)`` (the kind of the
+    graph the pass runs on: one report spans a compile's stages and graphs)."""
+    details = [d for d in (graph_kind, f"tokens {report.token_range}" if report.token_range else "") if d]
     return f"{report.graph_id} ({', '.join(details)})" if details else str(report.graph_id)
 
 
