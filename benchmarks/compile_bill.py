@@ -149,13 +149,14 @@ def measure(rank: int, world: int, variant: str, args: argparse.Namespace) -> di
     with torch.no_grad():
         sync()
         with profiler, _GcClock() as gc_clock:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             backend = _backend(variant, args.device)
+            backend_at = time.perf_counter()
             compiled = torch.compile(model, backend=backend)
             compiled_at = time.perf_counter()
             compiled(inputs[0])
             sync()
-            end = time.perf_counter()
+            end, cpu_end = time.perf_counter(), time.process_time()
         times.append(end - compiled_at)
         for ids in inputs[1:]:
             sync()
@@ -165,6 +166,8 @@ def measure(rank: int, world: int, variant: str, args: argparse.Namespace) -> di
             times.append(time.perf_counter() - t0)
     out: dict[str, Any] = {
         "start_s": end - start,
+        "cpu_s": cpu_end - cpu_start,
+        "backend_s": backend_at - start,
         "first_call_s": times[0],
         "all_sizes_s": (compiled_at - start) + sum(times),
         "gc_s": gc_clock.seconds,
