@@ -71,6 +71,7 @@ def passes_for(device: str) -> list[Any]:
 def hf_llama(hidden: int, layers: int, device: Any, dtype: Any) -> tuple[Any, int]:
     """A Hugging Face Llama with random weights: 8B-shaped at hidden 4096, else small (hidden
     ``hidden``, 64-wide heads, 2 KV heads, MLP 2x, vocabulary 1000), no KV cache."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if hidden == 4096:
@@ -81,7 +82,8 @@ def hf_llama(hidden: int, layers: int, device: Any, dtype: Any) -> tuple[Any, in
             intermediate_size=2 * hidden, num_attention_heads=heads, num_key_value_heads=2, vocab_size=1000
         )
     cfg = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, max_position_embeddings=8192, **shape)
-    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+    with torch.device(device):  # initialized where it runs: seconds on a GPU, a minute on its host
+        model = LlamaForCausalLM(cfg).to(dtype=dtype).eval()
     model.config.use_cache = False
     return (lambda ids: model(input_ids=ids, use_cache=False).logits), cfg.vocab_size
 

@@ -23,7 +23,8 @@ DIR``); both passkit variants also run from it (``... [before]``), in the same r
 before and after are measured side by side. ``--cold``: before priming, each variant's
 cold start in an empty cache folder of its own (variants alternating, ``--cold`` rounds).
 ``--profile DIR``: after the timed rounds, one more warm start per variant under cProfile.
-Results: ``--out`` (``.md`` and ``.json``).
+``--budget S``: no round starts after S seconds (the rounds done are the result). Results:
+``--out`` (``.md`` and ``.json``), rewritten after every round.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--baseline-tree", type=Path, default=None, help="also run passkit from here")
     parser.add_argument("--limit", type=float, default=900.0, help="seconds per run")
+    parser.add_argument("--budget", type=float, default=0, help="start no round after this many seconds")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile one more warm start each")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -137,6 +140,21 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     cold: dict[str, list[float]] = {v: [] for v in variants}
     primed: dict[str, float] = {}
+    began = time.monotonic()
+
+    def report(rounds: int) -> None:
+        """Print the table of the ``rounds`` done, and write it to ``--out`` (after every
+        round: a run stopped by a time limit keeps what it measured)."""
+        title = _title(args, rounds, load_before, compiled)
+        table = render(rows_of(results), cold, primed)
+        print(f"{title}\n{table}", flush=True)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_suffix(".md").write_text(f"{title}\n\n{table}\n")
+            payload = {"title": title, "rows": rows_of(results), "priming_s": primed, "cold_s": cold}
+            payload["samples"] = results
+            args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2))
+
     with tempfile.TemporaryDirectory(prefix="passkit-warm-start-") as root:
         for round_ in range(args.cold):
             for variant in variants if round_ % 2 == 0 else variants[::-1]:
@@ -148,21 +166,25 @@ def main() -> None:
             print(f"{variant}: priming the shared caches ...", file=sys.stderr, flush=True)
             primed[variant] = round(run(args, variant, shared)["start_s"], 2)
         for round_ in range(args.samples):
+            if args.budget and round_ and time.monotonic() - began > args.budget:
+                print(f"--budget {args.budget:g} s spent: {round_} rounds", file=sys.stderr)
+                break
             for variant in variants if round_ % 2 == 0 else variants[::-1]:
                 print(f"{variant}: warm {round_ + 1}/{args.samples} ...", file=sys.stderr, flush=True)
                 result = run(args, variant, shared)
                 if result["cache"]["fxgraph_miss"]:
                     print(f"{variant}: a warm start missed the FX graph cache", file=sys.stderr)
                 results[variant].append(result)
+            report(round_ + 1)
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
             for variant in variants:
-                name = (
-                    args.profile / f"warm_{variant.replace(' ', '_').replace('[', '').replace(']', '')}.txt"
-                )
-                print(f"{variant}: profiled warm start -> {name}", file=sys.stderr, flush=True)
-                run(args, variant, shared, str(name))
-    rows = rows_of(results)
+                slug = variant.replace(" ", "_").replace("[", "").replace("]", "")
+                print(f"{variant}: profiled warm start -> {args.profile}", file=sys.stderr, flush=True)
+                run(args, variant, shared, str(args.profile / f"warm_{slug}.txt"))
+
+
+def _title(args: argparse.Namespace, rounds: int, load_before: str, compiled: str) -> str:
     import torch
 
     machine = f"{platform.node()} ({os.cpu_count()} CPUs), torch {torch.__version__}"
@@ -175,20 +197,13 @@ def main() -> None:
     except ImportError:
         pass
     dtype = "bf16" if args.device == "cuda" else "fp32"
-    title = (
+    return (
         f"warm start at world size 1: Hugging Face Llama body, hidden {args.hidden}, {args.layers} layers, "
-        f"{dtype}, first call {args.tokens[0]} tokens (dynamic); {args.samples} warm samples per variant, "
-        f"a fresh process each, variants alternating, caches shared and primed; {machine}, device "
-        f"{args.device}; {load_before} before, {compile_bill._load()} after; {compiled}"
+        f"{dtype}, first call {args.tokens[0]} tokens (dynamic); {rounds} warm samples per variant "
+        f"(of {args.samples} asked), a fresh process each, variants alternating, caches shared and "
+        f"primed; {machine}, device {args.device}; {load_before} before, {compile_bill._load()} after; "
+        f"{compiled}"
     )
-    table = render(rows, cold, primed)
-    print(title)
-    print(table)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(f"{title}\n\n{table}\n")
-        payload = {"title": title, "rows": rows, "priming_s": primed, "cold_s": cold, "samples": results}
-        args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2))
 
 
 if __name__ == "__main__":
