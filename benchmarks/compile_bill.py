@@ -71,6 +71,7 @@ def passes_for(device: str) -> list[Any]:
 def hf_llama(hidden: int, layers: int, device: Any, dtype: Any) -> tuple[Any, int]:
     """A Hugging Face Llama with random weights: 8B-shaped at hidden 4096, else small (hidden
     ``hidden``, 64-wide heads, 2 KV heads, MLP 2x, vocabulary 1000), no KV cache."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if hidden == 4096:
@@ -81,7 +82,8 @@ def hf_llama(hidden: int, layers: int, device: Any, dtype: Any) -> tuple[Any, in
             intermediate_size=2 * hidden, num_attention_heads=heads, num_key_value_heads=2, vocab_size=1000
         )
     cfg = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, max_position_embeddings=8192, **shape)
-    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+    with torch.device(device):  # initialized where it runs: seconds on a GPU, a minute on its host
+        model = LlamaForCausalLM(cfg).to(dtype=dtype).eval()
     model.config.use_cache = False
     return (lambda ids: model(input_ids=ids, use_cache=False).logits), cfg.vocab_size
 
@@ -149,13 +151,14 @@ def measure(rank: int, world: int, variant: str, args: argparse.Namespace) -> di
     with torch.no_grad():
         sync()
         with profiler, _GcClock() as gc_clock:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             backend = _backend(variant, args.device)
+            backend_at = time.perf_counter()
             compiled = torch.compile(model, backend=backend)
             compiled_at = time.perf_counter()
             compiled(inputs[0])
             sync()
-            end = time.perf_counter()
+            end, cpu_end = time.perf_counter(), time.process_time()
         times.append(end - compiled_at)
         for ids in inputs[1:]:
             sync()
@@ -165,6 +168,8 @@ def measure(rank: int, world: int, variant: str, args: argparse.Namespace) -> di
             times.append(time.perf_counter() - t0)
     out: dict[str, Any] = {
         "start_s": end - start,
+        "cpu_s": cpu_end - cpu_start,
+        "backend_s": backend_at - start,
         "first_call_s": times[0],
         "all_sizes_s": (compiled_at - start) + sum(times),
         "gc_s": gc_clock.seconds,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import functools
 import hashlib
 import json
@@ -30,13 +29,51 @@ if TYPE_CHECKING:
     from ._pipeline.build import Pipeline
 
 
-@dataclasses.dataclass(frozen=True)
 class Compiling:
     """What is being compiled: ``graph`` (:func:`fingerprint` of the Dynamo graph) and
-    ``passes`` (:func:`pass_identities` of the pipeline compiling it)."""
+    ``passes`` (:func:`pass_identities` of the pipeline compiling it).
 
-    graph: str
-    passes: tuple[dict[str, Any], ...]
+    Each is computed at its first read (:meth:`of`): a compile whose passes read neither (no
+    pass enabled, or none that can run here, as the TP passes at world size 1) pays for
+    neither (the fingerprint generates the graph's code)."""
+
+    __slots__ = ("_graph", "_passes")
+
+    def __init__(
+        self,
+        graph: str | Callable[[], str],
+        passes: tuple[dict[str, Any], ...] | Callable[[], tuple[dict[str, Any], ...]],
+    ):
+        self._graph = graph
+        self._passes = passes
+
+    @classmethod
+    def of(cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], pipeline: Pipeline) -> Compiling:
+        """``gm`` compiled by ``pipeline``, fingerprinted and identified when first read."""
+        return cls(lambda: fingerprint(gm, example_inputs), lambda: pass_identities(pipeline))
+
+    @property
+    def graph(self) -> str:
+        if callable(self._graph):
+            self._graph = self._graph()  # the graph module is no longer held
+        return self._graph
+
+    @property
+    def passes(self) -> tuple[dict[str, Any], ...]:
+        if callable(self._passes):
+            self._passes = self._passes()
+        return self._passes
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Compiling):
+            return NotImplemented
+        return (self.graph, self.passes) == (other.graph, other.passes)
+
+    def __hash__(self) -> int:
+        return hash((self.graph, json.dumps(self.passes, sort_keys=True, default=str)))
+
+    def __repr__(self) -> str:
+        return f"Compiling(graph={self.graph!r}, passes={self.passes!r})"
 
 
 _current: contextvars.ContextVar[Compiling | None] = contextvars.ContextVar("passkit_compiling", default=None)
@@ -95,8 +132,11 @@ def reentered(compiling: Compiling | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def scope(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], pipeline: Pipeline) -> Iterator[Compiling]:
-    """Within the block, :func:`current` is ``gm`` compiled by ``pipeline``."""
-    compiling = Compiling(fingerprint(gm, example_inputs), pass_identities(pipeline))
+    """Within the block, :func:`current` is ``gm`` compiled by ``pipeline`` (its fingerprint
+    taken at the first read; at once where a pre-grad pass may change ``gm`` in place)."""
+    compiling = Compiling.of(gm, example_inputs, pipeline)
+    if any(p.stage.value == "pre_grad" for p in pipeline.passes):
+        compiling.graph  # noqa: B018  (the graph as Dynamo handed it over)
     token = _current.set(compiling)
     try:
         yield compiling

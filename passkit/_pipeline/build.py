@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.fx
 
-from .._plugins.registry import PluginSet, passes_for
+from .._plugins.registry import PluginSet, passes_for, plugins_for
 from ..config import Config, load_config
 from ..errors import OrderError
 from ..pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, Stage, source_hash
@@ -150,12 +150,15 @@ class Pipeline(Runner):
     ``token_range``: the token counts the graphs it compiles serve (a specialization, or what
     a framework told :func:`passkit.install`); ``None``: every size, unless a
     :func:`compile_range` block says otherwise.
+
+    ``plugins`` None (an empty pipeline :func:`build_pipeline` made): the plugin set the config
+    allows, loaded at its first use, and the cache identity computed then.
     """
 
     def __init__(
         self,
         config: Config,
-        plugins: PluginSet,
+        plugins: PluginSet | None,
         passes: list[Pass],
         *,
         token_range: TokenRange | None = None,
@@ -164,7 +167,7 @@ class Pipeline(Runner):
         left_out: dict[str, str] | None = None,
     ):
         self.config = config
-        self.plugins = plugins
+        self._plugins = plugins
         self.passes = order_passes(passes)
         self.relations = pass_relations(self.passes)
         self.left_out: dict[str, str] = dict(left_out or {})
@@ -174,7 +177,7 @@ class Pipeline(Runner):
         self.note: str | None = None
         """Added to the reports of the graphs compiled next (set by the backend)."""
         self.reports: list[Report] = reports if reports is not None else []
-        self._uuid = self._compute_uuid()
+        self._identity = self._compute_uuid() if plugins is not None else None
         self._open: tuple[weakref.ref[torch.fx.GraphModule], Report] | None = None
         stages = [p.stage for p in self.passes]
         self.stages = [s for s in STAGE_ORDER if s in stages]
@@ -184,6 +187,18 @@ class Pipeline(Runner):
         A pass at another stage is reported skipped, with why."""
         self.host = "this host"
         """Who drives the pipeline, for the reason a pass at a stage it does not run gets."""
+
+    @property
+    def plugins(self) -> PluginSet:  # type: ignore[override]
+        if self._plugins is None:
+            self._plugins = plugins_for(self.config)
+        return self._plugins
+
+    @property
+    def _uuid(self) -> str:  # type: ignore[override]
+        if self._identity is None:
+            self._identity = self._compute_uuid()
+        return self._identity
 
     def _compute_uuid(self) -> str:
         return pipeline_identity(self.passes, self.plugins, self.token_range, self.left_out)
@@ -223,7 +238,21 @@ class Pipeline(Runner):
 def build_pipeline(config: Config | dict[str, Any] | None = None, **overrides: Any) -> Pipeline:
     """Resolve the config from every source, load plugins, validate and order the passes.
     Plugins that loaded with a mistake are warned of here, once per process
-    (:class:`passkit.PluginMistakeWarning`), before the passes are looked up."""
+    (:class:`passkit.PluginMistakeWarning`), before the passes are looked up. A config that
+    enables no pass and names no plugin loads none (see :func:`_runs_nothing`)."""
     cfg = load_config(config, **overrides)
+    if _runs_nothing(cfg):
+        return Pipeline(cfg, None, [])
     plugins, passes = passes_for(cfg)
     return Pipeline(cfg, plugins, passes)
+
+
+def _runs_nothing(cfg: Config) -> bool:
+    """Whether ``cfg`` enables no pass and asks nothing of the plugin set that loading it
+    would check (``disable`` / ``plugins`` / ``block_plugins`` entries naming something,
+    ``strict_plugins``): its pipeline runs nothing, so no plugin is imported for it (a
+    compile with no pass costs what Inductor's does); they load if the pipeline's
+    :attr:`~Pipeline.plugins` is asked for."""
+    return not (
+        cfg.passes or cfg.disable or cfg.plugins is not None or cfg.block_plugins or cfg.strict_plugins
+    )
