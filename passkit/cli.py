@@ -424,7 +424,10 @@ def positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+def build_parser(all_plugins: bool = False) -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The parser and each command's handler. Plugins' commands come from the light plugin
+    set (``passkit.cli`` entry points, in-process plugins: no torch imported), or with
+    ``all_plugins`` from every plugin (a command a pass plugin adds)."""
     parser = Parser(prog="passkit", description="torch.compile graph passes as plugins")
     from ._version import __version__
 
@@ -476,12 +479,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         "--only",
         action="append",
         metavar="NAME",
-        help=f"run only this demo (repeatable): {', '.join(_demo_names())}",
+        help=f"run only this demo (repeatable): {', '.join(_demo_names(all_plugins))}",
     )
     handlers["demo"] = cmd_demo
 
     try:
-        for extra in call_hook("passkit_cli_commands", subparsers=sub):
+        for extra in call_hook("passkit_cli_commands", cli_only=not all_plugins, subparsers=sub):
             if isinstance(extra, dict):
                 handlers.update(extra)
     except PluginHookError:
@@ -491,11 +494,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     return parser, handlers
 
 
-def _demo_names() -> list[str]:
+def _demo_names(all_plugins: bool) -> list[str]:
     from ._plugins.cli_hooks import plugin_demos
 
     try:
-        return ["core", *plugin_demos()]
+        return ["core", *plugin_demos(cli_only=not all_plugins)]
     except PasskitError:  # a broken config: `passkit check` names it
         return ["core"]
 
@@ -514,6 +517,8 @@ def _run(argv: Sequence[str] | None) -> int:
     command = "passkit"
     try:
         parser, handlers = build_parser()
+        if _command_word(argv) not in (None, *handlers):  # a command a pass plugin adds
+            parser, handlers = build_parser(all_plugins=True)
         try:
             args, extra = parser.parse_known_args(argv)
             if extra:  # named by the subcommand that does not know them (its --help lists its own)
@@ -535,6 +540,12 @@ def _run(argv: Sequence[str] | None) -> int:
     except PasskitError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _command_word(argv: Sequence[str] | None) -> str | None:
+    """The subcommand ``argv`` names: its first word that is no option (None: none)."""
+    words = sys.argv[1:] if argv is None else argv
+    return next((w for w in words if not w.startswith("-")), None)
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
