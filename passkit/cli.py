@@ -27,7 +27,7 @@ from typing import Any, NoReturn, cast
 from ._plugins.cli_hooks import call_hook
 from ._plugins.options_docs import documented
 from .environment import environment_checks
-from .errors import PasskitError, PluginHookError, cut, cut_repr
+from .errors import PasskitError, PluginHookError, cut, cut_repr, describe
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -297,6 +297,8 @@ def import_target(target: str, expected: str = "function") -> Any:
         found: Any = importlib.import_module(mod_name)
     except ImportError as exc:
         raise PasskitError(f"cannot import {mod_name!r} for target {target!r}: {exc}") from None
+    except Exception as exc:  # the user's module raised as it was imported
+        raise target_raised(target, f"importing {mod_name!r}", exc) from None
     for part in attr.split("."):
         if not hasattr(found, part):
             raise PasskitError(f"module {mod_name!r} has no attribute {attr!r}")
@@ -304,12 +306,42 @@ def import_target(target: str, expected: str = "function") -> Any:
     return found
 
 
+def target_raised(target: str, when: str, exc: BaseException) -> PasskitError:
+    """A :class:`PasskitError` for a target whose own code raised: one line naming the target
+    and the exception, then the traceback's frames in the user's code only (passkit's and
+    the import machinery's left out)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _users_frame(f.filename)]
+    where = "".join(traceback.format_list(frames)).rstrip("\n")
+    return PasskitError(
+        f"target {target!r} raised {describe(exc)} ({when})" + (f"\n{where}" if where else "")
+    )
+
+
+_NOT_THE_USERS = (str(Path(__file__).resolve().parent), str(Path(importlib.__file__).resolve().parent))
+"""passkit's folder and the import machinery's: their frames are not the user's."""
+
+
+def _users_frame(filename: str) -> bool:
+    if filename.startswith("<frozen importlib"):
+        return False
+    try:
+        resolved = str(Path(filename).resolve())
+    except OSError:
+        return True
+    return not any(resolved.startswith(folder + os.sep) for folder in _NOT_THE_USERS)
+
+
 def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """Resolve ``module:function``; the function returns ``(model_or_fn, example_args)``."""
     factory = import_target(target)
     if not callable(factory):
         raise PasskitError(f"{target} is a {type(factory).__name__}, not a function")
-    made = factory()
+    try:
+        made = factory()
+    except Exception as exc:
+        raise target_raised(target, "when called", exc) from None
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
         raise PasskitError(
             f"{target} must return (model_or_function, example_args_tuple), got {type(made).__name__}"
