@@ -156,7 +156,9 @@ def test_eager_mode_refuses_inductor_modes_by_name():
 def test_a_bad_option_out_of_torch_compile_is_passkits_config_error():
     """docs/configuration.md: passkit's own ConfigError, not Dynamo's BackendCompilerFailed
     wrapping it, through torch.compile of a ``passkit.backend(...)`` object."""
-    compiled = torch.compile(model, backend=passkit.backend(passes=["cleanup"]), options={"max_autotun": True})
+    compiled = torch.compile(
+        model, backend=passkit.backend(passes=["cleanup"]), options={"max_autotun": True}
+    )
     with pytest.raises(ConfigError) as err:
         compiled(torch.randn(4, 4))
     assert not isinstance(err.value, torch._dynamo.exc.BackendCompilerFailed)
