@@ -15,11 +15,17 @@ one virtual environment per host with the host's own pinned release and its own 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import nox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / ".ci"))
+import pip_indexes  # .ci/pip_indexes.py: standard library only
 
 nox.options.sessions = ["tests"]  # the others run when named
 nox.options.reuse_existing_virtualenvs = False
@@ -38,7 +44,29 @@ def _has_gpu() -> bool:
     return subprocess.run([smi, "-L"], capture_output=True).returncode == 0
 
 
+@functools.cache
+def _index_probe() -> tuple[dict[str, list[str]], list[pip_indexes.Unreachable]]:
+    """Which indexes of PIP_INDEX_URL / PIP_EXTRA_INDEX_URL answer (tried once per nox run)."""
+    return pip_indexes.reachable_indexes(os.environ)
+
+
+def skip_unreachable_indexes(session: nox.Session) -> None:
+    """An extra index this machine cannot reach (the README's download.pytorch.org on a
+    machine without it) is left out of the session's pip runs, and an unreachable main index
+    is not retried, each said in one line: pip would otherwise retry it five times for
+    every package, minutes in all, behind nox's quiet install."""
+    keep, unreachable = _index_probe()
+    if not unreachable:
+        return
+    session.warn(pip_indexes.describe(unreachable))
+    if "PIP_EXTRA_INDEX_URL" in keep:
+        session.env["PIP_EXTRA_INDEX_URL"] = " ".join(keep["PIP_EXTRA_INDEX_URL"]) or None  # None: unset
+    if any(u.variable == "PIP_INDEX_URL" for u in unreachable):
+        session.env["PIP_RETRIES"] = "0"
+
+
 def install(session: nox.Session, *extra: str) -> None:
+    skip_unreachable_indexes(session)
     torch_req = os.environ.get("PASSKIT_TORCH") or ("torch" if _has_gpu() else "torch==2.13.0")
     session.install(torch_req, "numpy")  # numpy: torch warns at every compile without it
     session.install(*PACKAGES, *extra)
@@ -71,6 +99,7 @@ def build(session: nox.Session) -> None:
     another folder), for machines without a checkout: ``pip install --find-links dist
     passkit passkit-fusion``. Only setuptools is needed (the distributions are pure Python)."""
     out = session.posargs[0] if session.posargs else "dist"
+    skip_unreachable_indexes(session)  # pip fetches setuptools to build
     session.run(
         "python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", out, *DISTRIBUTIONS, external=False
     )
@@ -86,6 +115,7 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    skip_unreachable_indexes(session)
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", "passkit", "passkit_testing", "passkit_fusion")
@@ -165,6 +195,7 @@ def torch_versions(session: nox.Session, torch_version: str) -> None:
     ``nox -s "torch_versions(torch_version='2.11.0')"``). Releases other than the local CPU
     2.13.0 install from the registry as CUDA builds (a few GB each), which run on the CPU.
     First checks that the schemas recorded for that torch are the ones it registers."""
+    skip_unreachable_indexes(session)
     pin_torch(session, torch_version)
     session.install(f"torch=={torch_version}", "numpy")
     session.install(*PACKAGES, *EXAMPLE, *TEST_DEPS)
@@ -191,6 +222,7 @@ def hosts(session: nox.Session, host: str) -> None:
     runs on a CPU machine); the tests compile in 2-rank gloo worlds. Extra args go to pytest."""
     # one resolver run: the host, the transformers it pins, passkit and the test deps together,
     # so a conflict fails the session (separate installs only warn and break the host's pins)
+    skip_unreachable_indexes(session)
     session.install(HOSTS[host], HOST_TRANSFORMERS[host], *PACKAGES, *EXAMPLE, *HOST_TEST_DEPS)
     session.run("python", "-m", "pip", "check")  # broken requirements fail here too
     # the dialect's schemas and sites against the host's real ops (drift of the stand-ins

@@ -28,7 +28,7 @@ from typing import Any, NoReturn, cast
 from ._plugins.cli_hooks import call_hook
 from ._plugins.options_docs import documented
 from .environment import environment_checks
-from .errors import PasskitError, PluginHookError, cut, cut_repr
+from .errors import PasskitError, PluginHookError, cut, cut_repr, describe
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -298,6 +298,8 @@ def import_target(target: str, expected: str = "function") -> Any:
         found: Any = importlib.import_module(mod_name)
     except ImportError as exc:
         raise PasskitError(f"cannot import {mod_name!r} for target {target!r}: {exc}") from None
+    except Exception as exc:  # the user's module raised as it was imported
+        raise target_raised(target, f"importing {mod_name!r}", exc) from None
     for part in attr.split("."):
         if not hasattr(found, part):
             raise PasskitError(f"module {mod_name!r} has no attribute {attr!r}")
@@ -305,12 +307,42 @@ def import_target(target: str, expected: str = "function") -> Any:
     return found
 
 
+def target_raised(target: str, when: str, exc: BaseException) -> PasskitError:
+    """A :class:`PasskitError` for a target whose own code raised: one line naming the target
+    and the exception, then the traceback's frames in the user's code only (passkit's and
+    the import machinery's left out)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _users_frame(f.filename)]
+    where = "".join(traceback.format_list(frames)).rstrip("\n")
+    return PasskitError(
+        f"target {target!r} raised {describe(exc)} ({when})" + (f"\n{where}" if where else "")
+    )
+
+
+_NOT_THE_USERS = (str(Path(__file__).resolve().parent), str(Path(importlib.__file__).resolve().parent))
+"""passkit's folder and the import machinery's: their frames are not the user's."""
+
+
+def _users_frame(filename: str) -> bool:
+    if filename.startswith("<frozen importlib"):
+        return False
+    try:
+        resolved = str(Path(filename).resolve())
+    except OSError:
+        return True
+    return not any(resolved.startswith(folder + os.sep) for folder in _NOT_THE_USERS)
+
+
 def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """Resolve ``module:function``; the function returns ``(model_or_fn, example_args)``."""
     factory = import_target(target)
     if not callable(factory):
         raise PasskitError(f"{target} is a {type(factory).__name__}, not a function")
-    made = factory()
+    try:
+        made = factory()
+    except Exception as exc:
+        raise target_raised(target, "when called", exc) from None
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
         raise PasskitError(
             f"{target} must return (model_or_function, example_args_tuple), got {type(made).__name__}"
@@ -448,7 +480,10 @@ def positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+def build_parser(all_plugins: bool = False) -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The parser and each command's handler. Plugins' commands come from the light plugin
+    set (``passkit.cli`` entry points, in-process plugins: no torch imported), or with
+    ``all_plugins`` from every plugin (a command a pass plugin adds)."""
     parser = Parser(prog="passkit", description="torch.compile graph passes as plugins")
     from ._version import __version__
 
@@ -525,12 +560,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         "--only",
         action="append",
         metavar="NAME",
-        help=f"run only this demo (repeatable): {', '.join(_demo_names())}",
+        help=f"run only this demo (repeatable): {', '.join(_demo_names(all_plugins))}",
     )
     handlers["demo"] = cmd_demo
 
     try:
-        for extra in call_hook("passkit_cli_commands", subparsers=sub):
+        for extra in call_hook("passkit_cli_commands", cli_only=not all_plugins, subparsers=sub):
             if isinstance(extra, dict):
                 handlers.update(extra)
     except PluginHookError:
@@ -540,11 +575,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     return parser, handlers
 
 
-def _demo_names() -> list[str]:
+def _demo_names(all_plugins: bool) -> list[str]:
     from ._plugins.cli_hooks import plugin_demos
 
     try:
-        return ["core", *plugin_demos()]
+        return ["core", *plugin_demos(cli_only=not all_plugins)]
     except PasskitError:  # a broken config: `passkit check` names it
         return ["core"]
 
@@ -563,6 +598,8 @@ def _run(argv: Sequence[str] | None) -> int:
     command = "passkit"
     try:
         parser, handlers = build_parser()
+        if _command_word(argv) not in (None, *handlers):  # a command a pass plugin adds
+            parser, handlers = build_parser(all_plugins=True)
         try:
             args, extra = parser.parse_known_args(argv)
             if extra:  # named by the subcommand that does not know them (its --help lists its own)
@@ -584,6 +621,12 @@ def _run(argv: Sequence[str] | None) -> int:
     except PasskitError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _command_word(argv: Sequence[str] | None) -> str | None:
+    """The subcommand ``argv`` names: its first word that is no option (None: none)."""
+    words = sys.argv[1:] if argv is None else argv
+    return next((w for w in words if not w.startswith("-")), None)
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:

@@ -74,6 +74,12 @@ def passkit_cli_commands(subparsers: argparse._SubParsersAction) -> dict[str, An
 
     Add parsers to ``subparsers`` and return ``{command_name: handler}`` where
     ``handler(args) -> int`` runs the command.
+
+    Implement it (and :func:`passkit_demos`) in a light module named in the ``passkit.cli``
+    entry-point group: the CLI builds its parser from those modules alone, without the pass
+    plugins, so ``passkit --help`` imports no torch; import what a command needs inside its
+    handler. A ``passkit.passes`` plugin implementing it works too, but its commands are
+    not listed by ``passkit --help`` (the CLI loads every plugin when a command is unknown).
     """
 
 

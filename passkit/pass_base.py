@@ -154,6 +154,10 @@ class Pass:
         Options: a pydantic model of the pass's options (``extra="forbid"`` recommended).
         requires: :class:`Requirements`; unmet ones skip the pass with a reason.
         idempotent: running the pass twice changes nothing the second time.
+        analysis_only: the pass reads the graph and rewrites nothing (it reports what it
+            found in ``matches`` and ``notes``): passkit-testing's conformance checks that it
+            leaves the sample graph as it was, instead of checking that a second run finds
+            nothing left to do.
         source_files: extra files whose content is part of the pass's cache identity
             (the module defining the class is always included).
         tokens: a :class:`~passkit.TokenConstraint`: the token counts the pass applies to
@@ -188,6 +192,7 @@ class Pass:
     Options: ClassVar[type[pydantic.BaseModel]] = NoOptions
     requires: ClassVar[Requirements] = Requirements()
     idempotent: ClassVar[bool] = True
+    analysis_only: ClassVar[bool] = False
     source_files: ClassVar[Sequence[str]] = ()
     tokens: ClassVar[TokenConstraint | None] = None
     depends_on: ClassVar[Sequence[str]] = ()

@@ -9,6 +9,7 @@ with each pass's :class:`PassInfo`, and the pass objects a config's entries name
 """
 
 from ._plugins.registry import (
+    CLI_ENTRY_POINT_GROUP,
     ENTRY_POINT_GROUP,
     HOOKSPECS_GROUP,
     PassInfo,
@@ -25,6 +26,7 @@ from ._plugins.registry import (
 )
 
 __all__ = [
+    "CLI_ENTRY_POINT_GROUP",
     "ENTRY_POINT_GROUP",
     "HOOKSPECS_GROUP",
     "PassInfo",

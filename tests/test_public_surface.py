@@ -64,9 +64,11 @@ def _documented() -> set[str]:
 
 
 def _reexported() -> dict[str, str]:
-    """Each name ``passkit/__init__.py`` imports, with the module it is imported from."""
+    """Each name ``passkit/__init__.py`` imports, with the module it is imported from (its
+    ``if TYPE_CHECKING:`` imports included: the names it imports on first use)."""
     out = {}
-    for node in ast.parse(MODULES["passkit"].read_text()).body:
+    body = ast.parse(MODULES["passkit"].read_text()).body
+    for node in [*body, *(n for top in body if isinstance(top, ast.If) for n in top.body)]:
         if isinstance(node, ast.ImportFrom) and node.level == 1:
             source = ".".join(["passkit", *([node.module] if node.module else [])])
             for alias in node.names:

@@ -162,7 +162,12 @@ class Backend:
         options: dict[str, Any] | None,
         current: compiling.Compiling,
     ) -> CompiledFn:
-        patches = self._compile_patches(mode, options)
+        try:
+            patches = self._compile_patches(mode, options)
+        except ConfigError as exc:  # passkit's own error out of torch.compile, not Dynamo's wrapper
+            from .dynamo_errors import surface
+
+            surface(exc, inspect.currentframe(), "torch.compile's mode/options")
         if self.mode == "inductor":  # as backend="inductor" does: Triton's compile workers
             from torch._inductor.async_compile import maybe_warm_pool  # start while we plan
 

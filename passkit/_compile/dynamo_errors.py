@@ -35,6 +35,13 @@ def surface(exc: PasskitError, frame: types.FrameType | None, what: str) -> NoRe
     """Log ``exc`` (``what``: where it happened) and raise it so Dynamo shows it as is,
     starting at ``frame`` (the backend's). Falls back to ``raise exc`` where Dynamo's
     exception classes moved."""
+    try:
+        from torch._dynamo.exc import ShortenTraceback
+
+        if isinstance(exc, ShortenTraceback):  # surfaced already (a backend inside a backend)
+            raise exc
+    except ImportError:  # pragma: no cover - torch moved it: surface again below
+        pass
     logs.log.error("passkit: %s: %s", what, exc)
     try:
         short = _shortened(type(exc))  # type: ignore[arg-type]  # classes are hashable

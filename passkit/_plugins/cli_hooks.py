@@ -11,15 +11,17 @@ import sys
 from typing import Any
 
 
-def call_hook(hook: str, **kwargs: Any) -> list[Any]:
+def call_hook(hook: str, cli_only: bool = False, **kwargs: Any) -> list[Any]:
     """Call a CLI-time plugin hook (``passkit_cli_commands``, ``passkit_demos``), each
     hookimpl isolated: one that raises is named on stderr and skipped (with
-    ``strict_plugins``: :class:`PluginHookError`)."""
+    ``strict_plugins``: :class:`PluginHookError`). ``cli_only``: on the light plugin set
+    (the ``passkit.cli`` entry points and in-process plugins; no pass plugin is imported,
+    hence no torch), else on every plugin."""
     from ..config import load_config
     from .registry import plugins_for
 
     config = load_config()
-    plugins = plugins_for(config)
+    plugins = plugins_for(config, cli_only=cli_only)
     seen = len(plugins.hook_failures)
     results = plugins.call(hook, strict=config.strict_plugins, **kwargs)
     for failure in plugins.hook_failures[seen:]:
@@ -27,9 +29,9 @@ def call_hook(hook: str, **kwargs: Any) -> list[Any]:
     return results
 
 
-def plugin_demos() -> dict[str, Any]:
+def plugin_demos(cli_only: bool = False) -> dict[str, Any]:
     """The plugins' demos (``passkit_demos`` hook) by name, in plugin order."""
     found: dict[str, Any] = {}
-    for demos in call_hook("passkit_demos"):
+    for demos in call_hook("passkit_demos", cli_only=cli_only):
         found.update(demos if isinstance(demos, dict) else {})
     return found

@@ -44,6 +44,11 @@ HOOKSPECS_GROUP = "passkit.hookspecs"
 """Entry points naming modules of extra hook specifications (made with ``passkit.hookspec``)
 that a distribution adds to passkit's plugin manager before any plugin loads, so that
 plugins can implement them (e.g. passkit-fusion's ``passkit_fusion_dialects``)."""
+CLI_ENTRY_POINT_GROUP = "passkit.cli"
+"""Entry points naming light modules of command-line hookimpls (``passkit_cli_commands``,
+``passkit_demos``): the command line loads these alone, without the pass plugins, to build
+its parser, so ``passkit --help`` and a usage error import no torch. The full plugin set
+loads them too (one module named in both groups is registered once)."""
 CORE_DISTRIBUTION = "passkit"
 
 
@@ -123,7 +128,11 @@ class PluginSet:
     in :attr:`clashes` instead (never resolved by load order or alphabetically) and every
     pass is in :attr:`qualified` as ``owner:name``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, cli_only: bool = False) -> None:
+        self.cli_only = cli_only
+        """Only the :data:`CLI_ENTRY_POINT_GROUP` entry points (and in-process plugins)
+        load, and no extra hookspecs (their modules may import torch): the command line's
+        parser, which calls passkit's own CLI hooks only."""
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.plugins: list[PluginInfo] = []
@@ -142,13 +151,14 @@ class PluginSet:
         self._info: dict[int, PluginInfo] = {}
         self._strict = False
         self._found: dict[str, list[Found]] | None = None
-        self._add_extra_hookspecs()
+        if not cli_only:
+            self._add_extra_hookspecs()
 
     @property
     def found(self) -> dict[str, list[Found]]:
         """The installed entry points of passkit's groups (one scan per plugin set)."""
         if self._found is None:
-            self._found = discover((HOOKSPECS_GROUP, ENTRY_POINT_GROUP))
+            self._found = discover((HOOKSPECS_GROUP, ENTRY_POINT_GROUP, CLI_ENTRY_POINT_GROUP))
         return self._found
 
     def _add_extra_hookspecs(self) -> None:
@@ -298,7 +308,8 @@ class PluginSet:
         self._strict = strict
         allow_set = set(allow) if allow is not None else None
         block_set = set(block)
-        for found in self.found[ENTRY_POINT_GROUP]:
+        groups = [CLI_ENTRY_POINT_GROUP] if self.cli_only else [ENTRY_POINT_GROUP, CLI_ENTRY_POINT_GROUP]
+        for group, found in [(g, f) for g in groups for f in self.found.get(g, [])]:
             ep, dist_name = found.ep, found.distribution
             names = {ep.name, dist_name}
             if not autoload and dist_name != CORE_DISTRIBUTION:
@@ -307,13 +318,17 @@ class PluginSet:
                 continue
             if allow_set is not None and not (names & allow_set) and dist_name != CORE_DISTRIBUTION:
                 continue
-            info = PluginInfo(ep.name, dist_name, found.version, ep.value)
+            # a distribution may name its passes and its commands alike (pluggy wants one name each)
+            label = ep.name if group == ENTRY_POINT_GROUP else f"{ep.name} (commands)"
+            info = PluginInfo(label, dist_name, found.version, ep.value)
             try:
                 plugin = ep.load()
             except BaseException as exc:  # sys.exit() at import too: isolated, named
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 self._fail(self._failure(info, "import", exc))
+                continue
+            if self.pm.is_registered(plugin):  # named in both groups: registered once
                 continue
             self.add(plugin, info)
         self._strict = False
@@ -416,9 +431,12 @@ def get_plugins(
     allow: Iterable[str] | None = None,
     block: Iterable[str] = (),
     strict: bool = False,
+    cli_only: bool = False,
 ) -> PluginSet:
-    """The loaded plugins for these settings; entry points are loaded once per process."""
+    """The loaded plugins for these settings; entry points are loaded once per process.
+    ``cli_only``: the command line's light set (see :attr:`PluginSet.cli_only`)."""
     key = (
+        cli_only,
         autoload,
         tuple(sorted(allow)) if allow is not None else None,
         tuple(sorted(block)),
@@ -428,7 +446,7 @@ def get_plugins(
     with _lock:
         found = _cache.get(key)
         if found is None:
-            found = PluginSet()
+            found = PluginSet(cli_only=cli_only)
             found.load_entry_points(autoload=autoload, allow=allow, block=block, strict=strict)
             found._strict = strict
             for plugin, label in _in_process:
@@ -438,14 +456,15 @@ def get_plugins(
         return found
 
 
-def plugins_for(config: Config) -> PluginSet:
+def plugins_for(config: Config, cli_only: bool = False) -> PluginSet:
     """The plugin set ``config`` allows (its ``autoload``, ``plugins``, ``block_plugins``
-    and ``strict_plugins``)."""
+    and ``strict_plugins``); ``cli_only``: the command line's light set."""
     return get_plugins(
         autoload=config.autoload,
         allow=config.plugins,
         block=config.block_plugins,
         strict=config.strict_plugins,
+        cli_only=cli_only,
     )
 
 

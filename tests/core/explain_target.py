@@ -21,3 +21,12 @@ def make_tokens():
         return torch.relu(x) * 3.0
 
     return f, (torch.randn(16, 8),)
+
+
+def _check_sizes(n):
+    raise ValueError(f"size {n} is not a multiple of 8")
+
+
+def boom():
+    """A factory that raises: ``passkit explain`` names it in one line, with these frames."""
+    return _check_sizes(12)

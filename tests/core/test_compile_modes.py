@@ -153,6 +153,18 @@ def test_eager_mode_refuses_inductor_modes_by_name():
         b(gm, [torch.randn(4, 4)], mode="reduce-overhead")
 
 
+def test_a_bad_option_out_of_torch_compile_is_passkits_config_error():
+    """docs/configuration.md: passkit's own ConfigError, not Dynamo's BackendCompilerFailed
+    wrapping it, through torch.compile of a ``passkit.backend(...)`` object."""
+    compiled = torch.compile(
+        model, backend=passkit.backend(passes=["cleanup"]), options={"max_autotun": True}
+    )
+    with pytest.raises(ConfigError) as err:
+        compiled(torch.randn(4, 4))
+    assert not isinstance(err.value, torch._dynamo.exc.BackendCompilerFailed)
+    assert "'max_autotun' is not an Inductor option (did you mean 'max_autotune'" in str(err.value)
+
+
 # ------------------------------------------------------------------------ fewer cuts
 
 

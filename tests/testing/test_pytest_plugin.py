@@ -161,3 +161,29 @@ def test_requires_gpus_misuse_is_a_usage_error(pytester, args):
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*requires_gpus takes one positive int, the number of GPUs*"])
+
+
+def test_a_failing_pass_test_shows_passkits_log_not_empty_torch_trace_lines(pytester):
+    """pytest attaches its capture to torch's non-propagating ``torch.__trace`` logger, which
+    turns structured tracing on and prints dozens of empty ``DEBUG torch.__trace`` lines
+    under a failing test: the plugin takes it off that logger, and passkit's log stays."""
+    pytester.makepyfile(
+        """
+        import logging
+        import torch
+
+        def test_fails(passkit_harness):
+            logging.getLogger("passkit").warning("passkit: a note from passkit")
+            trace = logging.getLogger("torch.__trace")
+            result = passkit_harness(lambda x: torch.neg(torch.neg(x)) * 2, torch.randn(8), passes=["cleanup"])
+            assert not trace.handlers  # torch's structured tracing stays off
+            result.assert_matches("cleanup", 99)
+        """
+    )
+    result = run(pytester, "--log-level=DEBUG")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "reported 0 match(es), expected 99" in out
+    assert "Captured log call" in out and "passkit: a note from passkit" in out
+    captured = out[out.index("Captured log call") :]
+    assert "torch.__trace" not in captured

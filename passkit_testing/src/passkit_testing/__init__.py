@@ -2,6 +2,8 @@
 
 * :func:`run_passes`: compile a function with given passes (eager mode or Inductor) and get
   the outputs, the report and the graph before/after each pass.
+* :func:`stage_graphs`, :func:`print_stage_graphs`: the graph each stage of torch.compile
+  hands to passes for a given function (what a pass at that stage can match).
 * :func:`count_ops`, :func:`assert_op_count`, :func:`assert_replaced`: ops in graphs.
 * :func:`assert_close`, :func:`assert_no_worse_than`: dtype-aware numerical checks.
 * :func:`fake_world`, :func:`gloo_world`: distributed worlds for CPU tests.
@@ -52,6 +54,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "op_name",
     ),
     "programs": ("ProgramRun", "RankProgram", "run_world_program"),
+    "stages": ("STAGES", "print_stage_graphs", "stage_graphs"),
     "numerics": ("assert_close", "assert_no_worse_than", "relative_error", "tolerances"),
     "worlds": (
         "DEFAULT_TIMEOUT_S",

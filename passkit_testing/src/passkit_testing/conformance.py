@@ -26,7 +26,9 @@ The properties (and the test ids):
     On a graph without the pass's pattern, the pass runs, reports 0 matches and leaves the
     graph as it was.
 ``idempotent``
-    Running the pass again on its own output changes nothing (when ``Pass.idempotent``).
+    Running the pass again on its own output changes nothing (when ``Pass.idempotent``); for
+    a pass declaring ``analysis_only = True`` (it reads the graph, rewrites nothing): it
+    leaves the sample graph as it was.
 ``lint``
     The graph after the pass lints and its metadata agrees with fake-tensor propagation.
 ``plugin-valid``
@@ -302,6 +304,9 @@ class PassChecker:
             raise _Skip("the pass declares idempotent = False")
         if self.sample is None:
             raise _Skip("no sample given (a graph containing the pass's pattern)")
+        if self.cls.analysis_only:
+            self._check_analysis_leaves_the_graph()
+            return
         matched = 0
         for p in self.instances:
             first = self._run("sample", p)
@@ -323,8 +328,19 @@ class PassChecker:
             sample_graph = self._run("sample", self.instances[0]).graph_before
             raise AssertionError(
                 "the pass found nothing to do on the sample (0 matches with every options variant); "
-                f"give a sample containing its pattern:\n{graph_code(sample_graph)}"
+                "give a sample containing its pattern (a pass that only reads the graph declares "
+                f"analysis_only = True):\n{graph_code(sample_graph)}"
             )
+
+    def _check_analysis_leaves_the_graph(self) -> None:
+        for p in self.instances:
+            result = self._run("sample", p)
+            graphs = result.graphs[p.name]
+            if result.report[p.name].modified or graphs.after_code != graphs.before_code:
+                raise AssertionError(
+                    f"with options {p.options_json()}, the pass declares analysis_only = True but "
+                    f"changed the sample graph; graph diff:\n{graphs.diff()}"
+                )
 
     def check_lint(self) -> None:
         # the harness verifies the graph after the pass (lint, fake-tensor re-propagation)

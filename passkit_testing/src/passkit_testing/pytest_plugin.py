@@ -17,12 +17,21 @@ Markers
     test when fewer are visible. ``slow``: a test taking over ~15 s on a 2-core machine
     (deselect with ``-m "not slow"``).
 
+Logs
+    pytest attaches its log capture to every logger that does not propagate, torch's
+    structured-trace logger ``torch.__trace`` included, which turns torch's structured
+    tracing on (it then serializes graphs at every compile) and fills a failing test's
+    "Captured log" with dozens of empty ``DEBUG torch.__trace`` lines (the trace's payload is
+    not in the message). The plugin takes pytest's handlers off that one logger during each
+    test; passkit's log (``passkit``) and every other logger are captured as before.
+
 torch and passkit are imported only when a fixture or marker needs them: loading the plugin
 costs nothing in sessions that do not use it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +62,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             from .worlds import requires_gpus
 
             item.add_marker(requires_gpus(max(needed)))
+
+
+TORCH_TRACE_LOGGER = "torch.__trace"
+"""torch's structured-trace logger (``TORCH_TRACE``, tlparse): records without a message."""
+
+
+def _uncapture_torch_trace(config: pytest.Config) -> None:
+    """Take pytest's log-capture handlers off :data:`TORCH_TRACE_LOGGER` (its own handlers,
+    ``TORCH_TRACE``'s file, stay)."""
+    logging_plugin = config.pluginmanager.get_plugin("logging-plugin")
+    if logging_plugin is None:
+        return
+    pytests = {
+        id(getattr(logging_plugin, attr, None))
+        for attr in ("caplog_handler", "report_handler", "log_cli_handler", "log_file_handler")
+    }
+    trace = logging.getLogger(TORCH_TRACE_LOGGER)
+    for handler in [h for h in trace.handlers if id(h) in pytests]:
+        trace.removeHandler(handler)
+
+
+# innermost of the wrappers: after pytest's logging plugin attached its handlers for the phase
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    _uncapture_torch_trace(item.config)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    _uncapture_torch_trace(item.config)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    _uncapture_torch_trace(item.config)
+    return (yield)
 
 
 def _gpus_needed(item: pytest.Item, marker: pytest.Mark) -> int:

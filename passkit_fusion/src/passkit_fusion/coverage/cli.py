@@ -18,7 +18,7 @@ from passkit import PasskitError
 from passkit.cli import name_list, positive_int
 from passkit.errors import suggest
 
-from .run import PASSES
+from .passes import PASSES
 
 EXPLAIN_HF_HELP = (
     "Build a Hugging Face architecture (config.json or config class) at small sizes with "

@@ -19,13 +19,14 @@ import argparse
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from passkit import PasskitError
 
 from .tables import DEFAULT_MARGIN, DEFAULT_TUNE_TOKENS, USER_TABLES_DIR, Table, save_table
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "TUNE_HELP",
@@ -54,6 +55,8 @@ def run_tune(args: argparse.Namespace, tune: Tuner, cleanup: Callable[[], object
     ``tune`` measures a table per hidden size on every rank; ``cleanup`` runs on every rank
     before its process group is destroyed (e.g. freeing the workspaces ``tune`` created).
     Both must be importable module-level functions (they travel to spawned processes)."""
+    import torch
+
     if args.output is None:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         slug = "-".join("".join(c if c.isalnum() else " " for c in gpu.lower()).split())
@@ -89,6 +92,7 @@ def _tune_worker(
     tune: Tuner,
     cleanup: Callable[[], object],
 ) -> None:
+    import torch
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
@@ -182,6 +186,8 @@ def add_tune_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_tune_model(args: argparse.Namespace) -> int:
     """Run ``passkit tune-model`` with parsed arguments: one process per rank."""
+    import torch
+
     from passkit.cli import import_target
 
     from .measure import resolve_timing
@@ -206,6 +212,7 @@ def run_tune_model(args: argparse.Namespace) -> int:
 
 
 def _tune_model_worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
+    import torch
     import torch.distributed as dist
 
     from passkit.cli import import_target

@@ -33,9 +33,10 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 TABLE_FORMAT = "passkit-fusion-table/1"
 TABLES_DIR = Path(__file__).with_name("tables")
@@ -102,6 +103,8 @@ def dtype_name(dtype: torch.dtype | str) -> str:
     """``torch.bfloat16``, ``"torch.bfloat16"``, ``"bfloat16"`` or an alias such as
     ``"half"`` -> the canonical name (``"bfloat16"``, ``"float16"``)."""
     if isinstance(dtype, str):
+        import torch  # here: the command line's parser reads this module's defaults
+
         resolved = getattr(torch, dtype.removeprefix("torch."), None)
         if isinstance(resolved, torch.dtype):
             dtype = resolved
@@ -294,6 +297,8 @@ def _decision_from_json(rule: Mapping[str, Any]) -> Decision:
 
 
 def _entry_from_json(raw: Mapping[str, Any]) -> tuple[TableKey, Entry]:
+    import torch
+
     key = TableKey(str(raw["gpu"]), int(raw["world_size"]), int(raw["hidden"]), dtype_name(raw["dtype"]))
     if not isinstance(getattr(torch, key.dtype, None), torch.dtype):
         raise ValueError(f"unknown dtype {key.dtype!r}")
