@@ -30,6 +30,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..collective.agreement import TimeoutSeconds
 from ..tuning import decisions
 from . import torch_api
 
@@ -55,7 +56,7 @@ class AsyncTPOptions(pydantic.BaseModel):
     """the largest token count the pass applies to (None: no bound); also reserves the symmetric-memory workspace for that many tokens at the first call, so CUDA graphs captured later for any size up to it run fused"""
     restrict_tokens: bool = True
     """declare min_tokens..max_tokens as the pass's token range (passkit compiles the other sizes without it); False: one compile for every size"""
-    collective_timeout_s: float = pydantic.Field(180.0, gt=0)
+    collective_timeout_s: TimeoutSeconds = 180.0
     """how long a rank waits for the others when setting up symmetric memory before raising RankAgreementError naming the missing ranks"""
 
     @pydantic.model_validator(mode="after")

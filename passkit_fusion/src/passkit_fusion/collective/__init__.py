@@ -18,8 +18,11 @@ Nothing here imports flashinfer or needs CUDA.
 
 from .agreement import (
     DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
     RankAgreementError,
+    TimeoutSeconds,
     agree,
+    check_timeout,
     compare_plans,
     exchange,
     plan_fingerprint,
@@ -33,9 +36,12 @@ from .teardown import bounded
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "HOST_ID_ENV",
+    "MAX_TIMEOUT_S",
     "RankAgreementError",
+    "TimeoutSeconds",
     "agree",
     "bounded",
+    "check_timeout",
     "collective_device",
     "compare_plans",
     "exchange",
