@@ -256,6 +256,10 @@ def config_file_in(path: Path) -> Path:
             for name in CONFIG_FILES:
                 if (path / name).is_file():
                     return path / name
+                if os.path.lexists(path / name):  # a folder, a FIFO, a dangling symlink: named
+                    from .config import not_a_config_file
+
+                    raise PasskitError(f"{path / name}: {not_a_config_file(path / name)}")
             raise PasskitError(f"{path}: a folder with no {' or '.join(CONFIG_FILES)} in it")
     except OSError as exc:
         raise PasskitError(f"{path}: cannot be read: {exc.strerror or exc}") from None
