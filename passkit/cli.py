@@ -506,12 +506,16 @@ def _demo_names() -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; a mistake prints one line on stderr and returns 2; output into a
-    pipe its reader closed (``passkit schema | head``) ends quietly."""
+    pipe its reader closed (``passkit schema | head``) ends quietly; Ctrl-C returns 130 with a
+    line, no traceback."""
     try:
         return _run(argv)
     except BrokenPipeError:
         _discard_stdout()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: what it stopped is named where it was (a plugin's import)
+        print("passkit: interrupted", file=sys.stderr)
+        return 130
 
 
 def _run(argv: Sequence[str] | None) -> int:
