@@ -153,6 +153,7 @@ def matmul_all_reduce(
 ) -> torch.Tensor:
     """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
     Collective: every rank calls it with the same shapes, in the same order."""
+    check_plan(group_name, op_plan("matmul_all_reduce", a, b, chunks, lanes, max_tokens), timeout_s)
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         return unfused(a, b, group_name)
@@ -187,6 +188,7 @@ def matmul_all_reduce_rmsnorm(
     the partials, the residual and the norm in one kernel per chunk (:mod:`.triton_kernel`),
     each chunk's as soon as the peers' rows of it have landed. Collective, like
     :func:`matmul_all_reduce`."""
+    check_plan(group_name, op_plan("matmul_all_reduce_rmsnorm", a, b, chunks, lanes, max_tokens), timeout_s)
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         x = torch.mm(a, b).view(residual.shape)
@@ -205,6 +207,53 @@ def matmul_all_reduce_rmsnorm(
                 out=(norm[start:end], total[start:end]),
             )  # fmt: skip
     return norm.view(residual.shape), total.view(residual.shape)
+
+
+def agreed_all_reduce(
+    x: torch.Tensor, reduce_op: str, group_name: str, plan: str, timeout_s: float
+) -> torch.Tensor:
+    """The functional all-reduce of ``x`` (not waited: the graph's ``wait_tensor`` waits),
+    after the ranks agreed on ``plan`` (:func:`check_plan`): the first chunk's all-reduce of
+    a site the ``"nccl"`` transport split, so that ranks that split differently (or not at
+    all) fail, bounded, instead of issuing all-reduces of different sizes."""
+    check_plan(group_name, plan, timeout_s)
+    return torch.ops._c10d_functional.all_reduce(x, reduce_op, group_name)
+
+
+def check_plan(group_name: str, plan: str, timeout_s: float) -> None:
+    """Agree ``plan`` (a JSON text: transport, chunks, ...) with every rank of the group, once
+    per plan in this process (:func:`passkit_fusion.collective.agree`, at most ``timeout_s``;
+    a :class:`~passkit_fusion.collective.RankAgreementError` on every rank when a rank differs
+    or never arrives, e.g. one that runs the graph without the pass). Not during a CUDA graph
+    capture (the first eager call, or the warm-up before it, agrees)."""
+    key = (group_name, plan)
+    if key in _agreed or _capturing():
+        return
+    import json
+
+    from ..collective import agree
+
+    agree(
+        resolve_group(group_name),
+        "allreduce_overlap:plan",
+        json.loads(plan),
+        timeout_s=timeout_s,
+        describe="allreduce_overlap's chunked matmul + all-reduce",
+    )
+    _agreed.add(key)
+
+
+def op_plan(op: str, a: torch.Tensor, b: torch.Tensor, chunks: int, lanes: int, max_tokens: int) -> str:
+    """The plan of a copy-engine op's call on every rank (its rows aside, which the graph
+    gives every rank alike): the op, its chunks, lanes, buffer size, columns and dtype."""
+    return (
+        f'{{"columns": {b.shape[-1]}, "dtype": "{a.dtype}", "lanes": {lanes}, "max_tokens": {max_tokens}, '
+        f'"op": "{op}", "chunks": {chunks}, "transport": "copy_engine"}}'
+    )
+
+
+_agreed: set[tuple[str, str]] = set()
+"""The (group, plan) pairs the ranks agreed on in this process."""
 
 
 def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:
