@@ -153,7 +153,8 @@ def matmul_all_reduce(
 ) -> torch.Tensor:
     """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
     Collective: every rank calls it with the same shapes, in the same order."""
-    check_plan(group_name, op_plan("matmul_all_reduce", a, b, chunks, lanes, max_tokens), timeout_s)
+    if (group_name, "matmul_all_reduce", b.shape[-1], a.dtype, chunks, lanes, max_tokens) not in _agreed:
+        _check_op_plan(group_name, "matmul_all_reduce", a, b, chunks, lanes, max_tokens, timeout_s)
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         return unfused(a, b, group_name)
@@ -188,7 +189,16 @@ def matmul_all_reduce_rmsnorm(
     the partials, the residual and the norm in one kernel per chunk (:mod:`.triton_kernel`),
     each chunk's as soon as the peers' rows of it have landed. Collective, like
     :func:`matmul_all_reduce`."""
-    check_plan(group_name, op_plan("matmul_all_reduce_rmsnorm", a, b, chunks, lanes, max_tokens), timeout_s)
+    if (
+        group_name,
+        "matmul_all_reduce_rmsnorm",
+        b.shape[-1],
+        a.dtype,
+        chunks,
+        lanes,
+        max_tokens,
+    ) not in _agreed:
+        _check_op_plan(group_name, "matmul_all_reduce_rmsnorm", a, b, chunks, lanes, max_tokens, timeout_s)
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         x = torch.mm(a, b).view(residual.shape)
@@ -243,17 +253,33 @@ def check_plan(group_name: str, plan: str, timeout_s: float) -> None:
     _agreed.add(key)
 
 
-def op_plan(op: str, a: torch.Tensor, b: torch.Tensor, chunks: int, lanes: int, max_tokens: int) -> str:
-    """The plan of a copy-engine op's call on every rank (its rows aside, which the graph
-    gives every rank alike): the op, its chunks, lanes, buffer size, columns and dtype."""
-    return (
-        f'{{"columns": {b.shape[-1]}, "dtype": "{a.dtype}", "lanes": {lanes}, "max_tokens": {max_tokens}, '
-        f'"op": "{op}", "chunks": {chunks}, "transport": "copy_engine"}}'
-    )
+def _check_op_plan(
+    group_name: str,
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    chunks: int,
+    lanes: int,
+    max_tokens: int,
+    timeout_s: float,
+) -> None:
+    """:func:`check_plan` for a copy-engine op's call (its rows aside, which the graph gives
+    every rank alike): the op, chunks, lanes, buffer size, columns and dtype; remembered by
+    a tuple, so that a later call pays one set look-up (the hot path's host time)."""
+    import json
+
+    plan = {
+        "transport": "copy_engine", "op": op, "columns": int(b.shape[-1]), "dtype": str(a.dtype),
+        "chunks": chunks, "lanes": lanes, "max_tokens": max_tokens,
+    }  # fmt: skip
+    check_plan(group_name, json.dumps(plan, sort_keys=True), timeout_s)
+    if (group_name, json.dumps(plan, sort_keys=True)) in _agreed:
+        _agreed.add((group_name, op, b.shape[-1], a.dtype, chunks, lanes, max_tokens))
 
 
-_agreed: set[tuple[str, str]] = set()
-"""The (group, plan) pairs the ranks agreed on in this process."""
+_agreed: set[tuple[Any, ...]] = set()
+"""What the ranks agreed on in this process: (group, plan JSON) pairs, and the copy-engine
+ops' call keys (group, op, columns, dtype, chunks, lanes, max_tokens)."""
 
 
 def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:
