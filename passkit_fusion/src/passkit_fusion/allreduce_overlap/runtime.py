@@ -237,20 +237,13 @@ def check_plan(group_name: str, plan: str, timeout_s: float) -> None:
     or never arrives, e.g. one that runs the graph without the pass). Not during a CUDA graph
     capture (the first eager call, or the warm-up before it, agrees)."""
     key = (group_name, plan)
-    if key in _agreed or _capturing():
+    if key in _agreed:
         return
-    import json
+    from ..collective import agree_plan_once
 
-    from ..collective import agree
-
-    agree(
-        resolve_group(group_name),
-        "allreduce_overlap:plan",
-        json.loads(plan),
-        timeout_s=timeout_s,
-        describe="allreduce_overlap's chunked matmul + all-reduce",
-    )
-    _agreed.add(key)
+    describe = "allreduce_overlap's chunked matmul + all-reduce"
+    if agree_plan_once(group_name, "allreduce_overlap:plan", plan, timeout_s, describe):
+        _agreed.add(key)
 
 
 def _check_op_plan(

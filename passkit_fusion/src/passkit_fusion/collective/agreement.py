@@ -156,6 +156,29 @@ def exchange(
     return [a["plan"] for a in answers]
 
 
+_agreed_plans: set[tuple[str, str, str]] = set()
+"""The (group, step, plan JSON) triples the ranks agreed on in this process."""
+
+
+def agree_plan_once(group_name: str, step: str, plan: str, timeout_s: float, describe: str = "") -> bool:
+    """:func:`agree` on ``plan`` (a JSON text) with every rank of the group ``group_name``,
+    once per (group, step, plan) in this process: a later call costs one set look-up (a
+    compiled graph's hot path). Not during a CUDA-graph capture (the first eager call, or the
+    warm-up before the capture, agrees). Returns whether the plan is agreed (False while
+    capturing before any agreement). Raises :class:`RankAgreementError` like :func:`agree`."""
+    key = (group_name, step, plan)
+    if key in _agreed_plans:
+        return True
+    from .groups import resolve_group
+    from .resources import capturing
+
+    if capturing():
+        return False
+    agree(resolve_group(group_name), step, json.loads(plan), timeout_s=timeout_s, describe=describe)
+    _agreed_plans.add(key)
+    return True
+
+
 def report_failure(group: dist.ProcessGroup, reason: str) -> None:
     """Tell the other ranks that this one failed before a collective step it will never
     reach: their pending and later :func:`agree` calls on ``group`` raise at once, naming
