@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
 from passkit_fusion.sequence_parallel import SequenceParallel
+from sp_counts import reduce_scatters
 from test_matcher import (
     Form,
     bias_in_activation_dtype,
@@ -51,17 +52,7 @@ ALL_REDUCE = "_c10d_functional.all_reduce.default"
 REDUCE_SCATTER = "_c10d_functional.reduce_scatter_tensor.default"
 ALL_GATHER = "_c10d_functional.all_gather_into_tensor.default"
 TOKEN_SHARD = "passkit_fusion.token_shard.default"
-AGREED_RS = "passkit_fusion.agreed_reduce_scatter.default"
 bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
-
-
-def reduce_scatters(gm: torch.fx.GraphModule) -> int:
-    """The graph's reduce-scatters, checking that the first one (the graph's first rewritten
-    collective, one group here) is the plan-checked ``agreed_reduce_scatter`` and the others plain."""
-    targets = {_op(REDUCE_SCATTER), _op(AGREED_RS)}
-    found = [n.target for n in gm.graph.nodes if n.target in targets]
-    assert found[:1] in ([], [_op(AGREED_RS)]) and _op(AGREED_RS) not in found[1:], found
-    return len(found)
 
 
 def rewrite(fn: Any, *inputs: Any, world_size: int = 2, passes: list[Any] | None = None, **kwargs: Any):
