@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..collective import agree_plan_once
 from ..op_library import define
 
 OP_NAME = "passkit_fusion::token_shard"
@@ -74,8 +75,6 @@ def agreed_reduce_scatter(
 def check_plan(group_name: str, plan: str, timeout_s: float) -> None:
     """The agreement :func:`agreed_reduce_scatter` makes (``async_tp``'s fused matmul +
     reduce-scatter makes it too where it took that reduce-scatter over)."""
-    from ..collective import agree_plan_once
-
     describe = "sequence_parallel's reduce-scatter + all-gather of the residual stream"
     agree_plan_once(group_name, STEP, plan, timeout_s, describe)
 
