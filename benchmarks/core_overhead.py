@@ -62,10 +62,23 @@ print(json.dumps({{"compile_s": elapsed, "pass_ms": pass_ms, "graph_nodes": node
 """
 
 
+PROBE_TIMEOUT_S = 900
+
+
 def run_probe(code: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PASSKIT_")}
     env.update(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0", OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    try:  # one probe compiles a small model: minutes at most on a loaded machine
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"probe still running after {PROBE_TIMEOUT_S} s: killed") from None
     if out.returncode != 0:
         raise SystemExit(f"probe failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -257,6 +257,10 @@ def config_file_in(path: Path) -> Path:
             for name in CONFIG_FILES:
                 if (path / name).is_file():
                     return path / name
+                if os.path.lexists(path / name):  # a folder, a FIFO, a dangling symlink: named
+                    from .config import not_a_config_file
+
+                    raise PasskitError(f"{path / name}: {not_a_config_file(path / name)}")
             raise PasskitError(f"{path}: a folder with no {' or '.join(CONFIG_FILES)} in it")
     except OSError as exc:
         raise PasskitError(f"{path}: cannot be read: {exc.strerror or exc}") from None
@@ -586,12 +590,16 @@ def _demo_names(all_plugins: bool) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; a mistake prints one line on stderr and returns 2; output into a
-    pipe its reader closed (``passkit schema | head``) ends quietly."""
+    pipe its reader closed (``passkit schema | head``) ends quietly; Ctrl-C returns 130 with a
+    line, no traceback."""
     try:
         return _run(argv)
     except BrokenPipeError:
         _discard_stdout()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: what it stopped is named where it was (a plugin's import)
+        print("passkit: interrupted", file=sys.stderr)
+        return 130
 
 
 def _run(argv: Sequence[str] | None) -> int:

@@ -22,8 +22,10 @@ users reach for to rule a pass out, without editing code). A warning names both 
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -230,12 +232,43 @@ def _validate(data: Mapping[str, Any], origin: str) -> Config:
 # sources
 
 
-def _find_upwards(filename: str, start: Path) -> Path | None:
+def _find_upwards(filename: str, start: Path, strict: bool = True) -> Path | None:
+    """The nearest ``filename`` in ``start`` or a parent. A name there that is not a
+    readable regular file (a folder, a named pipe, a dangling symlink, a symlink loop) is a
+    :class:`ConfigError` naming it, not "no config file": passkit would otherwise run with
+    no pass and say nothing (``strict=False``: such a name is passed over)."""
     for folder in (start, *start.parents):
         candidate = folder / filename
-        if candidate.is_file():
-            return candidate
+        try:
+            os.lstat(candidate)
+        except OSError:  # nothing by that name (or a folder passkit may not look into)
+            continue
+        problem = not_a_config_file(candidate)
+        if problem and not strict:
+            continue
+        if problem:
+            raise ConfigError(f"config file {cut(candidate)}: {problem}")
+        return candidate
     return None
+
+
+def not_a_config_file(path: Path) -> str | None:
+    """Why ``path`` (which exists, as a name) cannot be read as a config file, or None: it
+    is a regular file (or a symlink to one). Never opens it (a named pipe would block)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if os.path.islink(path):
+            loop = exc.errno == errno.ELOOP
+            return "a symlink loop" if loop else f"a dangling symlink (to {cut(os.readlink(path))})"
+        return f"cannot be read: {_why(exc)}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO), not a file"
+    return "not a regular file"
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -415,7 +448,7 @@ def sources(
         if toml is not None:
             found.append((str(toml), file_source(toml)))
     for other in _UNREAD:
-        unread = _find_upwards(other, cwd)
+        unread = _find_upwards(other, cwd, strict=False)
         if unread is not None:
             warn_config(f"{unread} is not read: passkit reads passkit.toml (TOML) and [tool.passkit]")
     env = env_source(environ)
@@ -434,12 +467,15 @@ def _explicit_file(value: str) -> Path:
     where = f"PASSKIT_CONFIG={cut(value)}"
     try:
         path = Path(value)
-        if path.is_file():
-            return path
-        exists = path.exists()
+        os.lstat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{where}: cannot be read: {_why(exc)}") from None
-    raise ConfigError(f"{where}: {'not a file' if exists else 'no such file'}")
+    problem = not_a_config_file(path)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+    return path
 
 
 _NOT_NULLABLE = frozenset(

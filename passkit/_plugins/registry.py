@@ -33,7 +33,7 @@ import pluggy
 from .. import hookspecs, logs
 from ..errors import ConfigError, PluginError, cut_repr, describe, suggest, warn_config
 from ..pass_base import Pass, validate_options
-from . import hooks
+from . import hooks, interrupts
 from .checks import PluginMistake, find_mistakes, warn_mistakes
 
 if TYPE_CHECKING:
@@ -167,10 +167,10 @@ class PluginSet:
         for found in self.found[HOOKSPECS_GROUP]:
             info = PluginInfo(found.ep.name, found.distribution, found.version, found.ep.value)
             try:
-                self.pm.add_hookspecs(found.ep.load())
+                with interrupts.watch_sigint() as arrived:
+                    self.pm.add_hookspecs(found.ep.load())
             except BaseException as exc:  # sys.exit() at import too
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
+                _reraise_ctrl_c(exc, arrived, f"importing the hook specifications of {_who(info)}")
                 self.failures.append(self._failure(info, "hookspecs", exc))
 
     @property
@@ -215,10 +215,10 @@ class PluginSet:
         collected: list[type[Pass]] = []
         for impl in impls:
             try:
-                collected.extend(_check_pass_list(impl.function()))
+                with interrupts.watch_sigint() as arrived:
+                    collected.extend(_check_pass_list(impl.function()))
             except BaseException as exc:  # sys.exit() too
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
+                _reraise_ctrl_c(exc, arrived, f"registering the passes of {_who(info)}")
                 self.pm.unregister(plugin)
                 self._fail(self._failure(info, "register", exc))
                 return False
@@ -322,16 +322,29 @@ class PluginSet:
             label = ep.name if group == ENTRY_POINT_GROUP else f"{ep.name} (commands)"
             info = PluginInfo(label, dist_name, found.version, ep.value)
             try:
-                plugin = ep.load()
+                with interrupts.watch_sigint() as arrived:
+                    plugin = ep.load()
             except BaseException as exc:  # sys.exit() at import too: isolated, named
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
+                _reraise_ctrl_c(exc, arrived, f"importing {_who(info)}")
                 self._fail(self._failure(info, "import", exc))
                 continue
             if self.pm.is_registered(plugin):  # named in both groups: registered once
                 continue
             self.add(plugin, info)
         self._strict = False
+
+
+def _who(info: PluginInfo) -> str:
+    return f"plugin {info.name!r} (distribution {info.distribution!r}, {info.module})"
+
+
+def _reraise_ctrl_c(exc: BaseException, arrived: Any, what: str) -> None:
+    """Re-raise ``exc`` when it is Ctrl-C (see :mod:`.interrupts`), naming ``what`` it
+    stopped on stderr; a ``KeyboardInterrupt`` the plugin raised itself returns, to be
+    recorded as the plugin's failure like any other exception."""
+    if isinstance(exc, KeyboardInterrupt) and interrupts.from_the_user(arrived):
+        interrupts.say_interrupted(what)
+        raise exc
 
 
 def _reject_wrappers(pm: pluggy.PluginManager, plugin: object) -> None:
@@ -484,12 +497,19 @@ def instantiate(config: Config, plugins: PluginSet) -> list[Pass]:
     warn_unknown_names(config, plugins)
     out: list[Pass] = []
     source = f"{config.passes_from}: " if config.passes_from else ""  # e.g. "PASSKIT_PASSES: "
+    spelled: dict[int, str] = {}  # id(PassInfo) -> the entry that enabled it first
     for entry in config.passes:
         info = plugins.lookup(entry.name)
         if info is None and entry.name in plugins.clashes:
             raise ConfigError(source + clash_message(entry.name, plugins))
         if info is None:
             raise ConfigError(source + unknown_pass_message(entry.name, plugins))
+        first = spelled.setdefault(id(info), entry.name)
+        if first != entry.name:  # "cleanup" and "passkit:cleanup": one pass, run twice otherwise
+            raise ConfigError(
+                f"{source}passes: pass {cut_repr(info.cls.name)} is listed twice (as {cut_repr(first)} "
+                f"and {cut_repr(entry.name)}: the bare and the qualified name of one pass)"
+            )
         try:
             options = validate_options(info.cls, entry.options, info.plugin.origin)
         except ConfigError as exc:

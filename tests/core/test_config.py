@@ -169,3 +169,73 @@ def test_options_from_toml_tables(clean_env):
     pipeline = passkit.build_pipeline()
     assert pipeline.names() == ["mul_to_scale", "cleanup"]
     assert pipeline.passes[0].options.factor == 5.0
+
+
+def _special(path, kind):
+    """Make ``path`` a ``kind`` of name that exists but is no readable file."""
+    import os
+
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "symlink loop":
+        os.symlink(path.name, path)
+    elif kind == "dangling symlink":
+        os.symlink("nowhere.toml", path)
+    elif kind == "named pipe":
+        os.mkfifo(path)
+    return {
+        "folder": "a folder, not a file",
+        "symlink loop": "a symlink loop",
+        "dangling symlink": "a dangling symlink (to nowhere.toml)",
+        "named pipe": "a named pipe (FIFO), not a file",
+    }[kind]
+
+
+KINDS = ["folder", "symlink loop", "dangling symlink", "named pipe"]
+
+
+@pytest.mark.parametrize("filename", ["passkit.toml", "pyproject.toml"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_config_name_that_is_no_file_is_a_named_error_not_absent(clean_env, filename, kind):
+    """Such a name was treated as no config file: ``passkit check`` said OK, 0 passes, and a
+    compile ran with no pass, nothing on stderr."""
+    why = _special(clean_env / filename, kind)
+    with pytest.raises(passkit.ConfigError) as raised:
+        load_config()
+    assert str(raised.value) == f"config file {clean_env / filename}: {why}"
+    from passkit.cli import main
+
+    assert main(["check"]) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_passkit_config_naming_no_file_says_what_it_is(clean_env, monkeypatch, kind):
+    why = _special(clean_env / "mine.toml", kind)
+    monkeypatch.setenv("PASSKIT_CONFIG", str(clean_env / "mine.toml"))
+    with pytest.raises(passkit.ConfigError) as raised:
+        load_config()
+    assert str(raised.value) == f"PASSKIT_CONFIG={clean_env / 'mine.toml'}: {why}"
+
+
+def test_a_config_looking_name_passkit_does_not_read_stays_a_warning(clean_env):
+    (clean_env / ".passkit.toml").mkdir()  # not read at all: no error for what it is
+    assert load_config().passes == []
+
+
+@pytest.mark.parametrize(
+    "passes",
+    [
+        ["cleanup", "passkit:cleanup"],
+        ["passkit:cleanup", "cleanup"],
+        [{"name": "cleanup"}, "passkit:cleanup"],
+    ],
+)
+def test_the_bare_and_qualified_names_of_one_pass_are_listed_twice(clean_env, passes):
+    """The pipeline ran ``cleanup`` twice; the bare name twice is refused, and so is this."""
+    first, second = (p if isinstance(p, str) else p["name"] for p in passes)
+    with pytest.raises(passkit.ConfigError) as raised:
+        passkit.build_pipeline(passes=passes)
+    assert str(raised.value) == (
+        f"Python config: passes: pass 'cleanup' is listed twice (as {first!r} and {second!r}: the bare "
+        "and the qualified name of one pass)"
+    )

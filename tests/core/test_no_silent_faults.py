@@ -328,6 +328,76 @@ def test_a_plugin_calling_sys_exit_at_import_is_isolated_and_named(monkeypatch, 
     torch.testing.assert_close(compiled(X), fn(X))
 
 
+def _with_entry_point(monkeypatch, load, name="interrupter", dist="acme-interrupt"):
+    class _EntryPoint:
+        value = f"{dist.replace('-', '_')}:plugin"
+
+        def __init__(self):
+            self.name = name
+
+        def load(self):
+            return load()
+
+    real = passkit._plugins.registry.discover
+
+    def discover(groups):
+        found = real(groups)
+        found[passkit._plugins.registry.ENTRY_POINT_GROUP].insert(0, Found(_EntryPoint(), dist, "1.0"))
+        return found
+
+    monkeypatch.setattr(passkit._plugins.registry, "discover", discover)
+    passkit._plugins.registry.reset()
+
+
+def test_a_plugin_raising_keyboard_interrupt_itself_at_import_is_its_load_failure(monkeypatch, capsys):
+    """No key pressed: every compile of the process raised a bare KeyboardInterrupt and
+    ``passkit list`` exited 130 with a traceback, the plugin unnamed. The plugin's own
+    KeyboardInterrupt is its bug: recorded like any failure to import, the others load."""
+
+    def load():
+        raise KeyboardInterrupt("acme-interrupt gives up")
+
+    _with_entry_point(monkeypatch, load)
+    plugins = passkit.get_plugins()
+    (failure,) = [f for f in plugins.failures if f.distribution == "acme-interrupt"]
+    assert failure.stage == "import" and failure.error == "KeyboardInterrupt: acme-interrupt gives up"
+    assert "cleanup" in plugins.passes
+    from passkit.cli import main
+
+    assert main(["list"]) == 0
+    shown = capsys.readouterr()
+    assert "interrupter" in shown.out + shown.err and "acme-interrupt" in shown.out + shown.err
+    assert "Traceback" not in shown.out + shown.err
+    compiled = torch.compile(fn, backend=passkit.backend(passes=["cleanup"]))
+    torch.testing.assert_close(compiled(X), fn(X))
+
+
+def test_ctrl_c_while_a_plugin_imports_stops_the_program_naming_the_plugin(monkeypatch, capsys):
+    """A real SIGINT during the import: re-raised (Ctrl-C must stop), the plugin named."""
+    import signal
+    import time
+
+    def load():
+        os.kill(os.getpid(), signal.SIGINT)  # as if Ctrl-C were pressed during a slow import
+        time.sleep(5)  # the handler runs at the next bytecode; never reached
+        raise AssertionError("SIGINT did not interrupt the import")
+
+    _with_entry_point(monkeypatch, load)
+    with pytest.raises(KeyboardInterrupt):
+        passkit.get_plugins()
+    assert capsys.readouterr().err == (
+        "passkit: interrupted while importing plugin 'interrupter' (distribution 'acme-interrupt', "
+        "acme_interrupt:plugin)\n"
+    )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    from passkit.cli import main
+
+    passkit._plugins.registry.reset()
+    assert main(["list"]) == 130  # the CLI: one line each, no traceback
+    err = capsys.readouterr().err
+    assert err.endswith("acme_interrupt:plugin)\npasskit: interrupted\n") and "Traceback" not in err, err
+
+
 def test_an_invalid_stage_names_the_pass_and_the_valid_stages():
     with pytest.raises(TypeError) as caught:
 
@@ -375,7 +445,9 @@ def hijacked(monkeypatch):
 
     def discover(groups):
         found = real(groups)
-        found[passkit._plugins.registry.ENTRY_POINT_GROUP].insert(0, Found(_EntryPoint(), "aaa-hijack", "6.6.6"))
+        found[passkit._plugins.registry.ENTRY_POINT_GROUP].insert(
+            0, Found(_EntryPoint(), "aaa-hijack", "6.6.6")
+        )
         return found
 
     monkeypatch.setattr(passkit._plugins.registry, "discover", discover)

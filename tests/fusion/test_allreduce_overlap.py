@@ -25,6 +25,7 @@ ALL_REDUCE = "_c10d_functional.all_reduce.default"
 MM = "aten.mm.default"
 FUSED = "passkit_fusion.matmul_all_reduce.default"
 FUSED_NORM = "passkit_fusion.matmul_all_reduce_rmsnorm.default"
+AGREED = "passkit_fusion.agreed_all_reduce.default"
 SITES = 4  # TinyLlama's two layers: attention's and the MLP's output projections
 OVERLAP = {"name": "allreduce_overlap", "min_tokens": 1}
 NO_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
@@ -103,7 +104,9 @@ def test_with_nccl_each_output_projection_is_split_into_chunks(chunks, sharding)
     result = _traced(chunks, sharding=sharding)
     before, after = result.graph_before, result.graph_after
     embedding = count_ops(before, ALL_REDUCE) - SITES  # the vocab-parallel embedding's sum
-    assert count_ops(after, ALL_REDUCE) == embedding + SITES * chunks
+    # each site's first chunk through the all-reduce that checks the ranks' plans first
+    assert count_ops(after, ALL_REDUCE) == embedding + SITES * (chunks - 1)
+    assert count_ops(after, AGREED) == SITES
     assert count_ops(after, MM) == count_ops(before, MM) + SITES * (chunks - 1)
     assert count_ops(after, "aten.cat.default") == count_ops(before, "aten.cat.default") + SITES
     record = result.report["allreduce_overlap"]
@@ -120,8 +123,9 @@ def test_each_chunks_all_reduce_is_issued_before_the_next_chunks_matmul_and_wait
     mm, all_reduce, mm, all_reduce, then the waits (none between the chunks)."""
     graph = _traced(2).graph_after.graph
     ops = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-    split = [i for i, op in enumerate(ops) if op == ALL_REDUCE]
+    split = [i for i, op in enumerate(ops) if op in (ALL_REDUCE, AGREED)]
     for first, second in zip(split[1::2], split[2::2]):  # after the embedding's: chunk pairs
+        assert ops[first] == AGREED and ops[second] == ALL_REDUCE
         between = ops[first:second]
         assert MM in between and "_c10d_functional.wait_tensor.default" not in between, between
 
@@ -288,3 +292,119 @@ def test_a_norm_site_the_norm_op_cannot_take_goes_to_the_plain_op_with_its_reaso
     assert "norm sites left to the plain rewrite" in notes and "a scale between the all-reduce" in notes, (
         notes
     )
+
+
+# ------------------------------------------------------------------ ranks that disagree on it
+
+AGREE_TIMEOUT_S = 5.0
+GLOO_TIMEOUT_S = 30.0  # the plain all-reduce of a rank without the pass: bounded by its group
+
+
+def _disagreeing_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Three compiles of one model (passkit's eager mode), each on a fresh group: the pass
+    on rank 0 only ("nccl", then "copy_engine"), then on both with different chunks. Each
+    ends in a bounded error naming what differs, never a size-mismatched all-reduce."""
+    import datetime
+    import time
+
+    from passkit_fusion.collective import RankAgreementError
+
+    def scenario(options: dict[str, Any] | None) -> dict[str, Any]:
+        torch._dynamo.reset()
+        group = dist.new_group(timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+        model = TinyLlama(LlamaConfig(layers=1, kv_heads=4)).float().eval()
+        shard_functional(model, group, rank, world_size)
+        passes = [{**OVERLAP, "collective_timeout_s": AGREE_TIMEOUT_S, **options}] if options else []
+        backend = passkit.backend(passes=[*passes, "cleanup"], mode="eager", on_error="raise")
+        start = time.monotonic()
+        out: dict[str, Any] = {"type": None}
+        try:
+            with torch.no_grad():
+                torch.compile(model, backend=backend)(torch.randint(0, 256, (1, 8)))
+        except Exception as exc:
+            out = {"type": type(exc).__name__, "message": str(exc)}
+            if isinstance(exc, RankAgreementError):
+                out["ranks"] = exc.ranks
+        out["seconds"] = time.monotonic() - start
+        dist.barrier()  # the next scenario starts together
+        return out
+
+    mine = rank == 0
+    return {
+        "nccl_one_rank": scenario({"transport": "nccl"} if mine else None),
+        "copy_engine_one_rank": scenario({"transport": "copy_engine"} if mine else None),
+        "chunks_differ": scenario({"transport": "nccl", "chunks": 2 if mine else 4}),
+    }
+
+
+@pytest.fixture(scope="module")
+def disagreeing() -> list[dict[str, Any]]:
+    return gloo_world(_disagreeing_rank, 2, timeout=400, env=NO_CACHES)
+
+
+@pytest.mark.parametrize("scenario", ["nccl_one_rank", "copy_engine_one_rank"])
+def test_a_rank_without_the_pass_is_named_within_the_timeout(disagreeing, scenario):
+    """Enabled on rank 0 only, rank 0 aborted at the first call (gloo: "Received data size
+    doesn't match expected size"; NCCL: a hang or wrong sums). Now rank 0 waits at most
+    collective_timeout_s for rank 1's plan, then names it; rank 1, which runs its plain
+    all-reduce, ends at its group's timeout."""
+    first, second = disagreeing[0][scenario], disagreeing[1][scenario]
+    assert first["type"] == "RankAgreementError" and first["ranks"] == [1], first
+    assert "step 'allreduce_overlap:plan'" in first["message"], first
+    assert "did not answer within 5 s" in first["message"], first
+    assert first["seconds"] < AGREE_TIMEOUT_S + 30, first
+    assert second["type"] is not None and second["seconds"] < GLOO_TIMEOUT_S + 60, second
+
+
+def test_ranks_splitting_into_different_chunks_both_name_the_difference(disagreeing):
+    for rank in disagreeing:
+        outcome = rank["chunks_differ"]
+        assert outcome["type"] == "RankAgreementError", outcome
+        assert "the ranks disagree at process group" in outcome["message"], outcome
+        assert "chunks" in outcome["message"], outcome
+        assert outcome["seconds"] < 60, outcome
+
+
+@pytest.mark.parametrize("pass_name", ["allreduce_overlap", "async_tp"])
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (1e999, "Input should be a finite number"),
+        (float("nan"), "Input should be a finite number"),
+        (0, "Input should be greater than 0"),
+        (1e9, "Input should be less than or equal to 86400"),
+    ],
+)
+def test_a_collective_timeout_that_never_ends_is_refused(pass_name, value, words):
+    """``collective_timeout_s = 1e999`` (infinity) was accepted: a wait without an end."""
+    with pytest.raises(passkit.ConfigError) as raised:
+        passkit.build_pipeline(passes=[{"name": pass_name, "collective_timeout_s": value}])
+    assert f"passes.{pass_name}.collective_timeout_s: {words}" in str(raised.value)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, 1e9])
+def test_the_runtime_and_the_agreement_refuse_a_timeout_that_never_ends(value):
+    from passkit_fusion.allreduce_rmsnorm import runtime
+    from passkit_fusion.collective import check_timeout
+
+    with pytest.raises(ValueError, match="collective_timeout_s: "):
+        runtime.configure(collective_timeout_s=value)
+    with pytest.raises(ValueError, match="timeout_s: "):
+        check_timeout("timeout_s", value)
+    assert check_timeout("timeout_s", 180) == 180.0
+
+
+def test_a_collective_timeout_variable_that_never_ends_is_refused_by_name():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import passkit_fusion.collective"],
+        env={**__import__("os").environ, "PASSKIT_FUSION_COLLECTIVE_TIMEOUT": "inf"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert (
+        "environment variable PASSKIT_FUSION_COLLECTIVE_TIMEOUT='inf': PASSKIT_FUSION_COLLECTIVE_TIMEOUT: inf is "
+        "not a finite number of seconds" in out.stderr
+    ), out.stderr[-2000:]

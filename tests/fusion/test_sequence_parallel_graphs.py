@@ -17,6 +17,7 @@ import torch.distributed._functional_collectives as funcol
 from passkit_fusion.model import LlamaConfig, TinyLlama, shard_dtensor, shard_functional
 from passkit_fusion.sequence_parallel import SequenceParallel
 from report_notes import pass_notes
+from sp_counts import reduce_scatters
 from test_matcher import (
     Form,
     bias_in_activation_dtype,
@@ -107,7 +108,7 @@ def test_rewrites_form(form: Form, sites: int, sliced: int, gathered: int):
     after = result.graph_after
     result.assert_matches("sequence_parallel", sites)
     assert count_ops(after, ALL_REDUCE) == 0
-    assert count_ops(after, REDUCE_SCATTER) == sites
+    assert reduce_scatters(after) == sites
     assert count_ops(after, ALL_GATHER) == sites + gathered
     assert count_ops(after, TOKEN_SHARD) == sliced
     tokens = form.shape[0] * (form.shape[1] if len(form.shape) == 3 else 1)
@@ -124,7 +125,7 @@ def test_a_norm_without_weight_read_by_the_next_norm():
     result = rewrite(form.fn, *form.inputs())
     result.assert_matches("sequence_parallel", 1)
     after = result.graph_after
-    assert count_ops(after, ALL_REDUCE) == 0 and count_ops(after, REDUCE_SCATTER) == 1
+    assert count_ops(after, ALL_REDUCE) == 0 and reduce_scatters(after) == 1
     assert norm_args(after) == [((4, 1), fp32), ((8, 1), fp32)]  # the site's on the shard, the next
 
 
@@ -137,7 +138,7 @@ def test_a_norm_output_that_is_the_next_residual_stays_sharded(dtype: torch.dtyp
     result.assert_matches("sequence_parallel", 2)
     after = result.graph_after
     assert count_ops(after, ALL_REDUCE) == 0 and count_ops(after, TOKEN_SHARD) == 0
-    assert count_ops(after, REDUCE_SCATTER) == 2 and count_ops(after, ALL_GATHER) == 2
+    assert reduce_scatters(after) == 2 and count_ops(after, ALL_GATHER) == 2
     note = result.report["sequence_parallel"].notes[0]
     assert "0 residual(s) sliced (first), 1 already sharded (middle), 1 without residual" in note
     adds = [n for n in after.graph.nodes if n.target is torch.ops.aten.add.Tensor and n.args[1] is not None]
@@ -167,7 +168,7 @@ def test_tensor_parallel_llama_first_middle_last(sharding: str, world_size: int)
         result = run_passes(model, ids, passes=[SP])
     after = result.graph_after
     assert count_ops(after, ALL_REDUCE) == 0
-    assert count_ops(after, REDUCE_SCATTER) == count_ops(after, ALL_GATHER) == cfg.sites() == 5
+    assert reduce_scatters(after) == count_ops(after, ALL_GATHER) == cfg.sites() == 5
     assert count_ops(after, TOKEN_SHARD) == 0  # the embedding's sum is the first residual
     notes = result.report["sequence_parallel"].notes
     assert notes[0].startswith(
@@ -211,7 +212,7 @@ NEGATIVES = [
 def test_rejects_with_reason(form: Form, reason: str, world_size: int):
     result = rewrite(form.fn, *form.inputs(), world_size=world_size)
     result.assert_matches("sequence_parallel", 0)
-    assert count_ops(result.graph_after, REDUCE_SCATTER) == 0
+    assert reduce_scatters(result.graph_after) == 0
     assert count_ops(result.graph_after, ALL_REDUCE) == 1
     (note,) = pass_notes(result.report["sequence_parallel"])
     assert note == f"1 candidate(s) rejected: {reason}"
@@ -316,7 +317,10 @@ def test_token_constraint():
     [
         ({"min_tokens": 0}, "passes.sequence_parallel.min_tokens"),
         ({"min_tokens": 64, "max_tokens": 32}, "max_tokens=32 is below min_tokens=64"),
-        ({"min_token": 4}, "unknown option (known options: min_tokens, max_tokens, restrict_tokens)"),
+        (
+            {"min_token": 4},
+            "unknown option (known options: min_tokens, max_tokens, restrict_tokens, collective_timeout_s)",
+        ),
     ],
 )
 def test_rejects_bad_options(clean_env, options: dict[str, Any], message: str):
@@ -430,7 +434,11 @@ def test_async_tp_fuses_both_halves_after_sequence_parallel(model: str, dynamic:
     assert count_ops(gm, AG_MM) == gathers
     assert count_ops(gm, MM_RS) == 2 * layers
     assert count_ops(gm, ALL_GATHER) == 1
-    assert count_ops(gm, REDUCE_SCATTER) == (1 if model == "llama" else 0)
+    assert reduce_scatters(gm) == (1 if model == "llama" else 0)
+    # the first reduce-scatter agrees on sequence_parallel's plan: the embedding's unfused one
+    # (llama) or the fused matmul + reduce-scatter that took it over (the stack), only that one
+    plans = [n.args[8] if len(n.args) > 8 else "" for n in gm.graph.nodes if n.target is _op(MM_RS)]
+    assert plans[1:] == [""] * (len(plans) - 1) and bool(plans[0]) == (model == "stack"), plans
     assert count_ops(gm, "aten.mm") == (0 if model == "llama" else 1)
     if model == "llama":  # q, k, v in one op; gate, up in another
         assert sorted(len(n.args[1]) for n in gm.graph.nodes if n.target is _op(AG_MM)) == [2, 2, 3, 3]

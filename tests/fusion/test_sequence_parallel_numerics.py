@@ -213,3 +213,80 @@ def test_with_async_tp_through_inductor():
         for key in (STATIC, "tokens >= 8, multiples of 2"):
             assert rank["records"][key]["async_tp"][:2] == ("ran", 8)
         assert rank["compiles"] == 3
+
+
+# ------------------------------------------------------------------ ranks that disagree on it
+
+AGREE_TIMEOUT_S = 3.0
+GLOO_TIMEOUT_S = 10.0  # the plain all-reduce of a rank without the pass: bounded by its group
+
+
+def _disagreeing_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Compiles of one model (passkit's eager mode), each on a fresh group: both ranks with
+    the pass and one plan (it runs), with different plans, then the pass on rank 0 only. Each
+    disagreement ends in a bounded RankAgreementError, never a reduce-scatter meeting an
+    all-reduce (gloo: a size mismatch or a hang; NCCL: a hang)."""
+    import datetime
+    import time
+
+    from passkit_fusion.collective import RankAgreementError
+
+    def scenario(options: dict[str, Any] | None) -> dict[str, Any]:
+        torch._dynamo.reset()
+        group = dist.new_group(timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+        model = TinyLlama(LlamaConfig(layers=1, kv_heads=4)).float().eval()
+        shard_functional(model, group, rank, world_size)
+        passes = [{**SP, "collective_timeout_s": AGREE_TIMEOUT_S, **options}] if options is not None else []
+        backend = passkit.backend(passes=[*passes, "cleanup"], mode="eager", on_error="raise")
+        start = time.monotonic()
+        out: dict[str, Any] = {"type": None}
+        try:
+            with torch.no_grad():
+                got = torch.compile(model, backend=backend)(_ids(MIN))
+            out["matches_eager"] = bool(torch.allclose(got, model(_ids(MIN)), atol=1e-5, rtol=1e-5))
+        except Exception as exc:
+            out = {"type": type(exc).__name__, "message": str(exc)}
+            if isinstance(exc, RankAgreementError):
+                out["ranks"] = exc.ranks
+        out["seconds"] = time.monotonic() - start
+        dist.barrier()  # the next scenario starts together
+        return out
+
+    mine = rank == 0
+    return {
+        "same_plan": scenario({}),
+        "plans_differ": scenario({} if mine else {"restrict_tokens": False}),
+        "one_rank": scenario({} if mine else None),
+    }
+
+
+@pytest.fixture(scope="module")
+def disagreeing() -> list[dict[str, Any]]:
+    return gloo_world(_disagreeing_rank, 2, timeout=300, env=NO_CACHES)
+
+
+def test_ranks_with_one_plan_agree_and_run(disagreeing):
+    for rank in disagreeing:
+        assert rank["same_plan"]["type"] is None and rank["same_plan"]["matches_eager"], rank["same_plan"]
+
+
+def test_ranks_with_different_plans_both_name_the_difference(disagreeing):
+    for rank in disagreeing:
+        outcome = rank["plans_differ"]
+        assert outcome["type"] == "RankAgreementError", outcome
+        assert "the ranks disagree at process group" in outcome["message"], outcome
+        assert "step 'sequence_parallel:plan'" in outcome["message"], outcome
+        assert "field 'restrict_tokens' differs" in outcome["message"], outcome
+        assert outcome["ranks"] == [1] and outcome["seconds"] < AGREE_TIMEOUT_S + 30, outcome
+
+
+def test_a_rank_without_the_pass_is_named_within_the_timeout(disagreeing):
+    """Enabled on rank 0 only, rank 0's reduce-scatter met rank 1's all-reduce. Now rank 0
+    waits at most collective_timeout_s for rank 1's plan, then names it; rank 1, which runs
+    its plain all-reduce, ends at its group's timeout."""
+    first, second = disagreeing[0]["one_rank"], disagreeing[1]["one_rank"]
+    assert first["type"] == "RankAgreementError" and first["ranks"] == [1], first
+    assert "step 'sequence_parallel:plan'" in first["message"], first
+    assert f"did not answer within {AGREE_TIMEOUT_S:g} s" in first["message"], first
+    assert first["seconds"] < AGREE_TIMEOUT_S + 30, first
+    assert second["type"] is not None and second["seconds"] < GLOO_TIMEOUT_S + 60, second

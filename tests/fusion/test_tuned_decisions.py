@@ -703,3 +703,119 @@ def test_tune_model_checks_the_timing_on_every_device_before_compiling():
             torch.nn.Linear(4, 4), lambda t: (torch.randn(t, 4),), ["allreduce_rmsnorm"], timing="wall",
             save=False, progress=False,
         )  # fmt: skip
+
+
+# ------------------------------------ cache entries that are no decision, a folder that takes none
+
+
+def _with_timeout(fn, seconds=30.0):
+    """``fn()`` in a daemon thread (in this context: the compile scope); fails the test
+    (instead of hanging it) past ``seconds``."""
+    import contextvars
+    import threading
+
+    out: dict[str, object] = {}
+    context = contextvars.copy_context()
+
+    def target():
+        try:
+            out["value"] = context.run(fn)
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"blocked for {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_a_decision_path_that_is_a_named_pipe_is_ignored_without_blocking(graph_scope):
+    import os
+
+    path = decisions.path_for(_stored_for(graph_scope).key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)  # no writer ever opens it: reading it would block forever
+    found = _with_timeout(lambda: decisions.lookup(CTX))
+    assert (found.decision, found.source) == (None, "table")
+    assert found.note == (
+        f"stored decision {path} ignored: unreadable (not a valid fuse decision "
+        "(ValueError: not a regular file (a named pipe)))"
+    )
+    with pytest.raises(ValueError, match="not a regular file"):
+        _with_timeout(lambda: decisions.load(path))
+    # the pass's identity (which globs the folder) does not block on it either
+    arrms = AllReduceRMSNorm(implementation="reference")
+    with fake_world(2):
+        assert "not a regular file" in _with_timeout(arrms.decision_identity)
+
+
+def test_a_decision_path_that_is_a_folder_is_ignored_with_a_note(graph_scope):
+    path = decisions.path_for(_stored_for(graph_scope).key)
+    path.mkdir(parents=True)
+    assert "not a regular file (a folder)" in decisions.lookup(CTX).note
+
+
+def test_deeply_nested_json_is_ignored_like_any_malformed_entry(graph_scope):
+    """``RecursionError`` escaped ``load()``: every tunable pass then failed instead of
+    leaving the decision to the tables."""
+    path = decisions.path_for(_stored_for(graph_scope).key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    found = decisions.lookup(CTX)
+    assert (found.decision, found.source) == (None, "table")
+    assert found.note.startswith(
+        f"stored decision {path} ignored: unreadable (not a valid fuse decision (RecursionError"
+    )
+    arrms = AllReduceRMSNorm(implementation="reference")
+    assert arrms.token_constraint(CTX) is None  # the tables decide, no exception
+
+
+def _nested(current):
+    path = decisions.path_for(_stored_for(current).key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
+
+
+def test_a_deeply_nested_entry_leaves_the_pass_running_on_its_tables(isolated):
+    arrms = [{"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]
+    record = _run_with(arrms, _nested, passkit.TokenRange(1, 4))["allreduce_rmsnorm"]
+    assert (record.status, record.decision) == ("ran", "table"), record
+    assert " ignored: unreadable (not a valid fuse decision (RecursionError" in record.notes[-1]
+
+
+def test_a_folder_that_cannot_be_written_keeps_the_measured_decision_and_says_where(isolated, capsys):
+    """``decisions.save`` raised a raw ``OSError [Errno 30]`` after everything was measured,
+    and the decision was lost."""
+    import os
+
+    if os.geteuid() == 0:  # root writes any folder: a file where the folder would be instead
+        blocker = isolated / "cache"
+        blocker.write_text("not a folder")
+    else:
+        (isolated / "cache").mkdir()
+        os.chmod(isolated / "cache", 0o500)
+    passes = [{"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]
+    with fake_world(2) as world:
+        model, inputs, mark = _tiny(world)
+        stream = io.StringIO()
+        result = measure.tune_model(
+            model, inputs, passes, token_counts=[2, 4, 16], timer=_fake_timer, mark_dynamic=mark,
+            mode="eager", progress=stream,
+        )  # fmt: skip
+        # the decision still serves this process's compiles
+        reports = _compile_reports(model, inputs, mark, passes)
+        assert reports["tokens 1..4"]["allreduce_rmsnorm"].decision == "measured"
+    (path,) = result.paths
+    assert not path.exists() and list(result.unsaved) == [path]
+    err = capsys.readouterr().err
+    assert f"passkit tune: rank 0: cannot write {path} (" in err
+    assert "the decision holds in this process only" in err
+    printed = json.loads(err[err.index("{") : err.rindex("}") + 1])
+    assert FuseDecision.from_json(printed).summary() == result.decision.summary()
+    assert result.decision.summary() == "tokens 1..4: allreduce_rmsnorm; tokens >= 5: inductor"
+    assert "passkit tune: wrote" not in stream.getvalue()
+    with pytest.raises(decisions.DecisionNotSaved, match=f"cannot write the fuse decision {path}"):
+        decisions.save(result.decision, path)

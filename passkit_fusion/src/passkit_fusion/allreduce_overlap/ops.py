@@ -105,8 +105,32 @@ def _fake_norm(a, b, residual, weight, eps, weight_bias, group_name, chunks, lan
     return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
 
 
+AGREED_SCHEMA = (
+    "agreed_all_reduce(Tensor input, str reduce_op, str group_name, str plan, float timeout_s) -> Tensor"
+)
+
+
+def agreed_all_reduce(
+    x: torch.Tensor, reduce_op: str, group_name: str, plan: str, timeout_s: float
+) -> torch.Tensor:
+    """``_c10d_functional.all_reduce(x, reduce_op, group_name)`` (waited by the graph's
+    ``wait_tensor``) once every rank agreed on ``plan`` (:func:`.runtime.check_plan`): the
+    first chunk's all-reduce of a site split with ``transport="nccl"``."""
+    return runtime.agreed_all_reduce(x, reduce_op, group_name, plan, timeout_s)
+
+
+def _fake_agreed(x, reduce_op, group_name, plan, timeout_s):
+    return torch.empty_like(x)
+
+
 define(SCHEMA, matmul_all_reduce, _fake)
 define(NORM_SCHEMA, matmul_all_reduce_rmsnorm, _fake_norm)
+define(AGREED_SCHEMA, agreed_all_reduce, _fake_agreed)
+
+
+def agreed_all_reduce_op() -> torch._ops.OpOverload:
+    """The plan-checked all-reduce's overload, as a graph node's target."""
+    return torch.ops.passkit_fusion.agreed_all_reduce.default
 
 
 def matmul_all_reduce_rmsnorm_op() -> torch._ops.OpOverload:

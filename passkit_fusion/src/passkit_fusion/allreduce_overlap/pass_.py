@@ -39,6 +39,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..collective.agreement import TimeoutSeconds
 from ..tuning import decisions
 
 _HERE = Path(__file__).resolve().parent
@@ -64,7 +65,7 @@ class AllReduceOverlapOptions(pydantic.BaseModel):
     """the largest token count the pass rewrites (None: no bound)"""
     restrict_tokens: bool = True
     """apply min_tokens/max_tokens (the sizes outside compile apart, without the pass); False: every size (every multiple of chunks with "nccl")"""
-    collective_timeout_s: float = pydantic.Field(180.0, gt=0)
+    collective_timeout_s: TimeoutSeconds = 180.0
     """the bound on the ranks' agreement when the copy-engine buffer is set up (a rank missing fails every rank instead of hanging)"""
 
     @pydantic.model_validator(mode="after")

@@ -225,11 +225,18 @@ class Rewriter:
                     size * k if isinstance(size, int) else self._call(operator.mul, (size, k), like=site.mm)
                 )
 
+            from . import ops  # registers the plan-checked all-reduce
+
+            plan = self._nccl_plan(b)
             reduced = []
             for i in range(self.chunks):
                 start, end = row(i), row(i + 1)
                 part = self._call(aten.slice.Tensor, (a, 0, start, end), like=site.mm)
                 product = self._call(aten.mm.default, (part, b), like=site.mm)
+                if i == 0:  # the ranks agree on the split before its first all-reduce
+                    args = (product, reduce_op, group, plan, self.timeout_s)
+                    reduced.append(self._call(ops.agreed_all_reduce_op(), args, like=site.all_reduce))
+                    continue
                 reduced.append(
                     self._call(c10d.all_reduce.default, (product, reduce_op, group), like=site.all_reduce)
                 )
@@ -240,6 +247,22 @@ class Rewriter:
             for view in site.views:  # the old views, on the whole sum
                 out = self._call(view.target, (out, *view.args[1:]), like=view)
         self._replace(site, out)
+
+    def _nccl_plan(self, b: fx.Node) -> str:
+        """What every rank's split of a site must share (JSON): the transport, the chunks,
+        the columns and dtype of the product."""
+        import json
+
+        val = b.meta["val"]
+        return json.dumps(
+            {
+                "transport": "nccl",
+                "chunks": self.chunks,
+                "columns": str(val.shape[-1]),
+                "dtype": str(val.dtype),
+            },
+            sort_keys=True,
+        )
 
     def _replace(self, site: Site, out: fx.Node) -> None:
         site.wait.replace_all_uses_with(out)

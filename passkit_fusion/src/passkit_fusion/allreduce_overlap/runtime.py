@@ -153,6 +153,8 @@ def matmul_all_reduce(
 ) -> torch.Tensor:
     """``all_reduce_sum(a @ b)`` over ``group_name`` (``a``: ``[rows, k]``, ``b``: ``[k, n]``).
     Collective: every rank calls it with the same shapes, in the same order."""
+    if (group_name, "matmul_all_reduce", b.shape[-1], a.dtype, chunks, lanes, max_tokens) not in _agreed:
+        _check_op_plan(group_name, "matmul_all_reduce", a, b, chunks, lanes, max_tokens, timeout_s)
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         return unfused(a, b, group_name)
@@ -187,6 +189,16 @@ def matmul_all_reduce_rmsnorm(
     the partials, the residual and the norm in one kernel per chunk (:mod:`.triton_kernel`),
     each chunk's as soon as the peers' rows of it have landed. Collective, like
     :func:`matmul_all_reduce`."""
+    if (
+        group_name,
+        "matmul_all_reduce_rmsnorm",
+        b.shape[-1],
+        a.dtype,
+        chunks,
+        lanes,
+        max_tokens,
+    ) not in _agreed:
+        _check_op_plan(group_name, "matmul_all_reduce_rmsnorm", a, b, chunks, lanes, max_tokens, timeout_s)
     handle = _handle_or_fallback(a, b, group_name, max_tokens, timeout_s)
     if handle is None:
         x = torch.mm(a, b).view(residual.shape)
@@ -205,6 +217,62 @@ def matmul_all_reduce_rmsnorm(
                 out=(norm[start:end], total[start:end]),
             )  # fmt: skip
     return norm.view(residual.shape), total.view(residual.shape)
+
+
+def agreed_all_reduce(
+    x: torch.Tensor, reduce_op: str, group_name: str, plan: str, timeout_s: float
+) -> torch.Tensor:
+    """The functional all-reduce of ``x`` (not waited: the graph's ``wait_tensor`` waits),
+    after the ranks agreed on ``plan`` (:func:`check_plan`): the first chunk's all-reduce of
+    a site the ``"nccl"`` transport split, so that ranks that split differently (or not at
+    all) fail, bounded, instead of issuing all-reduces of different sizes."""
+    check_plan(group_name, plan, timeout_s)
+    return torch.ops._c10d_functional.all_reduce(x, reduce_op, group_name)
+
+
+def check_plan(group_name: str, plan: str, timeout_s: float) -> None:
+    """Agree ``plan`` (a JSON text: transport, chunks, ...) with every rank of the group, once
+    per plan in this process (:func:`passkit_fusion.collective.agree`, at most ``timeout_s``;
+    a :class:`~passkit_fusion.collective.RankAgreementError` on every rank when a rank differs
+    or never arrives, e.g. one that runs the graph without the pass). Not during a CUDA graph
+    capture (the first eager call, or the warm-up before it, agrees)."""
+    key = (group_name, plan)
+    if key in _agreed:
+        return
+    from ..collective import agree_plan_once
+
+    describe = "allreduce_overlap's chunked matmul + all-reduce"
+    if agree_plan_once(group_name, "allreduce_overlap:plan", plan, timeout_s, describe):
+        _agreed.add(key)
+
+
+def _check_op_plan(
+    group_name: str,
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    chunks: int,
+    lanes: int,
+    max_tokens: int,
+    timeout_s: float,
+) -> None:
+    """:func:`check_plan` for a copy-engine op's call (its rows aside, which the graph gives
+    every rank alike): the op, chunks, lanes, buffer size, columns and dtype; remembered by
+    a tuple, so that a later call pays one set look-up (the hot path's host time)."""
+    import json
+
+    plan = {
+        "transport": "copy_engine", "op": op, "columns": int(b.shape[-1]), "dtype": str(a.dtype),
+        "chunks": chunks, "lanes": lanes, "max_tokens": max_tokens,
+    }  # fmt: skip
+    check_plan(group_name, json.dumps(plan, sort_keys=True), timeout_s)
+    if (group_name, json.dumps(plan, sort_keys=True)) in _agreed:
+        _agreed.add((group_name, op, b.shape[-1], a.dtype, chunks, lanes, max_tokens))
+
+
+_agreed: set[tuple[Any, ...]] = set()
+"""What the ranks agreed on in this process: (group, plan JSON) pairs, and the copy-engine
+ops' call keys (group, op, columns, dtype, chunks, lanes, max_tokens)."""
 
 
 def unfused(a: torch.Tensor, b: torch.Tensor, group_name: str) -> torch.Tensor:

@@ -53,6 +53,7 @@ from ..collective import (
     plan_fingerprint,
     resolve_group,
 )
+from ..collective.agreement import check_timeout
 from ..collective.resources import at_exit, outside_graph_pools
 from ..collective.resources import capturing as _capturing
 from ..reference import fp8_quantize, rms_norm
@@ -265,8 +266,8 @@ def _validate_config(config: RuntimeConfig) -> None:
         raise TypeError(f"table must be a passkit_fusion.Table, got {type(config.table)}")
     for field in ("collective_timeout_s", "teardown_timeout_s"):
         value = getattr(config, field)
-        if value is not None and not value > 0:
-            raise ValueError(f"{field} must be a positive number of seconds, got {value!r}")
+        if value is not None:
+            check_timeout(field, value)
     if config.force is not None and not isinstance(config.force, Decision):
         raise TypeError(f"force must be a Decision or None, got {type(config.force)}")
 

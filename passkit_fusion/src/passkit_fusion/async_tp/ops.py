@@ -62,7 +62,7 @@ def _ag_fake(A_shard, Bs, gather_dim, group_name, return_A, mode, max_tokens, ti
     mutates_args=(),
     schema=(
         "(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name, str mode, "
-        "int max_tokens, float timeout_s) -> Tensor"
+        'int max_tokens, float timeout_s, str plan="") -> Tensor'
     ),
 )
 def async_tp_matmul_reduce_scatter(
@@ -74,16 +74,23 @@ def async_tp_matmul_reduce_scatter(
     mode: str,
     max_tokens: int,
     timeout_s: float,
+    plan: str = "",
 ) -> torch.Tensor:
-    """``reduce_scatter(A @ B, reduce_op, scatter_dim)`` over ``group_name``. Collective."""
+    """``reduce_scatter(A @ B, reduce_op, scatter_dim)`` over ``group_name``. Collective.
+    ``plan``: the ``sequence_parallel`` plan of the group's first reduce-scatter, which this
+    op took over (agreed first, within ``timeout_s``, like ``agreed_reduce_scatter``)."""
     _check_mode(mode)
+    if plan:
+        from ..sequence_parallel.ops import check_plan
+
+        check_plan(group_name, plan, timeout_s)
     return runtime.matmul_reduce_scatter(
         A, B, reduce_op, scatter_dim, group_name, mode, max_tokens, timeout_s
     )
 
 
 @async_tp_matmul_reduce_scatter.register_fake
-def _rs_fake(A, B, reduce_op, scatter_dim, group_name, mode, max_tokens, timeout_s):
+def _rs_fake(A, B, reduce_op, scatter_dim, group_name, mode, max_tokens, timeout_s, plan=""):
     # The shape only, as the functional reduce_scatter_tensor's own meta computes it
     # (size // W along the scatter dim). Not through funcol.reduce_scatter_tensor: its
     # ``assert size % W == 0`` would put a guard ``Mod(T, W) == 0`` on a symbolic token count,

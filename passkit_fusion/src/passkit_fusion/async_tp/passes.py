@@ -30,6 +30,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..collective.agreement import TimeoutSeconds
 from ..tuning import decisions
 from . import torch_api
 
@@ -55,7 +56,7 @@ class AsyncTPOptions(pydantic.BaseModel):
     """the largest token count the pass applies to (None: no bound); also reserves the symmetric-memory workspace for that many tokens at the first call, so CUDA graphs captured later for any size up to it run fused"""
     restrict_tokens: bool = True
     """declare min_tokens..max_tokens as the pass's token range (passkit compiles the other sizes without it); False: one compile for every size"""
-    collective_timeout_s: float = pydantic.Field(180.0, gt=0)
+    collective_timeout_s: TimeoutSeconds = 180.0
     """how long a rank waits for the others when setting up symmetric memory before raising RankAgreementError naming the missing ranks"""
 
     @pydantic.model_validator(mode="after")
@@ -137,6 +138,7 @@ class AsyncTP(decisions.Tunable, GraphPass):
         if across:  # decided from the hosts the group's ranks exchanged: the same on every rank
             return PassResult.unchanged("; ".join(across))
         _views_around_matmuls_to_reshapes(graph)
+        plans = _plain_reduce_scatters(graph)  # sequence_parallel's agreed ones, for torch's matcher
         hosts = host.to_torch(graph)
         found = _candidates(graph)
         groups = sorted({c.group for c in found} | _collective_groups(graph))
@@ -160,6 +162,7 @@ class AsyncTP(decisions.Tunable, GraphPass):
             c.why_not = _not_enabled() if c.group in disabled else _why_left(c)
         host.settle(graph, hosts)  # the host's ops back where torch fused nothing
         wrapped = self._retarget(graph, ag_op, rs_op)
+        _restore_agreements(graph, plans)
         if ctx.mode == "eager":
             _drop_layout_hints(graph)
         _fill_meta(graph)
@@ -195,6 +198,46 @@ class AsyncTP(decisions.Tunable, GraphPass):
 
 
 # ------------------------------------------------------------------- candidates, notes --
+
+
+def _plain_reduce_scatters(graph: fx.Graph) -> dict[str, tuple[str, float]]:
+    """``sequence_parallel``'s ``agreed_reduce_scatter`` nodes (each group's first
+    reduce-scatter) made plain ``reduce_scatter_tensor`` nodes, which torch's matcher fuses;
+    returns each group's (plan, timeout), for :func:`_restore_agreements`."""
+    from ..sequence_parallel import ops as sp_ops
+
+    plans: dict[str, tuple[str, float]] = {}
+    for node in graph.find_nodes(op="call_function", target=sp_ops.agreed_reduce_scatter_op()):
+        x, reduce_op, size, group, plan, timeout = node.args
+        node.target, node.args = (
+            torch.ops._c10d_functional.reduce_scatter_tensor.default,
+            (x, reduce_op, size, group),
+        )
+        plans[str(group)] = (str(plan), float(timeout))  # type: ignore[arg-type]
+    return plans
+
+
+def _restore_agreements(graph: fx.Graph, plans: dict[str, tuple[str, float]]) -> None:
+    """Each group's first reduce-scatter agrees on its ``sequence_parallel`` plan again:
+    ``agreed_reduce_scatter`` where torch left it, else the fused matmul + reduce-scatter
+    that took it over carries the plan (its first call agrees before any collective)."""
+    from ..sequence_parallel import ops as sp_ops
+
+    rs = torch.ops._c10d_functional.reduce_scatter_tensor.default
+    fused = torch.ops.passkit_fusion.async_tp_matmul_reduce_scatter.default
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (rs, fused):
+            continue
+        group = str(node.args[3] if node.target is rs else node.args[4])
+        if group not in plans:
+            continue
+        plan, timeout = plans.pop(group)
+        if node.target is rs:
+            node.target, node.args = sp_ops.agreed_reduce_scatter_op(), (*node.args[:4], plan, timeout)
+        else:
+            node.args = (*node.args[:8], plan)
+    if plans:  # every group's first reduce-scatter is one of the two
+        raise RuntimeError(f"async_tp: lost the first reduce-scatter of group(s) {sorted(plans)}")
 
 
 def _drop_layout_hints(graph: fx.Graph) -> None:

@@ -18,8 +18,12 @@ Nothing here imports flashinfer or needs CUDA.
 
 from .agreement import (
     DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
     RankAgreementError,
+    TimeoutSeconds,
     agree,
+    agree_plan_once,
+    check_timeout,
     compare_plans,
     exchange,
     plan_fingerprint,
@@ -33,9 +37,13 @@ from .teardown import bounded
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "HOST_ID_ENV",
+    "MAX_TIMEOUT_S",
     "RankAgreementError",
+    "TimeoutSeconds",
     "agree",
+    "agree_plan_once",
     "bounded",
+    "check_timeout",
     "collective_device",
     "compare_plans",
     "exchange",

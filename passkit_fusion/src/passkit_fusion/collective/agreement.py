@@ -17,19 +17,59 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
+import pydantic
 import torch.distributed as dist
 
 from passkit import PasskitError
 
 from .groups import group_store, is_fake_group
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("PASSKIT_FUSION_COLLECTIVE_TIMEOUT", "180"))
+MAX_TIMEOUT_S = 24 * 3600.0
+"""The longest wait a timeout option takes (a day): every wait must end, and one of more
+than a day is a typo (``1e999`` reads as infinity)."""
+
+
+def timeout_problem(value: Any) -> str | None:
+    """Why ``value`` is no timeout (seconds, finite, more than 0, at most
+    :data:`MAX_TIMEOUT_S`), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"expected a number of seconds, got {type(value).__name__}"
+    if not math.isfinite(value):
+        return f"{value!r} is not a finite number of seconds (every wait must end)"
+    if not 0 < value <= MAX_TIMEOUT_S:
+        return f"{value!r} s: must be more than 0 and at most {MAX_TIMEOUT_S:g} s (a day)"
+    return None
+
+
+def check_timeout(name: str, value: float) -> float:
+    """``value`` when it is a timeout (:func:`timeout_problem`), else a ValueError naming ``name``."""
+    problem = timeout_problem(value)
+    if problem:
+        raise ValueError(f"{name}: {problem}")
+    return float(value)
+
+
+def _env_timeout(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return check_timeout(name, float(raw))
+    except ValueError as exc:
+        raise PasskitError(f"environment variable {name}={raw!r}: {exc}") from None
+
+
+TimeoutSeconds = Annotated[float, pydantic.Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
+"""The type of the passes' ``*_timeout_s`` options: finite, more than 0, at most a day."""
+
+DEFAULT_TIMEOUT_S = _env_timeout("PASSKIT_FUSION_COLLECTIVE_TIMEOUT", 180.0)
 """How long :func:`agree` waits for the other ranks (``PASSKIT_FUSION_COLLECTIVE_TIMEOUT``)."""
 
 _PREFIX = "passkit"
@@ -94,7 +134,7 @@ def exchange(
     value = dict(value)
     if is_fake_group(group) or dist.get_world_size(group) == 1:
         return [value]
-    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else check_timeout("timeout_s", timeout_s)
     store, rank, world = group_store(group), dist.get_rank(group), dist.get_world_size(group)
     name = group.group_name
     _calls[(name, step)] += 1
@@ -114,6 +154,29 @@ def exchange(
             f"passkit_fusion: {where}: {listed}", group=name, step=step, ranks=list(failed)
         )
     return [a["plan"] for a in answers]
+
+
+_agreed_plans: set[tuple[str, str, str]] = set()
+"""The (group, step, plan JSON) triples the ranks agreed on in this process."""
+
+
+def agree_plan_once(group_name: str, step: str, plan: str, timeout_s: float, describe: str = "") -> bool:
+    """:func:`agree` on ``plan`` (a JSON text) with every rank of the group ``group_name``,
+    once per (group, step, plan) in this process: a later call costs one set look-up (a
+    compiled graph's hot path). Not during a CUDA-graph capture (the first eager call, or the
+    warm-up before the capture, agrees). Returns whether the plan is agreed (False while
+    capturing before any agreement). Raises :class:`RankAgreementError` like :func:`agree`."""
+    key = (group_name, step, plan)
+    if key in _agreed_plans:
+        return True
+    from .groups import resolve_group
+    from .resources import capturing
+
+    if capturing():
+        return False
+    agree(resolve_group(group_name), step, json.loads(plan), timeout_s=timeout_s, describe=describe)
+    _agreed_plans.add(key)
+    return True
 
 
 def report_failure(group: dist.ProcessGroup, reason: str) -> None:

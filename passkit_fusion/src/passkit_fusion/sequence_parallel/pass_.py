@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from ..collective.agreement import TimeoutSeconds
 from ..tuning import decisions
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class SequenceParallelOptions(pydantic.BaseModel):
     """the largest token count the pass rewrites (None: no bound)"""
     restrict_tokens: bool = True
     """apply min_tokens/max_tokens (compile the sizes outside apart, without the pass; static shapes outside are left alone); False: every token count that is a multiple of the group size"""
+
+    collective_timeout_s: TimeoutSeconds = 180.0
+    """how long a rank waits at the graph's first reduce-scatter for the others to agree on the plan (the sites, dtypes, groups and these options) before raising RankAgreementError naming the ranks missing or differing"""
 
     @pydantic.model_validator(mode="after")
     def _bounds(self) -> SequenceParallelOptions:
@@ -162,7 +166,8 @@ class SequenceParallel(decisions.Tunable, GraphPass):
                 taken.append(site)
         outcome = rewrite.Outcome()
         if taken:
-            rewriter = rewrite.Rewriter(gm.graph, self.name)
+            plan, timeout = agreed_plan(taken, self.options), self.options.collective_timeout_s
+            rewriter = rewrite.Rewriter(gm.graph, self.name, plan=plan, timeout_s=timeout)
             for site in taken:
                 rewriter.site(site)
             rewriter.finish()
@@ -251,3 +256,19 @@ def plan_fingerprint(sites: list[Site]) -> str:
         for s in sites
     ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()[:8]
+
+
+def agreed_plan(sites: list[Site], options: SequenceParallelOptions) -> str:
+    """What every rank's rewrite of this graph must share (JSON), agreed at the first call
+    before the first reduce-scatter: the sites (group, size, dtype, residual, norm) and the
+    token options (a rank with other bounds takes other token counts apart)."""
+    plan = {
+        "sites": len(sites),
+        "merged": sum(len(s.merged) for s in sites),
+        "groups": sorted({f"{s.group_name}/{s.world_size}" for s in sites}),
+        "fingerprint": plan_fingerprint(sites),
+        "min_tokens": options.min_tokens,
+        "max_tokens": options.max_tokens,
+        "restrict_tokens": options.restrict_tokens,
+    }
+    return json.dumps(plan, sort_keys=True)

@@ -62,7 +62,7 @@ from torch.fx.node import map_arg
 from ..patterns import marks
 from ..patterns.lead import is_view, mixes_rows, replay_lead
 from ..patterns.sites import Site
-from . import ops as _ops  # noqa: F401  (registers torch.ops.passkit_fusion.token_shard)
+from . import ops as _ops  # registers torch.ops.passkit_fusion.token_shard, agreed_reduce_scatter
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -123,11 +123,15 @@ class Rewriter:
     """Rewrites sites of one graph; call :meth:`site` for each, in graph order, then
     :meth:`finish`."""
 
-    def __init__(self, graph: fx.Graph, pass_name: str):
+    def __init__(self, graph: fx.Graph, pass_name: str, plan: str = "", timeout_s: float = 0.0):
         from torch._guards import detect_fake_mode
 
         self.graph = graph
         self.pass_name = pass_name
+        self.plan, self.timeout_s = plan, timeout_s
+        """The pass's plan (JSON) the ranks agree on before each group's first reduce-scatter
+        (``agreed_reduce_scatter``, see :mod:`.ops`), and the wait's bound; "": no agreement."""
+        self._agreed_groups: set[str] = set()
         vals = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         self.fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
         self.shards: dict[fx.Node, Shard] = {}
@@ -249,7 +253,7 @@ class Rewriter:
                 x, first = replay_lead(self.graph, site.lead, site.result, site.x), site.lead[-1]
                 skipped.update(site.lead)
             x2 = self._to_2d(x)
-            part = self._call(c10d.reduce_scatter_tensor.default, (x2, "sum", w, g), like=site.x)
+            part = self._reduce_scatter(x2, w, g, like=site.x)
             part = self._call(c10d.wait_tensor.default, (part,), like=site.x)
             env: dict[fx.Node, fx.Node] = {first: part}
             # on [T / W, H] rows a view keeping H is the identity
@@ -262,9 +266,7 @@ class Rewriter:
                         merged.views[-1],
                     )
                     skipped.update(merged.views)
-                other = self._call(
-                    c10d.reduce_scatter_tensor.default, (self._to_2d(mx), "sum", w, g), like=merged.x
-                )
+                other = self._reduce_scatter(self._to_2d(mx), w, g, like=merged.x)
                 env[mfirst] = self._call(c10d.wait_tensor.default, (other,), like=merged.x)
                 skipped.update(merged.nodes)
                 self.outcome.merged += 1
@@ -297,6 +299,15 @@ class Rewriter:
             self.shards[site.total] = Shard(env[site.total], g, w, x2, site.total, self._site, site.x)
         self.dead.update(site.nodes)
         self._site += 1
+
+    def _reduce_scatter(self, x: fx.Node, world_size: int, group_name: str, like: fx.Node) -> fx.Node:
+        """``reduce_scatter_tensor(x, "sum", W, g)``; a group's first one (sites are rewritten
+        in graph order) is ``agreed_reduce_scatter``: the ranks agree on the plan before it."""
+        if self.plan and group_name not in self._agreed_groups:
+            self._agreed_groups.add(group_name)
+            args = (x, "sum", world_size, group_name, self.plan, self.timeout_s)
+            return self._call(_ops.agreed_reduce_scatter_op(), args, like=like)
+        return self._call(c10d.reduce_scatter_tensor.default, (x, "sum", world_size, group_name), like=like)
 
     def _residual_shard(self, residual: fx.Node, group_name: str, world_size: int) -> fx.Node:
         source = residual  # a view of an earlier site's sum keeping H: the same rows

@@ -16,7 +16,10 @@ imports no pass.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import socket
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -61,6 +64,7 @@ def run_tune(args: argparse.Namespace, tune: Tuner, cleanup: Callable[[], object
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         slug = "-".join("".join(c if c.isalnum() else " " for c in gpu.lower()).split())
         args.output = USER_TABLES_DIR / f"{slug}_w{args.world_size or torch.cuda.device_count()}.json"
+    check_tune_arguments(args)
     world_size = _world_size(args.world_size, torch.cuda.device_count())
     import torch.multiprocessing as mp
 
@@ -129,6 +133,81 @@ def _world_size(asked: int, available: int, cpu_hint: str = "") -> int:
     return asked or available
 
 
+DEFAULT_CPU_RANKS = 2
+"""``--cpu`` without ``--world-size``: two gloo ranks (the smallest world a collective pass
+changes anything in)."""
+
+
+def cpu_rank_limit() -> int:
+    """The most gloo ranks a ``--cpu`` run may start: one per CPU core this process may run
+    on (at least :data:`DEFAULT_CPU_RANKS`). Every rank compiles and runs a model copy, so
+    more ranks than cores only thrash (and each costs hundreds of MB)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(DEFAULT_CPU_RANKS, cores)
+
+
+def _cpu_world_size(asked: int) -> int:
+    """The gloo ranks of a ``--cpu`` run: ``asked`` (0: :data:`DEFAULT_CPU_RANKS`), 2 or more
+    and at most :func:`cpu_rank_limit`; else a :class:`PasskitError` naming the bound."""
+    if asked and asked < 2:
+        raise PasskitError(f"--world-size {asked}: needs 2 or more ranks")
+    limit = cpu_rank_limit()
+    if asked > limit:
+        raise PasskitError(
+            f"--world-size {asked} --cpu: at most {limit} gloo ranks here (one per CPU core this "
+            f"process may use); give --world-size {limit} or less"
+        )
+    return asked or DEFAULT_CPU_RANKS
+
+
+def _positive_ints(flag: str, values: Sequence[int]) -> None:
+    bad = [v for v in values if v < 1]
+    if bad:
+        raise PasskitError(
+            f"{flag} {' '.join(map(str, values))}: every value must be 1 or more (got {bad[0]})"
+        )
+
+
+def _finite(flag: str, value: float, *, low: float, high: float, low_open: bool = False) -> None:
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bound = f"{'more than' if low_open else 'at least'} {low:g} and at most {high:g}"
+        raise PasskitError(f"{flag} {value!r}: must be a finite number {bound}")
+
+
+MAX_BUDGET_S = 7 * 24 * 3600.0
+"""The largest ``--budget`` taken (a week): a budget bounds how long the ranks measure."""
+
+
+def check_tune_arguments(args: argparse.Namespace) -> None:
+    """``passkit tune``'s numbers checked before any process starts."""
+    if args.world_size < 0:
+        raise PasskitError(f"--world-size {args.world_size}: needs 2 or more ranks")
+    _positive_ints("--hidden", args.hidden)
+    _positive_ints("--tokens", args.tokens)
+    _finite("--margin", args.margin, low=0.0, high=1.0)
+
+
+def check_tune_model_arguments(args: argparse.Namespace) -> None:
+    """``passkit tune-model``'s arguments checked before any process starts: a wrong one is a
+    :class:`PasskitError` naming the flag."""
+    if args.world_size < 0:
+        raise PasskitError(f"--world-size {args.world_size}: needs 2 or more ranks")
+    _positive_ints("--tokens", args.tokens)
+    _finite("--budget", args.budget, low=0.0, high=MAX_BUDGET_S, low_open=True)
+    _finite("--margin", args.margin, low=0.0, high=1.0)
+    for candidate in args.candidates or ():
+        names = candidate.split("+")
+        if not all(n.strip() for n in names):
+            raise PasskitError(
+                f"--candidates {candidate!r}: an empty pass name (write pass names joined by '+', "
+                "e.g. sequence_parallel+async_tp)"
+            )
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -148,7 +227,10 @@ def add_tune_model_arguments(parser: argparse.ArgumentParser) -> None:
         "-> passkit_fusion.tuning.measure.Target (e.g. passkit_fusion.model:tuning_target)",
     )
     parser.add_argument(
-        "--world-size", type=int, default=0, help="ranks (default: all local GPUs; 2 with --cpu)"
+        "--world-size",
+        type=int,
+        default=0,
+        help=f"ranks (default: all local GPUs; {DEFAULT_CPU_RANKS} with --cpu, at most one per CPU core)",
     )
     parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TUNE_TOKENS))
     parser.add_argument("--budget", type=float, default=600.0, help="seconds of measuring (default 600)")
@@ -192,6 +274,7 @@ def run_tune_model(args: argparse.Namespace) -> int:
 
     from .measure import resolve_timing
 
+    check_tune_model_arguments(args)
     resolve_timing(args.compile_mode, args.timing)  # a conflict fails here, before any rank starts
     # loaded here to fail early (the working directory importable, as for `passkit explain`);
     # each rank loads it again (spawned processes inherit this sys.path)
@@ -199,7 +282,7 @@ def run_tune_model(args: argparse.Namespace) -> int:
     if not callable(factory):
         raise PasskitError(f"{args.target} is a {type(factory).__name__}, not a function")
     if args.cpu:
-        world_size = _world_size(args.world_size, 1 << 16)
+        world_size = _cpu_world_size(args.world_size)
     else:
         world_size = _world_size(
             args.world_size, torch.cuda.device_count(), " (--cpu runs gloo ranks instead)"
@@ -207,11 +290,42 @@ def run_tune_model(args: argparse.Namespace) -> int:
     import torch.multiprocessing as mp
 
     del factory
-    mp.spawn(_tune_model_worker, args=(world_size, _free_port(), args), nprocs=world_size, join=True)
+    with tempfile.TemporaryDirectory(prefix="passkit-tune-model-") as errors:
+        try:
+            mp.spawn(
+                _tune_model_worker,
+                args=(world_size, _free_port(), args, errors),
+                nprocs=world_size,
+                join=True,
+            )
+        except Exception:
+            named = _rank_error(Path(errors))
+            if named is None:
+                raise
+            raise PasskitError(named) from None
     return 0
 
 
-def _tune_model_worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
+def _rank_error(folder: Path) -> str | None:
+    """The first named error (:class:`PasskitError`) a rank wrote into ``folder``, or None."""
+    for path in sorted(folder.glob("rank*.txt")):
+        text = path.read_text(errors="replace").strip()
+        if text:
+            return text
+    return None
+
+
+def _tune_model_worker(rank: int, world_size: int, port: int, args: argparse.Namespace, errors: str) -> None:
+    """One rank of ``passkit tune-model``; a :class:`PasskitError` (the user's mistake, named)
+    is written to ``errors`` for the parent's one-line error before it ends the rank."""
+    try:
+        _tune_model_rank(rank, world_size, port, args)
+    except PasskitError as exc:
+        Path(errors, f"rank{rank}.txt").write_text(f"rank {rank}: {exc}" if world_size > 1 else str(exc))
+        raise
+
+
+def _tune_model_rank(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
@@ -234,6 +348,12 @@ def _tune_model_worker(rank: int, world_size: int, port: int, args: argparse.Nam
     )
     try:
         target = factory(rank, world_size, device)
+        missing = [a for a in ("model", "inputs", "passes") if not hasattr(target, a)]
+        if missing:
+            raise PasskitError(
+                f"{args.target}(rank, world_size, device) returned {type(target).__name__}, not a "
+                "passkit_fusion.tuning.measure.Target (model, inputs, passes)"
+            )
         candidates = [c.split("+") for c in args.candidates] if args.candidates else None
         result = tune_model(
             target.model,

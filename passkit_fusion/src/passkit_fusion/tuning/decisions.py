@@ -38,6 +38,7 @@ import importlib.metadata
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -394,22 +395,71 @@ def path_for(key: DecisionKey) -> Path:
 
 
 def save(decision: FuseDecision, path: str | os.PathLike[str] | None = None) -> Path:
-    """Write ``decision`` as JSON (atomically: ranks sharing a folder may all write it)."""
+    """Write ``decision`` as JSON (atomically: ranks sharing a folder may all write it).
+    A folder or file that cannot be written raises :class:`DecisionNotSaved` (an OSError)
+    naming the file."""
     target = Path(path) if path is not None else path_for(decision.key)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(decision.to_json(), indent=2) + "\n")
-    os.replace(tmp, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(decision.to_json(), indent=2) + "\n")
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise DecisionNotSaved(target, exc) from None
     return target
 
 
+class DecisionNotSaved(OSError):
+    """:func:`save` could not write a decision file: ``path`` and why (``reason``)."""
+
+    def __init__(self, path: Path, cause: OSError):
+        self.path = path
+        self.reason = cause.strerror or str(cause)
+        super().__init__(cause.errno, f"cannot write the fuse decision {path}: {self.reason}")
+
+    def __str__(self) -> str:
+        return f"cannot write the fuse decision {self.path}: {self.reason}"
+
+
 def load(path: str | os.PathLike[str]) -> FuseDecision:
-    """Read a decision file; raises ValueError naming the file when it is not one."""
+    """Read a decision file; raises ValueError naming the file when it is not one: not a
+    regular file (a FIFO, a folder: never opened to block), unreadable, or malformed in any
+    way (whatever the parser raised, a too deeply nested document included)."""
     path = Path(path)
     try:
-        return FuseDecision.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return FuseDecision.from_json(json.loads(_read_regular(path)))
+    except Exception as exc:  # every malformed entry alike: ignored with a note by lookups
         raise ValueError(f"{path}: not a valid fuse decision ({type(exc).__name__}: {exc})") from None
+
+
+def _read_regular(path: Path) -> str:
+    """The text of ``path`` when it is a regular file; opened without blocking (a FIFO
+    with no writer would wait forever), checked on the opened file, not the name."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ValueError(f"not a regular file ({_kind(mode)})")
+    with open(fd, "rb", closefd=True) as f:
+        return f.read().decode("utf-8")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a file"
 
 
 @dataclasses.dataclass(frozen=True)

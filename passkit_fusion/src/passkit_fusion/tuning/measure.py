@@ -19,6 +19,7 @@ tables' passes. Collective: every rank of ``group`` calls it with the same argum
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import sys
 import time
@@ -198,6 +199,9 @@ class TuneResult:
     seconds: float
     candidates: list[Candidate]
     compile_s: dict[Candidate, float] = dataclasses.field(default_factory=dict)
+    unsaved: dict[Path, str] = dataclasses.field(default_factory=dict)
+    """The decision files that could not be written, and why: the decision still holds in
+    this process, and was printed on stderr as the file's JSON."""
 
     def best(self, tokens: int) -> tuple[Candidate, float] | None:
         """The fastest measured candidate at ``tokens`` and its median."""
@@ -423,19 +427,30 @@ def tune_model(
         key = {k: v for k, v in stored[0].key.to_json().items() if k != "graph"}
         agree(group, "tune-model-decision", {"ranges": stored[0].to_json()["ranges"], "key": key})
     paths = []
+    unsaved: dict[Path, str] = {}
     for decision in stored:
         path = decisions.path_for(decision.key)
         if save:
-            decisions.save(decision, path)
+            try:
+                decisions.save(decision, path)
+            except decisions.DecisionNotSaved as exc:  # the measurement stays usable: kept, said
+                unsaved[path] = exc.reason
+                sys.stderr.write(
+                    f"passkit tune: rank {rank}: cannot write {path} ({exc.reason}); the decision holds "
+                    "in this process only. To keep it, write this JSON to that file (or tune again with "
+                    f"PASSKIT_CACHE_DIR set to a folder you can write):\n"
+                    f"{json.dumps(decision.to_json(), indent=2)}\n"
+                )
         decisions.remember(decision, path)
         paths.append(path)
-    result = TuneResult(stored[0], paths, medians, left, seconds, cands, compile_s)
+    result = TuneResult(stored[0], paths, medians, left, seconds, cands, compile_s, unsaved)
     if stream is not None:
         stream.write(f"passkit tune: {stored[0].summary()} ({seconds:.1f} s)\n")
         if left:
             stream.write("passkit tune: not measured (time budget): " + "; ".join(left) + "\n")
         for path in paths if save else []:
-            stream.write(f"passkit tune: wrote {path}\n")
+            if path not in unsaved:
+                stream.write(f"passkit tune: wrote {path}\n")
     return result
 
 
