@@ -238,5 +238,5 @@ def servers(session: nox.Session, server: str) -> None:
         "-v",
         "-rA",
         *session.posargs,
-        env={"PASSKIT_SERVER": server},
+        env={"PASSKIT_SERVER": server, "PASSKIT_SERVER_LOGS": f".nox/servers-logs/{server}"},
     )

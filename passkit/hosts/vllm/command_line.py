@@ -95,7 +95,7 @@ def pass_or_exit(make: Callable[[Config], VllmPass] | None = None) -> VllmPass:
     except PasskitError as exc:
         raise SystemExit(exit_message(exc)) from None
     config = custom_pass.pipeline.config
-    logging.getLogger(VLLM_LOGGER).info(
+    _vllm_logger().info(
         "passkit: %s runs %s (config: %s; uuid %s)",
         QUALNAME,
         ", ".join(custom_pass.pipeline.names()),
@@ -103,6 +103,15 @@ def pass_or_exit(make: Callable[[Config], VllmPass] | None = None) -> VllmPass:
         custom_pass.uuid(),
     )
     return custom_pass
+
+
+def _vllm_logger() -> logging.Logger:
+    """vLLM's logger for passkit (vLLM sets its handler up when ``vllm.logger`` is imported)."""
+    try:
+        from vllm.logger import init_logger
+    except ImportError:  # a stand-in vLLM (tests) or a vLLM without it
+        return logging.getLogger(VLLM_LOGGER)
+    return init_logger(VLLM_LOGGER)
 
 
 __all__ = [
