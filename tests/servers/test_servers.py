@@ -98,8 +98,9 @@ def _record(tmp: Path, name: str, what: dict[str, object]) -> None:
 
 # -- vLLM ---------------------------------------------------------------------------------------
 
-VLLM_WORKER = re.compile(r"^\(([A-Za-z_]+\d*(?:_TP\d+)?) pid=\d+\)\s?")
-"""vLLM prefixes its worker processes' output with ``(Worker_TP0 pid=123)``."""
+VLLM_WORKER = re.compile(r"^(?:\([^)]*\)\s*)?\[(rank\d+)\]:[^\]]*\]\s(?:\[\d+/\d+\]\s)?")
+"""torch's log prefix in vLLM's worker processes, ``[rank0]:I1202 00:29:03.769000 25039
+passkit/_pipeline/run.py:469] [0/0] `` (after vLLM's own ``(Worker_TP0 pid=123)``, where it adds one)."""
 
 
 def _vllm_command(model: Path, port: int, passkit: bool) -> list[str]:
