@@ -336,7 +336,9 @@ class Runner:
             if limit is None:
                 result = _as_result(p.run(gm, ctx), p)
             else:
-                with rewrite_counter.counting(limit, p.name, p.stage.value, _graph_label(report, ctx.graph_kind)) as scope:
+                with rewrite_counter.counting(
+                    limit, p.name, p.stage.value, _graph_label(report, ctx.graph_kind)
+                ) as scope:
                     result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
             # the graph the module holds now: a pass may have installed a new one
