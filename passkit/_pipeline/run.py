@@ -244,14 +244,7 @@ class Runner:
         first = phase_stages[0] if phase_stages else stage
         if stage != first and self._open is not None and self._open[0]() is gm:
             return self._open[1]
-        report = Report(
-            graph_id=next(_graph_ids),
-            pipeline_uuid=self.uuid()[:12],
-            mode=mode,
-            graph_kind=graph_kind,
-            token_range=self._range_label(),
-            notes=[self.note] if self.note else [],
-        )
+        report = self._new_report(mode, graph_kind=graph_kind)
         self._open = (weakref.ref(gm), report)
         inductor_state.opened(report)
         forward = _COMPILE_REPORTS.get(_compile_id() or "") if graph_kind == "backward" else None
@@ -470,18 +463,24 @@ class Runner:
         self._finish(report, None)
         return report
 
+    def _new_report(self, mode: Mode, graph_kind: str | None = None) -> Report:
+        """A new report of this pipeline: the next graph id, the pipeline's identity, the
+        token range being compiled and the pipeline's note."""
+        return Report(
+            graph_id=next(_graph_ids),
+            pipeline_uuid=self.uuid()[:12],
+            mode=mode,
+            graph_kind=graph_kind,
+            token_range=self._range_label(),
+            notes=[self.note] if self.note else [],
+        )
+
     def record_not_run(self, reason: str, mode: Mode = "inductor") -> Report:
         """Report a compile the host ran without calling the pipeline (e.g. vLLM asked
         ``is_applicable_for_range`` and was told no pass applies): every pass skipped, with
         why (its token constraint, else ``reason``)."""
         ctx = CompileContext(mode=mode, token_range=self.current_range())
-        report = Report(
-            graph_id=next(_graph_ids),
-            pipeline_uuid=self.uuid()[:12],
-            mode=mode,
-            token_range=self._range_label(),
-            notes=[self.note] if self.note else [],
-        )
+        report = self._new_report(mode)
         for p in self.passes:
             why = _outside_range(p, ctx) or reason
             decision = p.checked_decision_source(ctx)
@@ -505,13 +504,7 @@ class Runner:
         stages, on each graph AOTAutograd makes of it), which is not published: the caller
         hands it to :meth:`publish_compile` once the compile is done. A graph compiled after
         the block (a backward compiled at its first call) gets a report of its own."""
-        report = Report(
-            graph_id=next(_graph_ids),
-            pipeline_uuid=self.uuid()[:12],
-            mode=mode,
-            token_range=self._range_label(),
-            notes=[self.note] if self.note else [],
-        )
+        report = self._new_report(mode)
         inductor_state.opened(report)  # a guarded compile watches it (its passes' changes)
         compile_id = _compile_id()
         if compile_id is not None:  # its backward, compiled at its first call, names it
