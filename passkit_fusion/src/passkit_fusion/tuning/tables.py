@@ -123,6 +123,8 @@ def conservative_rules(world_size: int, hidden: int, dtype: torch.dtype | str) -
     """Rules used when no table entry matches: one-shot for small messages at world size 2."""
     if world_size not in CONSERVATIVE_WORLD_SIZES or hidden <= 0:
         return ()
+    import torch  # here: the command line's parser imports this module without torch
+
     itemsize = getattr(torch, dtype_name(dtype)).itemsize
     max_tokens = CONSERVATIVE_FUSE_BYTES // (hidden * itemsize)
     return (Rule(max_tokens, Decision(True, True)),) if max_tokens >= 1 else ()
