@@ -71,6 +71,13 @@ class Capture:
         write(folder, self.found, spec)
 
 
+def _hint(value: Any) -> int:
+    """A size as an int, without a guard: ``int()`` of a SymInt specializes the graph being
+    compiled to that size (a host compiling per batch size then got code for one size only)."""
+    node = getattr(value, "node", None)
+    return int(node.hint) if node is not None else int(value)
+
+
 def write(folder: Path, found: dict[str, Any], spec: dict[str, Any]) -> None:
     """Write the reproducer of ``found`` (see the module docstring) into ``folder``."""
     import torch
@@ -94,10 +101,10 @@ def write(folder: Path, found: dict[str, Any], spec: dict[str, Any]) -> None:
     for node in gm.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            shape = [int(getattr(d, "node", None).hint if hasattr(d, "node") else d) for d in val.shape]
+            shape = [_hint(d) for d in val.shape]
             inputs.append({"name": node.name, "shape": shape, "dtype": str(val.dtype).removeprefix("torch.")})
         else:
-            inputs.append({"name": node.name, "value": int(val) if val is not None else None})
+            inputs.append({"name": node.name, "value": _hint(val) if val is not None else None})
     context = {
         "device": ctx.device,
         "dtype": str(ctx.dtype).removeprefix("torch.") if ctx.dtype is not None else None,
