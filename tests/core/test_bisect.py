@@ -154,6 +154,23 @@ def test_a_pass_that_raises_with_dump_dir_writes_a_replayable_reproducer(planted
         )
 
 
+def test_the_crash_reproducer_leaves_a_dynamic_graph_dynamic(planted, tmp_path):
+    """Writing the reproducer of a pass that raised reads the graph's sizes without guarding
+    on them: ``int()`` of its SymInt once specialized the graph being compiled to one size (a
+    host compiling per batch size, SGLang, then served one size's code to every size)."""
+    fn, _ = bisect_model.make()
+    b = passkit.backend(passes=["planted_raise"], compiler="aot_eager", dump_dir=tmp_path / "dumps")
+    compiled = torch.compile(fn, backend=b, dynamic=True)
+    with torch.no_grad():
+        for rows in (8, 16, 24):
+            (out,) = compiled(torch.randn(rows))
+            assert out.shape == (rows,)
+    assert len(b.reports) == 1, "a size the first compile guarded on was compiled again"
+    (folder,) = (tmp_path / "dumps").glob("graph_*/FAILED_01_planted_raise.repro")
+    spec = json.loads((folder / "repro.json").read_text())
+    assert [i.get("shape", i.get("value")) for i in spec["inputs"][:2]] == [8, [8]], spec["inputs"]
+
+
 # -- the command line's refusals (no probe starts) --------------------------------------
 
 TARGET = "bisect_model:make"
