@@ -91,6 +91,13 @@ class _State:
         self.use_fp32_lamport = use_fp32_lamport
         self.destroyed = False
 
+    def release(self) -> None:
+        """Destroyed: the group is let go, as flashinfer keeps no reference on it (a gloo
+        group kept alive here past ``destroy_process_group()`` is destructed during the
+        interpreter's finalization, where its worker threads abort the process)."""
+        self.destroyed = True
+        self.group = None  # type: ignore[assignment]
+
 
 _WORKSPACES: dict[int, _State] = {}
 _KEYS = itertools.count(1)
@@ -183,7 +190,7 @@ def trtllm_destroy_ipc_workspace_for_all_reduce_fusion(
     state = _WORKSPACES[workspace[0][0]]
     if state.destroyed:
         raise RuntimeError("fake flashinfer: workspace destroyed twice")
-    state.destroyed = True
+    state.release()
 
 
 def trtllm_allreduce_fusion(
@@ -387,7 +394,7 @@ class TRTLLMAllReduceFusionWorkspace:
         CALLS.append(("TRTLLMAllReduceFusionWorkspace.destroy", {}))
         if self._destroyed:
             return
-        _WORKSPACES[self.ipc_handles[0][0]].destroyed = True
+        _WORKSPACES[self.ipc_handles[0][0]].release()
         self._destroyed = True
 
 
