@@ -613,6 +613,66 @@ def test_allreduce_rmsnorm_matches_every_sglang_all_reduce_site(world):
         assert any("3 in the sglang dialect" in n for n in device), device
 
 
+def _bisect_world(rank: int, world_size: int, config_dir: str) -> dict[str, Any]:
+    """SGLang's piecewise compile (the device path: ``sglang.outplace_all_reduce`` in the
+    graphs) of the block, its general shape and then two sizes apart, under the
+    ``PASSKIT_BISECT_LIMIT`` of the world's environment; the passkit log lines it made."""
+    _cpu_stand_ins()
+    tp = _sglang_groups(rank, world_size)
+    os.chdir(config_dir)
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("passkit").addHandler(handler)
+    passkit.register(_ProbePlugin(), name="sglang-probe")
+    from sglang.srt.plugins import load_plugins
+
+    import passkit.hosts.sglang as host
+
+    load_plugins()
+    _device_path(tp)
+    torch.manual_seed(1 + rank)
+    inputs = [(torch.randn(n, HIDDEN), torch.randn(n, HIDDEN)) for n in (8, 16, 4)]
+    with torch.no_grad():
+        want = [_block()(x.clone(), r.clone()) for x, r in inputs]
+    run = _compile_and_run(_block(), inputs[:2], per_shape=[inputs[2], inputs[0]])
+    got = [*run["outputs"], *run["shape_outputs"]]
+    return {
+        "error": max(_max_error(g, w) for g, w in zip(got, [*want[:2], want[2], want[0]])),
+        "reports": _reports(host.active(), 0),
+        "logged": [m for m in logged if m.startswith("passkit bisect: ")],
+    }
+
+
+@pytest.mark.skipif(not HAVE_DIALECTS, reason="passkit_fusion.dialects not installed")
+def test_a_bisect_limit_from_the_environment_counts_alike_on_every_rank_inside_sglang(tmp_path):
+    """``PASSKIT_BISECT_LIMIT=k`` restarts an SGLang server's ranks with only the first k
+    rewrites of the process allowed, counted in SGLang's compile order (the general shape,
+    then each size): the first k all-reduce sites are fused, every later one is refused and
+    left as it was (the outputs still equal eager's), and the ranks log the same rewrites."""
+    limit = 4
+    (tmp_path / "passkit.toml").write_text(
+        'passes = ["sglang_probe", {name = "allreduce_rmsnorm", implementation = "reference"}]\n'
+    )
+    env = {
+        "SGLANG_CACHE_DIR": str(tmp_path / "cache"),
+        "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
+        "TORCH_LOGS": "passkit",
+        "PASSKIT_BISECT_LIMIT": str(limit),
+    }
+    ranks = gloo_world(_bisect_world, WORLD, args=(str(tmp_path),), timeout=900, env=env)
+    for rank in ranks:
+        assert rank["error"] < 1e-4, rank["error"]
+        fused = [_records(r)["allreduce_rmsnorm"]["matches"] for r in rank["reports"]]
+        sites = [_records(r)["sglang_probe"]["matches"] for r in rank["reports"]]
+        assert sites == [3, 3, 3] and fused == [3, 1, 0], (sites, fused)  # general, size 4, size 8
+        allowed = [m for m in rank["logged"] if " REFUSED" not in m and "limit 4 reached" not in m]
+        assert [m.split(":")[1] for m in allowed] == [f" rewrite {i}" for i in range(1, limit + 1)], allowed
+        assert "(the last allowed: limit 4)" in allowed[-1]
+        assert any("limit 4 reached: rewrite 5 REFUSED: pass=allreduce_rmsnorm" in m for m in rank["logged"])
+    assert ranks[0]["logged"] == ranks[1]["logged"]  # the same count on every rank
+
+
 @pytest.mark.skipif(not HAVE_DIALECTS, reason="passkit_fusion.dialects not installed")
 def test_sglang_dialect_schemas_match_the_real_ops():
     """passkit-fusion's sglang dialect (and the default suite's stand-in ops) declare

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -412,6 +413,34 @@ def test_sequence_parallel_runs_only_in_vllm_compiles_of_multiples_of_the_world_
                 assert sp["status"] == "skipped", sp
                 assert "multiples of 2; this compile serves tokens" in sp["reason"], sp
         assert all(d < 1e-5 for d in result["diffs"].values()), result["diffs"]
+
+
+@pytest.mark.slow
+def test_a_bisect_limit_from_the_environment_counts_alike_on_every_rank_inside_vllm(tmp_path):
+    """``PASSKIT_BISECT_LIMIT=k`` restarts a vLLM worker with only the first k rewrites of the
+    process allowed, counted in vLLM's compile order (its single size, then each range): the
+    first k all-reduce sites are fused, every later one is refused and left as it was (each
+    token count still equals eager), and the ranks log the same counted rewrites."""
+    limit = 5
+    passes = ["vllm_site_census", {"name": "allreduce_rmsnorm", "implementation": "reference"}]
+    results = _run_block(tmp_path, {"passes": passes}, env={"PASSKIT_BISECT_LIMIT": str(limit)})
+    counted = []
+    for result in results:
+        fused = [_records(r)["allreduce_rmsnorm"]["matches"] for r in result["reports"]]
+        assert fused == [3, 2, 0, 0], fused  # compile order: (4, 4), (1, 8), (9, 64), (65, 2048)
+        lines = [m for m in result["logged"] if m.startswith("passkit bisect: ")]
+        allowed = [m for m in lines if re.match(r"passkit bisect: rewrite \d+: ", m)]
+        assert [int(m.split()[3].rstrip(":")) for m in allowed] == list(range(1, limit + 1)), lines
+        assert all(
+            "pass=allreduce_rmsnorm" in m and "site=allreduce_rmsnorm at all-reduce" in m for m in allowed
+        )
+        assert "(the last allowed: limit 5)" in allowed[-1], allowed[-1]
+        assert any(
+            m.startswith(f"passkit bisect: limit {limit} reached: rewrite {limit + 1} REFUSED") for m in lines
+        )
+        assert all(d < 1e-5 for d in result["diffs"].values()), result["diffs"]
+        counted.append(lines)
+    assert counted[0] == counted[1]  # every rank counts the same rewrites, in the same order
 
 
 def test_vllm_dialect_schemas_match_the_real_ops():
