@@ -66,10 +66,15 @@ def skip_unreachable_indexes(session: nox.Session) -> None:
         session.env["PIP_RETRIES"] = "0"
 
 
+def torch_requirement() -> str:
+    """The torch a session installs: ``PASSKIT_TORCH``, else the newest on a GPU machine, else
+    the local CPU wheel (an unpinned torch on a CPU machine pulls gigabytes of CUDA)."""
+    return os.environ.get("PASSKIT_TORCH") or ("torch" if _has_gpu() else "torch==2.13.0")
+
+
 def install(session: nox.Session, *extra: str) -> None:
     skip_unreachable_indexes(session)
-    torch_req = os.environ.get("PASSKIT_TORCH") or ("torch" if _has_gpu() else "torch==2.13.0")
-    session.install(torch_req, "numpy")  # numpy: torch warns at every compile without it
+    session.install(torch_requirement(), "numpy")  # numpy: torch warns at every compile without it
     session.install(*PACKAGES, *extra)
 
 
@@ -202,6 +207,24 @@ def torch_versions(session: nox.Session, torch_version: str) -> None:
     session.install(*PACKAGES, *EXAMPLE, *TEST_DEPS)
     session.run("python", "-m", "passkit_fusion.dialects", "record", "torch", "--check")
     session.run("python", "-m", "pytest", *TORCH_VERSION_TESTS, *session.posargs, success_codes=[0, 5])
+
+
+REPRO_TESTS = "reproducer_of_a_pass or writes_a_repro or inductor_rejects"
+"""The tests of tests/core/test_bisect.py that run a written reproducer in a fresh process."""
+
+
+@nox.session
+def repro(session: nox.Session) -> None:
+    """The reproducers passkit writes (``passkit bisect --repro``, the crash reproducer of a
+    pass that raised) in a venv holding only the three distributions, installed from their
+    folders as a user installs them (not editable), torch and what those require (pytest comes
+    with passkit-testing): no model code, no test dependencies. Each fails as the model did,
+    from a folder with only the plugin on the path, and passes once the planted bug is gone."""
+    skip_unreachable_indexes(session)
+    session.install(torch_requirement(), "numpy")
+    session.install(*DISTRIBUTIONS)
+    session.run("python", "tests/core/bisect_support/only_the_distributions.py")
+    session.run("python", "-m", "pytest", "tests/core/test_bisect.py", "-m", "slow", "-k", REPRO_TESTS, "-v")
 
 
 HOSTS = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23"}

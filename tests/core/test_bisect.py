@@ -307,6 +307,38 @@ def test_bisect_check_compile_finds_the_rewrite_inductor_rejects(site, tmp_path)
 
 
 @pytest.mark.slow
+def test_the_crash_reproducer_of_a_pass_that_raised_runs_on_its_own(site, tmp_path):
+    """A user's program compiles with a pass that raises and ``dump_dir`` set: the pass is left
+    out (the program runs on), and the reproducer written beside the dumps fails with the
+    pass's error from a folder without the model, then passes once the bug is removed."""
+    dumps = tmp_path / "dumps"
+    program = (
+        "import torch, passkit, bisect_model\n"
+        "fn, example = bisect_model.make()\n"
+        "with torch.no_grad():\n"
+        "    torch.compile(fn, backend=passkit.backend(compiler='aot_eager'))(*example)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=SUPPORT,
+        env=_env(site, PASSKIT_PASSES="planted_raise", PASSKIT_DUMP_DIR=str(dumps)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    (folder,) = dumps.glob("**/FAILED_01_planted_raise.repro")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    failing = _run_repro(folder, site, elsewhere)
+    assert failing.returncode == 1 and "planted failure at neg_5" in failing.stdout, failing.stdout
+    plugin = site / "planted_passes.py"
+    plugin.write_text(plugin.read_text().replace("PLANTED = True", "PLANTED = False"))
+    passing = _run_repro(folder, site, elsewhere)
+    assert passing.returncode == 0 and "1 passed" in passing.stdout, passing.stdout + passing.stderr
+
+
+@pytest.mark.slow
 def test_bisect_check_grad_finds_the_planted_gradient_error(site):
     done = _bisect(
         site,

@@ -304,30 +304,18 @@ def _disagreeing_rank(rank: int, world_size: int) -> dict[str, Any]:
     """Three compiles of one model (passkit's eager mode), each on a fresh group: the pass
     on rank 0 only ("nccl", then "copy_engine"), then on both with different chunks. Each
     ends in a bounded error naming what differs, never a size-mismatched all-reduce."""
-    import datetime
-    import time
-
-    from passkit_fusion.collective import RankAgreementError
+    from agreement_scenario import compile_on_a_fresh_group
 
     def scenario(options: dict[str, Any] | None) -> dict[str, Any]:
-        torch._dynamo.reset()
-        group = dist.new_group(timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
-        model = TinyLlama(LlamaConfig(layers=1, kv_heads=4)).float().eval()
-        shard_functional(model, group, rank, world_size)
-        passes = [{**OVERLAP, "collective_timeout_s": AGREE_TIMEOUT_S, **options}] if options else []
-        backend = passkit.backend(passes=[*passes, "cleanup"], mode="eager", on_error="raise")
-        start = time.monotonic()
-        out: dict[str, Any] = {"type": None}
-        try:
-            with torch.no_grad():
-                torch.compile(model, backend=backend)(torch.randint(0, 256, (1, 8)))
-        except Exception as exc:
-            out = {"type": type(exc).__name__, "message": str(exc)}
-            if isinstance(exc, RankAgreementError):
-                out["ranks"] = exc.ranks
-        out["seconds"] = time.monotonic() - start
-        dist.barrier()  # the next scenario starts together
-        return out
+        return compile_on_a_fresh_group(
+            rank,
+            world_size,
+            {**OVERLAP, **options} if options else None,
+            torch.randint(0, 256, (1, 8)),
+            agree_timeout_s=AGREE_TIMEOUT_S,
+            group_timeout_s=GLOO_TIMEOUT_S,
+            compare_eager=False,
+        )
 
     mine = rank == 0
     return {

@@ -226,31 +226,18 @@ def _disagreeing_rank(rank: int, world_size: int) -> dict[str, Any]:
     the pass and one plan (it runs), with different plans, then the pass on rank 0 only. Each
     disagreement ends in a bounded RankAgreementError, never a reduce-scatter meeting an
     all-reduce (gloo: a size mismatch or a hang; NCCL: a hang)."""
-    import datetime
-    import time
-
-    from passkit_fusion.collective import RankAgreementError
+    from agreement_scenario import compile_on_a_fresh_group
 
     def scenario(options: dict[str, Any] | None) -> dict[str, Any]:
-        torch._dynamo.reset()
-        group = dist.new_group(timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
-        model = TinyLlama(LlamaConfig(layers=1, kv_heads=4)).float().eval()
-        shard_functional(model, group, rank, world_size)
-        passes = [{**SP, "collective_timeout_s": AGREE_TIMEOUT_S, **options}] if options is not None else []
-        backend = passkit.backend(passes=[*passes, "cleanup"], mode="eager", on_error="raise")
-        start = time.monotonic()
-        out: dict[str, Any] = {"type": None}
-        try:
-            with torch.no_grad():
-                got = torch.compile(model, backend=backend)(_ids(MIN))
-            out["matches_eager"] = bool(torch.allclose(got, model(_ids(MIN)), atol=1e-5, rtol=1e-5))
-        except Exception as exc:
-            out = {"type": type(exc).__name__, "message": str(exc)}
-            if isinstance(exc, RankAgreementError):
-                out["ranks"] = exc.ranks
-        out["seconds"] = time.monotonic() - start
-        dist.barrier()  # the next scenario starts together
-        return out
+        return compile_on_a_fresh_group(
+            rank,
+            world_size,
+            {**SP, **options} if options is not None else None,
+            _ids(MIN),
+            agree_timeout_s=AGREE_TIMEOUT_S,
+            group_timeout_s=GLOO_TIMEOUT_S,
+            compare_eager=True,
+        )
 
     mine = rank == 0
     return {

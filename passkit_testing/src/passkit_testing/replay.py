@@ -12,6 +12,7 @@ many rewrites the pass was allowed)::
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,8 +31,11 @@ __all__ = ["load_graph", "make_inputs", "replay_pass"]
 
 def load_graph(folder: str | Path) -> torch.fx.GraphModule:
     """The graph of a reproducer folder, traced back from its code (ATen ops as call
-    nodes), its tensor attributes restored; fake values are propagated by :func:`replay_pass`."""
+    nodes), its tensor attributes restored; fake values are propagated by :func:`replay_pass`.
+    Its nodes keep the names of the graph the pass saw (``neg_5``, as the report and the
+    pass's errors name them; tracing alone would call it ``neg_default_5``)."""
     folder = Path(folder)
+    source = (folder / "graph.py").read_text()
     spec = importlib.util.spec_from_file_location("passkit_repro_graph", folder / "graph.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -45,7 +49,46 @@ def load_graph(folder: str | Path) -> torch.fx.GraphModule:
             for part in path:
                 owner = getattr(owner, part)
             setattr(owner, last, value)
-    return torch.fx.symbolic_trace(root)
+    traced = torch.fx.symbolic_trace(root)
+    _restore_names(traced, _assigned_names(source))
+    return traced
+
+
+def _assigned_names(source: str) -> list[str]:
+    """The names ``GraphModule.forward`` of FX's generated code assigns, in order (the
+    ``x = None`` that frees a value is not an assignment of a node)."""
+    names: list[str] = []
+    for cls in ast.parse(source).body:
+        if not (isinstance(cls, ast.ClassDef) and cls.name == "GraphModule"):
+            continue
+        for fn in cls.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "forward":
+                for stmt in fn.body:
+                    target = (
+                        stmt.target
+                        if isinstance(stmt, ast.AnnAssign)
+                        else stmt.targets[0]
+                        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                        else None
+                    )
+                    value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+                    none = isinstance(value, ast.Constant) and value.value is None
+                    if isinstance(target, ast.Name) and not none:
+                        names.append(target.id)
+    return names
+
+
+def _restore_names(gm: torch.fx.GraphModule, names: list[str]) -> None:
+    """Give the traced nodes (placeholders and output aside) ``names``, in order, when they
+    are as many (else they keep the tracer's names)."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(nodes) != len(names) or len(set(names)) != len(names):
+        return
+    for i, node in enumerate(nodes):  # first out of the way: a wanted name may be taken
+        node._rename(f"_passkit_repro_{i}")
+    for node, name in zip(nodes, names, strict=True):
+        node._rename(name)
+    gm.recompile()
 
 
 def make_inputs(specs: Sequence[Mapping[str, Any]], seed: int = 0) -> list[Any]:
