@@ -273,8 +273,12 @@ def test_a_group_torch_reports_unusable_is_named_per_candidate(monkeypatch):
     """Outside test mode, a group whose symmetric memory torch reports unusable
     (``is_symm_mem_enabled_for_group`` False: on torch 2.15 no symmetric-memory backend for
     the accelerator, whatever passkit registered) leaves its candidates with that reason, not
-    with a restatement of torch's matching rules."""
-    monkeypatch.setattr(torch_api, "is_enabled", lambda group: False)
+    with a restatement of torch's matching rules. torch's own verdict is the one made False
+    (its pass asks it too: on a CUDA build of torch <= 2.14 the registration alone would let it
+    fuse, as passkit's copy of the verdict said no)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    monkeypatch.setattr(symm_mem, "is_symm_mem_enabled_for_group", lambda group_name: False)
     with fake_world(2) as world:
         gm = traced(
             lambda x, w1, w2: mlp(x, w1, w2, world.group_name),
