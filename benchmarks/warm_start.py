@@ -87,24 +87,39 @@ def rows_of(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
-def render(rows: list[dict[str, Any]], cold: dict[str, list[float]], primed: dict[str, float]) -> str:
+def render(
+    rows: list[dict[str, Any]], cold: dict[str, list[dict[str, float]]], primed: dict[str, float]
+) -> str:
     """One row per variant; "priming s": its first run in the shared folder (cold for its own
-    graphs, but served the kernels an earlier variant compiled), "cold s": ``--cold``'s."""
+    graphs, but served the kernels an earlier variant compiled), "cold s": ``--cold``'s, each
+    in its own empty folder, with their median CPU seconds and its ratio to Inductor's (the
+    steadier figure where others share the cores)."""
     lines = [
         "| variant | warm start s (samples) | median | vs Inductor | CPU s | vs Inductor "
-        "| backend s | GC s | FX graph cache hits (misses) | priming s | cold s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| backend s | GC s | FX graph cache hits (misses) | priming s | cold s (samples) "
+        "| cold CPU s | vs Inductor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    base_cold = _median_cpu(cold.get("inductor", []))
     for row in rows:
         samples = ", ".join(f"{s:.2f}" for s in row["samples_start_s"])
-        colds = ", ".join(f"{s:.1f}" for s in cold.get(row["variant"], [])) or "-"
+        runs = cold.get(row["variant"], [])
+        colds = ", ".join(f"{r['start_s']:.1f}" for r in runs) or "-"
+        cold_cpu = _median_cpu(runs)
+        cold_cpu_cells = (
+            f"{cold_cpu:.1f} | {cold_cpu / base_cold:.2f}x" if cold_cpu and base_cold else "- | -"
+        )
         lines.append(
             f"| {row['variant']} | {samples} | {row['start_s']:.2f} | {row['vs_inductor']:.2f}x | "
             f"{row['cpu_s']:.2f} | {row['cpu_vs_inductor']:.2f}x | {row['backend_s']:.2f} | "
             f"{row['gc_s']:.2f} | {row['fxgraph_hits']} ({row['fxgraph_misses']}) | "
-            f"{primed.get(row['variant'], float('nan')):.1f} | {colds} |"
+            f"{primed.get(row['variant'], float('nan')):.1f} | {colds} | {cold_cpu_cells} |"
         )
     return "\n".join(lines)
+
+
+def _median_cpu(runs: list[dict[str, float]]) -> float | None:
+    return statistics.median(r["cpu_s"] for r in runs) if runs else None
 
 
 def main() -> None:
@@ -138,7 +153,7 @@ def main() -> None:
     compiled = compile_bill.byte_compile(args.baseline_tree)
     load_before = compile_bill._load()
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    cold: dict[str, list[float]] = {v: [] for v in variants}
+    cold: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     primed: dict[str, float] = {}
     began = time.monotonic()
 
@@ -151,7 +166,7 @@ def main() -> None:
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.with_suffix(".md").write_text(f"{title}\n\n{table}\n")
-            payload = {"title": title, "rows": rows_of(results), "priming_s": primed, "cold_s": cold}
+            payload = {"title": title, "rows": rows_of(results), "priming_s": primed, "cold": cold}
             payload["samples"] = results
             args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2))
 
@@ -160,7 +175,8 @@ def main() -> None:
             for variant in variants if round_ % 2 == 0 else variants[::-1]:
                 print(f"{variant}: cold {round_ + 1}/{args.cold} ...", file=sys.stderr, flush=True)
                 own = os.path.join(root, f"cold-{round_}-{variants.index(variant)}")
-                cold[variant].append(round(run(args, variant, own)["start_s"], 2))
+                done = run(args, variant, own)
+                cold[variant].append({k: round(done[k], 2) for k in ("start_s", "cpu_s")})
         shared = os.path.join(root, "shared")
         for variant in variants:
             print(f"{variant}: priming the shared caches ...", file=sys.stderr, flush=True)
