@@ -92,12 +92,13 @@ def render(
 ) -> str:
     """One row per variant; "priming s": its first run in the shared folder (cold for its own
     graphs, but served the kernels an earlier variant compiled), "cold s": ``--cold``'s, each
-    in its own empty folder, with their median CPU seconds and its ratio to Inductor's (the
-    steadier figure where others share the cores)."""
+    in its own empty folder, with the median CPU seconds of the compiling process and its
+    ratio to Inductor's (steadier where others share the cores; the CPU of Inductor's compile
+    workers, other processes, is not in it: it is the part passkit can add to)."""
     lines = [
         "| variant | warm start s (samples) | median | vs Inductor | CPU s | vs Inductor "
         "| backend s | GC s | FX graph cache hits (misses) | priming s | cold s (samples) "
-        "| cold CPU s | vs Inductor |",
+        "| cold CPU s (the process) | vs Inductor |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base_cold = _median_cpu(cold.get("inductor", []))
