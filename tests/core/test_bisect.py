@@ -148,7 +148,7 @@ def test_a_pass_that_raises_with_dump_dir_writes_a_replayable_reproducer(planted
     assert spec["pass"] == {"name": "planted_raise", "wrong_site": 5}
     assert spec["error"].startswith("RuntimeError: planted failure at neg_5")
     gm = load_graph(folder)  # the graph the pass raised on: it raises there again, at the node
-    with pytest.raises(RuntimeError, match="planted failure at neg_5$"):  # of the same name
+    with pytest.raises(RuntimeError, match=r"planted failure at neg_5$"):  # of the same name
         replay_pass(
             gm, spec["pass"], inputs=make_inputs(spec["inputs"], spec["seed"]), context=spec["context"]
         )
