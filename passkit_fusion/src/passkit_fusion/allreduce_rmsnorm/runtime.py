@@ -53,10 +53,10 @@ from ..collective import (
     plan_fingerprint,
     resolve_group,
 )
-from ..collective.agreement import check_timeout
 from ..collective.resources import at_exit, outside_graph_pools
 from ..collective.resources import capturing as _capturing
 from ..reference import fp8_quantize, rms_norm
+from ..timeouts import check_timeout
 from ..tuning.tables import (
     Decision,
     Rule,

@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
-from ..collective.agreement import TimeoutSeconds
+from ..timeouts import TimeoutSeconds
 from ..tuning import decisions
 from . import torch_api
 

@@ -16,14 +16,12 @@
 Nothing here imports flashinfer or needs CUDA.
 """
 
+from ..timeouts import MAX_TIMEOUT_S, TimeoutSeconds, check_timeout
 from .agreement import (
     DEFAULT_TIMEOUT_S,
-    MAX_TIMEOUT_S,
     RankAgreementError,
-    TimeoutSeconds,
     agree,
     agree_plan_once,
-    check_timeout,
     compare_plans,
     exchange,
     plan_fingerprint,

@@ -17,43 +17,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Any
 
-import pydantic
 import torch.distributed as dist
 
 from passkit import PasskitError
 
+from ..timeouts import check_timeout
 from .groups import group_store, is_fake_group
-
-MAX_TIMEOUT_S = 24 * 3600.0
-"""The longest wait a timeout option takes (a day): every wait must end, and one of more
-than a day is a typo (``1e999`` reads as infinity)."""
-
-
-def timeout_problem(value: Any) -> str | None:
-    """Why ``value`` is no timeout (seconds, finite, more than 0, at most
-    :data:`MAX_TIMEOUT_S`), or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"expected a number of seconds, got {type(value).__name__}"
-    if not math.isfinite(value):
-        return f"{value!r} is not a finite number of seconds (every wait must end)"
-    if not 0 < value <= MAX_TIMEOUT_S:
-        return f"{value!r} s: must be more than 0 and at most {MAX_TIMEOUT_S:g} s (a day)"
-    return None
-
-
-def check_timeout(name: str, value: float) -> float:
-    """``value`` when it is a timeout (:func:`timeout_problem`), else a ValueError naming ``name``."""
-    problem = timeout_problem(value)
-    if problem:
-        raise ValueError(f"{name}: {problem}")
-    return float(value)
 
 
 def _env_timeout(name: str, default: float) -> float:
@@ -65,9 +40,6 @@ def _env_timeout(name: str, default: float) -> float:
     except ValueError as exc:
         raise PasskitError(f"environment variable {name}={raw!r}: {exc}") from None
 
-
-TimeoutSeconds = Annotated[float, pydantic.Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
-"""The type of the passes' ``*_timeout_s`` options: finite, more than 0, at most a day."""
 
 DEFAULT_TIMEOUT_S = _env_timeout("PASSKIT_FUSION_COLLECTIVE_TIMEOUT", 180.0)
 """How long :func:`agree` waits for the other ranks (``PASSKIT_FUSION_COLLECTIVE_TIMEOUT``)."""
