@@ -57,24 +57,27 @@ def load_graph(folder: str | Path) -> torch.fx.GraphModule:
 def _assigned_names(source: str) -> list[str]:
     """The names ``GraphModule.forward`` of FX's generated code assigns, in order (the
     ``x = None`` that frees a value is not an assignment of a node)."""
+    forward = next(
+        (
+            fn
+            for cls in ast.parse(source).body
+            if isinstance(cls, ast.ClassDef) and cls.name == "GraphModule"
+            for fn in cls.body
+            if isinstance(fn, ast.FunctionDef) and fn.name == "forward"
+        ),
+        None,
+    )
     names: list[str] = []
-    for cls in ast.parse(source).body:
-        if not (isinstance(cls, ast.ClassDef) and cls.name == "GraphModule"):
+    for stmt in forward.body if forward is not None else []:
+        if isinstance(stmt, ast.AnnAssign):
+            target = stmt.target
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+        else:
             continue
-        for fn in cls.body:
-            if isinstance(fn, ast.FunctionDef) and fn.name == "forward":
-                for stmt in fn.body:
-                    target = (
-                        stmt.target
-                        if isinstance(stmt, ast.AnnAssign)
-                        else stmt.targets[0]
-                        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                        else None
-                    )
-                    value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
-                    none = isinstance(value, ast.Constant) and value.value is None
-                    if isinstance(target, ast.Name) and not none:
-                        names.append(target.id)
+        frees = isinstance(stmt.value, ast.Constant) and stmt.value.value is None
+        if isinstance(target, ast.Name) and not frees:
+            names.append(target.id)
     return names
 
 
