@@ -125,6 +125,13 @@ class PassDeclinedWarning(UserWarning):
     process for each pass and reason, so a pass that fuses nothing is never silent."""
 
 
+class PassSkippedWarning(UserWarning):
+    """An enabled pass skipped a graph for its own reason (:meth:`passkit.Pass.skip_reason`: a
+    package not installed, a device or world size it needs), which holds for every graph of
+    the process: it does nothing there. Emitted (and logged) once per process for each pass
+    and reason, with the fix where the pass names one; the report's status says ``skipped``."""
+
+
 class ConfigWarning(UserWarning):
     """A config that passkit accepts but that likely does not do what was meant: a name in
     ``disable``, ``plugins`` or ``block_plugins`` that nothing installed has, an empty

@@ -34,7 +34,7 @@ from ..report import NOT_RESTORED, PassRecord, Report
 from ..tokens import PassRelations, TokenRange
 from . import graph_diff, inductor_state, input_mutation, numeric_check, output_check, schema_check
 from .baseline import Baselines
-from .declined import warn_declined
+from .declined import warn_declined, warn_skipped
 from .dump import Dumper
 from .verify import verify_graph
 
@@ -297,13 +297,9 @@ class Runner:
         if dropped is not None:  # Inductor failed on the graph it changed: compiled without it
             record.status, record.reason, record.reproducer = "failed", dropped.reason, dropped.reproducer
             return record
-        reason = (
-            plan.skipped.get(p.name)
-            or p.graph_kind_skip(ctx)
-            or range_skips.get(p.name)
-            or p.checked_skip_reason(ctx)
-            or self._nothing_to_act_on(p, report)
-        )
+        chosen = plan.skipped.get(p.name) or p.graph_kind_skip(ctx) or range_skips.get(p.name)
+        own = None if chosen else p.checked_skip_reason(ctx)  # the pass's own: every graph alike
+        reason = chosen or own or self._nothing_to_act_on(p, report)
         if p.code_failure is not None:  # its skip_reason, token_constraint or decision_source raised
             before_code = graph_code(gm) if dumper else ""
             return self._failed(
@@ -311,6 +307,8 @@ class Runner:
             )
         if reason:
             record.reason = reason
+            if own:
+                warn_skipped(p.name, self._origin(p), own)
             logs.log.info("passkit: %s skipped: %s", p.name, reason)
             return record
         veto = self._hook("passkit_before_pass", report, p, None, pass_=p, gm=gm, context=ctx)

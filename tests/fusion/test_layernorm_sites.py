@@ -225,13 +225,24 @@ def test_registered_enabled_by_name_and_options():
         passkit.backend(passes=[{"name": "allreduce_layernorm", "max_bytes": 0}])
 
 
-def test_skips_on_cpu_unless_reference(clean_env):
-    backend = passkit.backend(passes=[{"name": "allreduce_layernorm"}], mode="eager")
-    with fake_world(2):
-        torch.compile(ln_residual, backend=backend)(*inputs())
-    record = backend.last_report["allreduce_layernorm"]
-    assert record.status == "skipped"
-    assert record.reason.startswith("the symmetric-memory all-reduce needs CUDA tensors (graph is on cpu)")
+def test_auto_on_cpu_writes_the_reference_op_and_symm_mem_skips(clean_env):
+    """``auto`` writes the op a CPU graph runs (the reference op); ``symm_mem``, pinned,
+    skips there with the reason and the fix."""
+    records = {}
+    for implementation in ("auto", "symm_mem"):
+        backend = passkit.backend(
+            passes=[{"name": "allreduce_layernorm", "implementation": implementation}], mode="eager"
+        )
+        with fake_world(2):
+            torch.compile(ln_residual, backend=backend)(*inputs())
+        records[implementation] = backend.last_report["allreduce_layernorm"]
+        torch._dynamo.reset()
+    assert (records["auto"].status, records["auto"].matches) == ("ran", 1)
+    assert records["auto"].notes[0].startswith("1 LayerNorm site(s) -> reference op"), records["auto"].notes
+    assert records["symm_mem"].status == "skipped"
+    assert records["symm_mem"].reason.startswith(
+        "the symmetric-memory all-reduce needs CUDA tensors (graph is on cpu)"
+    )
 
 
 def test_conformance():

@@ -726,12 +726,50 @@ def compile_report(passes: list[Any], world_size: int | None = 2) -> passkit.Pas
     return report["allreduce_rmsnorm"]
 
 
+def test_auto_on_a_cpu_graph_fuses_with_the_reference_op_and_says_so(clean_env, caplog):
+    """``auto`` writes the op the graph's device runs: on a CPU graph the reference op (the
+    pass the user named runs), and one WARNING-level line says which op was chosen."""
+    from passkit_fusion import implementation
+
+    implementation._said.clear()
+    with caplog.at_level("WARNING", logger="passkit"):
+        record = compile_report([{"name": "allreduce_rmsnorm"}])
+        compile_report([{"name": "allreduce_rmsnorm"}])  # a second graph: said once
+    assert (record.status, record.matches) == ("ran", 1)
+    assert record.notes[0].startswith("1 site(s) -> reference op")
+    chosen = [r.getMessage() for r in caplog.records if "writes the reference op" in r.getMessage()]
+    assert chosen == [
+        "passkit: allreduce_rmsnorm (implementation='auto') writes the reference op into this cpu graph: "
+        "flashinfer's kernel needs CUDA; the reference op computes the same values with "
+        "torch.distributed's all-reduce (the sites fuse, nothing gets faster). Set "
+        "implementation='reference' to choose it without this line"
+    ]
+
+
+def test_flashinfer_pinned_on_a_cpu_graph_skips_with_one_warning(clean_env):
+    from passkit._pipeline import declined
+
+    declined.reset_declined_warnings()
+    with pytest.warns(passkit.PassSkippedWarning) as caught:
+        record = compile_report([{"name": "allreduce_rmsnorm", "implementation": "flashinfer"}])
+        compile_report([{"name": "allreduce_rmsnorm", "implementation": "flashinfer"}])
+    reason = (
+        "flashinfer's fused kernel needs CUDA tensors (graph is on cpu) — "
+        "set implementation='reference' to run the reference op"
+    )
+    assert (record.status, record.reason) == ("skipped", reason)
+    skipped = [str(w.message) for w in caught if issubclass(w.category, passkit.PassSkippedWarning)]
+    assert len(skipped) == 1 and skipped[0].endswith(f"is enabled but does not run: {reason}"), skipped
+
+
 @pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="flashinfer is installed")
 @pytest.mark.parametrize("implementation", ["auto", "flashinfer"])
-def test_skips_without_flashinfer_and_says_why(clean_env, implementation: str):
-    record = compile_report([{"name": "allreduce_rmsnorm", "implementation": implementation}])
-    assert record.status == "skipped"
-    assert record.reason == (
+def test_a_cuda_graph_without_flashinfer_skips_naming_the_fix(clean_env, implementation: str):
+    backend = passkit.backend(passes=[{"name": "allreduce_rmsnorm", "implementation": implementation}])
+    (p,) = backend.pipeline.passes
+    with fake_world(2):
+        reason = p.skip_reason(CompileContext(device="cuda", world_size=2, dtype=bf16))
+    assert reason == (
         "flashinfer is not installed (pip install passkit-fusion[flashinfer]) — "
         "set implementation='reference' to run the reference op"
     )
@@ -821,3 +859,56 @@ def test_an_all_reduce_that_ends_its_graph_is_reported_and_warned_once(clean_env
     )
     warned = [w for w in caught if "end their graph" in str(w.message)]
     assert len(warned) == 1, [str(w.message) for w in caught]
+
+
+_DEFAULT_LOGS = """
+import torch, torch.distributed as dist, torch.distributed._functional_collectives as funcol
+import passkit
+from passkit_testing import fake_world
+
+def block(x, r, w):
+    h = funcol.all_reduce(x, "sum", dist.group.WORLD) + r
+    h32 = h.float()
+    return w * (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+
+backend = passkit.backend(mode="eager")  # passes from PASSKIT_PASSES, as a server reads them
+with fake_world(2):
+    for n in (4, 8):  # two graphs: each line once per process
+        torch._dynamo.reset()
+        torch.compile(block, backend=backend)(torch.randn(n, 64), torch.randn(n, 64), torch.ones(64))
+print(backend.last_report["allreduce_rmsnorm"].status)
+"""
+
+
+@pytest.mark.parametrize(
+    ("passes", "status", "line"),
+    [
+        ("allreduce_rmsnorm", "ran", "writes the reference op into this cpu graph"),
+        ("allreduce_rmsnorm:implementation=flashinfer", "skipped", "is enabled but does not run"),
+    ],
+    ids=["auto", "flashinfer"],
+)
+def test_at_default_log_settings_a_fresh_process_says_once_what_auto_chose_or_why_it_skipped(
+    tmp_path, passes, status, line
+):
+    """No TORCH_LOGS, no logging set up: the first line a user reads says which op ``auto``
+    chose on a CPU, or why a pinned ``flashinfer`` does nothing, once for two graphs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_LOGS" and not k.startswith("PASSKIT_")}
+    env["PASSKIT_PASSES"] = passes
+    done = subprocess.run(
+        [sys.executable, "-c", _DEFAULT_LOGS],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == status
+    said = [x for x in done.stderr.splitlines() if line in x]
+    # the log line, and the warning's (a PassSkippedWarning prints its message too)
+    assert 1 <= len(said) <= 2 and len({x[x.index("passkit:") :] for x in said}) == 1, done.stderr

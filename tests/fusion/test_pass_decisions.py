@@ -43,8 +43,8 @@ def test_site_left_alone_where_no_table_fuses(monkeypatch, world_size, fused, ex
         gm = site_graph(world, x, x.clone(), torch.ones(64, dtype=torch.bfloat16))
         (site,), rejected = find_sites(gm.graph)
         assert rejected == []
-        why = AllReduceRMSNorm(implementation="flashinfer")._never_pays(site)
-        assert AllReduceRMSNorm(implementation="reference")._never_pays(site) is None
+        why = AllReduceRMSNorm(implementation="flashinfer")._never_pays(site, "flashinfer")
+        assert AllReduceRMSNorm(implementation="reference")._never_pays(site, "reference") is None
     if expect_skip:
         assert why == (
             f"no tuned table fuses Fancy GPU x{world_size}, hidden 64, bfloat16 "

@@ -15,10 +15,12 @@ residual_out)``: the norm's users read ``norm_out``, every other user of the sum
 layer's residual, a second LayerNorm of a parallel-residual block) reads ``residual_out``.
 Sites ending in an RMSNorm are ``allreduce_rmsnorm``'s and are reported as such.
 
-With ``implementation="auto"`` (default) the pass rewrites only CUDA graphs whose torch has
-the symmetric-memory one-shot all-reduce (and, with ``norm_kernel="triton"``, where Triton
-is importable); elsewhere it skips and says why. ``"reference"`` swaps in the op with its
-torch implementation on any device (tests, CPU runs).
+With ``implementation="auto"`` (default) the pass writes the symmetric-memory op into a CUDA
+graph whose torch has the one-shot all-reduce (and, with ``norm_kernel="triton"``, where
+Triton is importable; else it skips, with a warning naming the fix), and the reference op
+(its torch implementation: the same values, not faster) into a graph on any other device,
+said once per process (:mod:`passkit_fusion.implementation`). ``"reference"`` writes the
+reference op on every device (tests, CPU runs); ``"symm_mem"`` only the symmetric-memory one.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage
 
+from .. import implementation
+
 if TYPE_CHECKING:
     from ..patterns.sites import Rejection, Site
 
@@ -50,7 +54,7 @@ class AllReduceLayerNormOptions(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     implementation: Literal["auto", "symm_mem", "reference"] = "auto"
-    """auto: symmetric memory + Triton on CUDA where available, else skip; symm_mem: the same, pinned; reference: the torch op, any device"""
+    """auto: symmetric memory + Triton on a CUDA graph (skipped, with a warning, where unavailable), the reference op on any other device; symm_mem: symmetric memory on CUDA only; reference: the torch op, any device"""
     norm_kernel: Literal["triton", "torch"] = "triton"
     """after the one-shot all-reduce: residual add + LayerNorm in one Triton kernel, or in torch ops (torch.add + F.layer_norm)"""
     max_bytes: int = pydantic.Field(DEFAULT_MAX_BYTES, ge=1)
@@ -97,7 +101,7 @@ class AllReduceLayerNorm(GraphPass):
 
             publish_host()
         unmet = super().skip_reason(ctx)
-        if unmet or self.options.implementation == "reference":
+        if unmet or self.impl_for(ctx.device) == "reference":
             return unmet
         if ctx.device != "cuda":
             return (
@@ -109,9 +113,9 @@ class AllReduceLayerNorm(GraphPass):
             return "triton is not installed — set norm_kernel='torch' (torch.add + F.layer_norm) or implementation='reference'"
         return None
 
-    @property
-    def impl(self) -> str:
-        return "reference" if self.options.implementation == "reference" else "symm_mem"
+    def impl_for(self, device: str | None) -> str:
+        """The op implementation this pass writes into a graph on ``device``."""
+        return implementation.for_device(self.options.implementation, device, "symm_mem")
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         from ..patterns.isolation import rewrite_or_decline
@@ -127,6 +131,10 @@ class AllReduceLayerNorm(GraphPass):
         )
         from . import ops  # noqa: F401  (defines the op the rewrite writes)
 
+        impl = self.impl_for(ctx.device)
+        implementation.say_chosen(
+            self.name, self.options.implementation, impl, ctx.device, "the symmetric-memory all-reduce"
+        )
         all_reduces = count_all_reduces(gm.graph)
         position = {node: float(i) for i, node in enumerate(gm.graph.nodes)}
         sites: list[Site] = []
@@ -142,7 +150,7 @@ class AllReduceLayerNorm(GraphPass):
             outcome = rewrite_or_decline(
                 gm.graph,
                 found.nodes,
-                lambda found=found: self._replace(gm.graph, found, position),
+                lambda found=found: self._replace(gm.graph, found, position, impl),
                 self.name,
                 found.all_reduce.name,
             )
@@ -158,7 +166,7 @@ class AllReduceLayerNorm(GraphPass):
         if sites:
             rewritten = len(sites) + sum(len(s.merged) for s in sites)
             check_rewritten(self.name, all_reduces, count_all_reduces(gm.graph), rewritten)
-        notes = summarize(sites, rejected, self.impl)
+        notes = summarize(sites, rejected, impl)
         if not sites and not rejected:
             from ..patterns.marks import taken_note
 
@@ -169,7 +177,7 @@ class AllReduceLayerNorm(GraphPass):
             return PassResult.declining(declined, notes)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
 
-    def _replace(self, graph: fx.Graph, site: Site, position: dict[fx.Node, float]) -> bool:
+    def _replace(self, graph: fx.Graph, site: Site, position: dict[fx.Node, float], impl: str) -> bool:
         """Swap ``site`` for the fused op; True when the graph needs a topological sort."""
         from ..allreduce_rmsnorm.pass_ import _fake_call, _fused_inputs
 
@@ -180,7 +188,7 @@ class AllReduceLayerNorm(GraphPass):
             for i, node in enumerate(inserted):
                 position[node] = position[anchor] - 0.9 + 0.4 * i / len(inserted)
             args = (
-                x, residual, site.weight, site.bias, site.eps, site.group_name, self.impl,
+                x, residual, site.weight, site.bias, site.eps, site.group_name, impl,
                 self.options.norm_kernel, self.options.max_bytes,
             )  # fmt: skip
             fused = graph.call_function(op, args)

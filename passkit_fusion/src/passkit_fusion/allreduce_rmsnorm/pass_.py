@@ -8,9 +8,12 @@ without a residual) reads ``residual_out``. Enable it by name::
     torch.compile(model, backend=passkit.backend(passes=[
         {"name": "allreduce_rmsnorm", "implementation": "reference"}, "cleanup"]))
 
-With ``implementation="auto"`` (the default) the pass rewrites only CUDA graphs and only
-where flashinfer is importable; elsewhere it skips and says why. ``"reference"`` swaps in
-the op with its torch implementation on any device (tests, demos, CPU runs).
+With ``implementation="auto"`` (the default) the pass writes the op each graph's device can
+run: flashinfer's kernel for a CUDA graph (where flashinfer is importable; without it the
+pass skips, with a warning naming the fix), the reference op (its torch implementation:
+the same values, not faster) for a graph on any other device, said once per process.
+``"reference"`` writes the reference op on every device (tests, demos, CPU runs);
+``"flashinfer"`` only flashinfer's, skipping elsewhere.
 
 With ``fuse_fp8_quant`` (the default), a site whose norm output is quantized to
 ``float8_e4m3fn`` with a static per-tensor scale (FP8 checkpoints: the quantization before
@@ -41,6 +44,7 @@ import torch.fx as fx
 
 from passkit import CompileContext, GraphPass, PassResult, Requirements, Stage, TokenConstraint
 
+from .. import implementation
 from ..tuning import decisions
 
 if TYPE_CHECKING:
@@ -59,7 +63,7 @@ class AllReduceRMSNormOptions(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     implementation: Literal["auto", "flashinfer", "reference"] = "auto"
-    """auto: flashinfer on CUDA if installed, else skip; flashinfer: the same, pinned; reference: the torch op, any device"""
+    """auto: flashinfer on a CUDA graph (skipped, with a warning, without flashinfer), the reference op on any other device; flashinfer: flashinfer on CUDA only; reference: the torch op, any device"""
     max_tokens: int | None = pydantic.Field(None, ge=1)
     """the largest token count the pass fuses (and the flashinfer workspace's capacity); None: the largest the tuned table fuses for this GPU, world size and dtype (the workspace capped at 64 MiB of input)"""
     restrict_tokens: bool = True
@@ -123,7 +127,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             return None
         if self.options.max_tokens is not None:
             return TokenConstraint(max_tokens=self.options.max_tokens)
-        if self.impl != "flashinfer" or ctx.device != "cuda" or ctx.dtype is None:
+        if self.impl_for(ctx.device) != "flashinfer" or ctx.device != "cuda" or ctx.dtype is None:
             return None
         from ..tuning import tables
 
@@ -136,18 +140,18 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
 
             publish_host()
         unmet = super().skip_reason(ctx) or self.nowhere_reason(ctx)
-        if unmet or self.options.implementation == "reference":
+        if unmet or self.impl_for(ctx.device) == "reference":
             return unmet
-        if importlib.util.find_spec("flashinfer") is None:
-            return f"flashinfer is not installed (pip install passkit-fusion[flashinfer]) — {_ADVICE}"
         if ctx.device != "cuda":
             return f"flashinfer's fused kernel needs CUDA tensors (graph is on {ctx.device}) — {_ADVICE}"
+        if importlib.util.find_spec("flashinfer") is None:
+            return f"flashinfer is not installed (pip install passkit-fusion[flashinfer]) — {_ADVICE}"
         return None
 
-    @property
-    def impl(self) -> str:
-        """The op implementation this pass writes into the graph."""
-        return "reference" if self.options.implementation == "reference" else "flashinfer"
+    def impl_for(self, device: str | None) -> str:
+        """The op implementation this pass writes into a graph on ``device``: ``auto`` is
+        flashinfer's on CUDA and the reference op elsewhere (the only one that runs there)."""
+        return implementation.for_device(self.options.implementation, device, "flashinfer")
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         from ..patterns.isolation import rewrite_or_decline
@@ -163,6 +167,10 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         )
         from . import ops  # noqa: F401  (defines the ops the rewrite writes)
 
+        impl = self.impl_for(ctx.device)
+        implementation.say_chosen(
+            self.name, self.options.implementation, impl, ctx.device, "flashinfer's kernel"
+        )
         host = host_fusion_note(gm.graph)  # before the rewrite takes the host's ops out
         all_reduces = count_all_reduces(gm.graph)
         position = {node: float(i) for i, node in enumerate(gm.graph.nodes)}
@@ -173,7 +181,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         for found in candidates(gm.graph, fp8=self.options.fuse_fp8_quant):
             if isinstance(found, Site) and found.group_name in multi_host:
                 found = Rejection(found.all_reduce, multi_host[found.group_name])
-            if isinstance(found, Site) and (unprofitable := self._never_pays(found)):
+            if isinstance(found, Site) and (unprofitable := self._never_pays(found, impl)):
                 found = Rejection(found.all_reduce, unprofitable)
             if isinstance(found, Rejection):
                 rejected.append(found)
@@ -181,7 +189,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             outcome = rewrite_or_decline(
                 gm.graph,
                 (*found.nodes, *(found.quant.nodes if found.quant else ())),
-                lambda found=found: self._replace(gm.graph, found, position),
+                lambda found=found: self._replace(gm.graph, found, position, impl),
                 self.name,
                 found.all_reduce.name,
             )
@@ -197,7 +205,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         if sites:  # the report counts the graph: every site and merged all-reduce must be gone
             rewritten = len(sites) + sum(len(s.merged) for s in sites)
             check_rewritten(self.name, all_reduces, count_all_reduces(gm.graph), rewritten)
-        notes = summarize(sites, rejected, self.impl)
+        notes = summarize(sites, rejected, impl)
         if not sites and not rejected:  # another pass (sequence_parallel) may have taken them
             from ..patterns.marks import taken_note
 
@@ -212,7 +220,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             return PassResult.declining(declined, notes)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)
 
-    def _never_pays(self, site: Site) -> str | None:
+    def _never_pays(self, site: Site, impl: str) -> str | None:
         """Why fusing ``site`` can never pay on this GPU, or None.
 
         The fused op picks fused or unfused per call from the tuned table; when the table
@@ -221,7 +229,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
         the unfused graph. Then the site is left alone. A graph-level and device-model fact,
         the same on every rank of a homogeneous group.
         """
-        if self.impl != "flashinfer":
+        if impl != "flashinfer":
             return None
         from ..tuning import tables
 
@@ -235,7 +243,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             f"{str(site.dtype).removeprefix('torch.')} (run `passkit tune` to measure one)"
         )
 
-    def _replace(self, graph: fx.Graph, site: Site, position: dict[fx.Node, float]) -> bool:
+    def _replace(self, graph: fx.Graph, site: Site, position: dict[fx.Node, float], impl: str) -> bool:
         """Swap ``site`` for the fused op; True when the graph needs a topological sort.
 
         ``position`` orders the graph's nodes; the new nodes get positions just before
@@ -261,14 +269,14 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
                 op = torch.ops.passkit_fusion.allreduce_rmsnorm_fp8.default
                 args: tuple[object, ...] = (
                     x, residual, weight, site.eps, site.weight_bias, scale,
-                    site.group_name, self.impl, need_norm_out,
+                    site.group_name, impl, need_norm_out,
                     self.options.max_tokens, self.options.check_rank_consistency,
                 )  # fmt: skip
             else:
                 op = torch.ops.passkit_fusion.allreduce_rmsnorm.default
                 args = (
                     x, residual, weight, site.eps, site.weight_bias, site.group_name,
-                    self.impl, self.options.max_tokens, self.options.check_rank_consistency,
+                    impl, self.options.max_tokens, self.options.check_rank_consistency,
                 )  # fmt: skip
             fused = graph.call_function(op, args)
             outputs = [graph.call_function(operator.getitem, (fused, i)) for i in range(3 if quant else 2)]
