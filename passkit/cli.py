@@ -203,7 +203,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate a config as a compile here would see it: FILE (or the file found in DIR, or,
     with no argument, the files a compile in this folder reads), then the ``PASSKIT_*``
-    environment over it."""
+    environment over it. Exit 0 when it runs passes, 1 when an environment check failed or
+    no pass is enabled (a server refuses that config), 2 when it is invalid."""
     from ._compile.backend import Backend
     from ._pipeline.build import Pipeline
     from ._plugins.registry import instantiate, plugins_for
@@ -239,6 +240,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if failed := [c for c in checks if not c.ok]:
         print(
             f"{label}: {len(failed)} environment check(s) failed: the passes that depend on them will decline"
+        )
+        return 1
+    if not passes:  # what a server started with this config refuses (docs/vllm.md)
+        print(
+            f"{label}: no pass is enabled: a compile runs none (passkit.backend warns, a vLLM server "
+            "refuses to start); set PASSKIT_PASSES=name,... or passes in passkit.toml"
         )
         return 1
     return 0

@@ -178,3 +178,20 @@ def test_options_attribute_docstrings_are_read_when_shown_not_at_import(cli):
     assert "the largest token count the pass fuses" in fusion["allreduce_rmsnorm"]["options"]["max_tokens"]
     schema = json.dumps(json.loads(cli("schema").stdout))
     assert "the largest token count the pass fuses" in schema
+
+
+def test_check_fails_where_a_server_would_refuse_and_passes_where_it_would_run(cli, tmp_path):
+    """``passkit check && vllm serve ...`` starts the server exactly when it would run its
+    passes: an empty pass list (what the server refuses) exits 1 naming it; the fusion
+    passes pass the environment checks of this machine (a dialect whose ops this build does
+    not register is idle, not a failure)."""
+    empty = tmp_path / "passkit.toml"
+    empty.write_text("passes = []\n")
+    out = cli("check", str(empty))
+    assert out.returncode == 1, out
+    assert "no pass is enabled" in out.stdout and "refuses to start" in out.stdout, out.stdout
+    served = tmp_path / "served.toml"
+    served.write_text('passes = ["allreduce_rmsnorm", "cleanup"]\n')
+    out = cli("check", str(served))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "FAIL" not in out.stdout, out.stdout

