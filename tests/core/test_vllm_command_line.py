@@ -13,9 +13,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,36 @@ STANDIN = {
         """
     ),
     "vllm/compilation/backends.py": "class CompilerManager:\n    def compile(self, *args, **kwargs):\n        pass\n",
+    "vllm/config/__init__.py": textwrap.dedent(
+        """
+        import dataclasses, enum
+
+        class CompilationMode(enum.IntEnum):  # vLLM's, as vllm/config/compilation.py has it
+            NONE = 0
+            VLLM_COMPILE = 3
+
+        @dataclasses.dataclass
+        class CompilationConfig:
+            mode: CompilationMode = CompilationMode.VLLM_COMPILE
+            inductor_compile_config: dict = dataclasses.field(default_factory=dict)
+
+        @dataclasses.dataclass
+        class ModelConfig:
+            enforce_eager: bool = False
+
+        @dataclasses.dataclass
+        class VllmConfig:  # its __post_init__ turns compilation off under --enforce-eager
+            model_config: ModelConfig
+            compilation_config: CompilationConfig
+
+            def __post_init__(self):
+                if self.model_config.enforce_eager:
+                    self.compilation_config.mode = CompilationMode.NONE
+
+        def get_current_vllm_config_or_none():
+            return None
+        """
+    ),
     "vllm-0.33.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n",
 }
 """The stand-in vLLM: the modules and distribution metadata passkit's vLLM pass needs."""
@@ -215,3 +247,94 @@ def test_importing_passkit_imports_neither_vllm_nor_passkit_vllm():
         "assert not {'vllm', 'passkit_vllm', 'passkit.hosts.vllm.inductor_pass'} & set(sys.modules), 'imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_start_up_line_is_on_stderr_once_in_the_server_and_in_each_worker(standin_vllm, clean_env):
+    """vLLM builds the pass inside ``parse_args()``, before its logging is set up, and its
+    workers rebuild it while unpickling their config: the line saying what runs is on stderr
+    at default settings (no TORCH_LOGS), once per process."""
+    pickled = clean_env / "pass.pickle"
+    server = (
+        f"{RESOLVE_AND_PICKLE}\nimport passkit_vllm\nopen({str(pickled)!r}, 'wb').write(pickle.dumps(found))"
+    )
+    worker = f"import pickle\npickle.loads(open({str(pickled)!r}, 'rb').read())"
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_LOGS"}
+    env["PASSKIT_PASSES"] = "cleanup"
+    done = subprocess.run(
+        [sys.executable, "-c", server, command_line.QUALNAME],
+        cwd=clean_env, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("passkit:")]
+    assert line.startswith(
+        "passkit: passkit_vllm.post_grad_pass runs cleanup (config: PASSKIT_PASSES; uuid passkit-vllm:"
+    ), line
+    done = subprocess.run(
+        [sys.executable, "-c", worker], cwd=clean_env, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("passkit:")]
+    assert re.fullmatch(
+        r"passkit: vLLM process \d+ runs cleanup \(the config the server resolved; uuid passkit-vllm:\S+\)",
+        line,
+    ), line
+
+
+@pytest.mark.parametrize(
+    ("enforce_eager", "warned"),
+    [(True, "--enforce-eager is set (drop it)"), (False, None)],
+    ids=["enforce-eager", "compiles"],
+)
+def test_a_vllm_config_that_compiles_nothing_warns_once_naming_the_flag(
+    standin_vllm, monkeypatch, enforce_eager, warned
+):
+    from passkit._pipeline import declined
+
+    declined.reset_declined_warnings()
+    monkeypatch.setenv("PASSKIT_PASSES", "cleanup")
+    found = _resolved()
+    from vllm.config import CompilationConfig, ModelConfig, VllmConfig
+
+    import passkit
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # the engine builds its config more than once: one warning
+            compilation = CompilationConfig(inductor_compile_config={command_line.SLOT: found})
+            VllmConfig(ModelConfig(enforce_eager=enforce_eager), compilation)
+    said = [str(w.message) for w in caught if issubclass(w.category, passkit.PassSkippedWarning)]
+    if warned is None:
+        assert said == []
+    else:
+        assert said == [
+            f"passkit: the enabled passes cleanup do not run: vLLM compiles nothing in this server: "
+            f"{warned}; no passkit pass runs"
+        ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "enforce_eager", "environ", "cause"),
+    [
+        ("NONE", True, {}, "--enforce-eager is set (drop it)"),
+        ("NONE", False, {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}, "VLLM_USE_BREAKABLE_CUDAGRAPH=1"),
+        ("NONE", False, {}, "-O0 or -cc.mode=none"),
+        ("VLLM_COMPILE", False, {}, None),
+        ("DYNAMO_TRACE_ONCE", False, {}, None),
+    ],
+)
+def test_the_reason_vllm_compiles_nothing_names_its_flag(mode, enforce_eager, environ, cause):
+    import enum
+    from types import SimpleNamespace
+
+    from passkit.hosts.vllm.startup import nothing_compiled_reason
+
+    config = SimpleNamespace(
+        compilation_config=SimpleNamespace(mode=enum.Enum("CompilationMode", [mode])[mode]),
+        model_config=SimpleNamespace(enforce_eager=enforce_eager),
+    )
+    reason = nothing_compiled_reason(config, environ)
+    if cause is None:
+        assert reason is None
+    else:
+        assert reason is not None and reason.startswith("vLLM compiles nothing in this server: ")
+        assert cause in reason, reason

@@ -26,12 +26,12 @@ This module imports vLLM only through :func:`passkit.hosts.vllm.post_grad_pass`.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...config import Config, load_config
 from ...errors import ConfigError, PasskitError
+from . import startup
 
 if TYPE_CHECKING:
     from .inductor_pass import VllmPass
@@ -50,9 +50,6 @@ NO_PASS = (
     "passes: no pass is enabled (set PASSKIT_PASSES=name,... or passes in passkit.toml or "
     "[tool.passkit]); vLLM would run without the passes it was started for"
 )
-
-VLLM_LOGGER = "vllm.passkit"
-"""A child of vLLM's logger, so the line saying what runs shows in vLLM's own log."""
 
 
 def cli_argument() -> str:
@@ -88,30 +85,19 @@ def exit_message(exc: BaseException) -> str:
 def pass_or_exit(make: Callable[[Config], VllmPass] | None = None) -> VllmPass:
     """:func:`configured_pass`, or :class:`SystemExit` with :func:`exit_message` (one line
     on stderr, no traceback: neither pydantic, which runs vLLM's ``__post_init__``, nor
-    argparse nor asyncio wraps or catches it). On success one line in vLLM's log says what
-    the server will run and where the config came from."""
+    argparse nor asyncio wraps or catches it). On success one line on stderr says what the
+    server will run and where the config came from (:func:`.startup.announce`: vLLM's
+    logging is not set up yet when it parses its command line)."""
     try:
         custom_pass = configured_pass(make)
     except PasskitError as exc:
         raise SystemExit(exit_message(exc)) from None
     config = custom_pass.pipeline.config
-    _vllm_logger().info(
-        "passkit: %s runs %s (config: %s; uuid %s)",
-        QUALNAME,
-        ", ".join(custom_pass.pipeline.names()),
-        config.passes_from or "defaults",
-        custom_pass.uuid(),
+    startup.announce(
+        f"passkit: {QUALNAME} runs {', '.join(custom_pass.pipeline.names())} "
+        f"(config: {config.passes_from or 'defaults'}; uuid {custom_pass.uuid()})"
     )
     return custom_pass
-
-
-def _vllm_logger() -> logging.Logger:
-    """vLLM's logger for passkit (vLLM sets its handler up when ``vllm.logger`` is imported)."""
-    try:
-        from vllm.logger import init_logger
-    except ImportError:  # a stand-in vLLM (tests) or a vLLM without it
-        return logging.getLogger(VLLM_LOGGER)
-    return init_logger(VLLM_LOGGER)
 
 
 __all__ = [

@@ -32,6 +32,8 @@ from ..._pipeline.build import Pipeline, build_pipeline
 from ...config import Config
 from ...tokens import TokenRange
 from . import ranges as adapter
+from . import startup
+from .command_line import SLOT
 
 
 class VllmPass(InductorPass):
@@ -50,6 +52,7 @@ class VllmPass(InductorPass):
         self._by_range: dict[TokenRange, Pipeline] = {}
         wrap_compiler_manager()
         wrap_aot_artifacts()
+        wrap_vllm_config()
 
     # -- what vLLM calls -------------------------------------------------------------------
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -127,7 +130,43 @@ class VllmPass(InductorPass):
 
 
 def _rebuild(config: dict[str, Any], version: str) -> VllmPass:
-    return VllmPass(build_pipeline(Config.model_validate(config)), version=version)
+    """The pass in vLLM's engine core or a worker, from the config the server resolved; the
+    process says once on stderr what it runs (its log is not set up while it unpickles)."""
+    import os
+
+    rebuilt = VllmPass(build_pipeline(Config.model_validate(config)), version=version)
+    startup.announce(
+        f"passkit: vLLM process {os.getpid()} runs {', '.join(rebuilt.pipeline.names())} "
+        f"(the config the server resolved; uuid {rebuilt.uuid()})"
+    )
+    return rebuilt
+
+
+def wrap_vllm_config() -> None:
+    """Wrap ``VllmConfig.__post_init__`` once per process: a config holding a passkit pass
+    whose compilation mode ends ``NONE`` (``--enforce-eager``, ``-O0``, breakable CUDA graphs)
+    compiles nothing, and passkit warns once, naming the flag (:mod:`.startup`). A vLLM
+    without that class is left alone."""
+    try:
+        from vllm.config import VllmConfig
+    except ImportError:
+        return
+    original = VllmConfig.__post_init__
+    if getattr(original, "passkit_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        why = startup.nothing_compiled_reason(self)
+        ours = getattr(self.compilation_config, "inductor_compile_config", {}).get(SLOT)
+        if why and isinstance(ours, VllmPass):
+            from ..._pipeline.declined import warn_host_idle
+
+            warn_host_idle(ours.pipeline.names(), f"{why}; no passkit pass runs")
+
+    __post_init__.passkit_wrapped = True  # type: ignore[attr-defined]
+    VllmConfig.__post_init__ = __post_init__  # type: ignore[method-assign]
 
 
 def current_range() -> TokenRange | None:
@@ -157,10 +196,10 @@ def outside_manager() -> str | None:
     ``inductor_compile_config["post_grad_custom_post_pass"]`` directly."""
     from vllm.config import get_current_vllm_config_or_none
 
+    # a worker's lazy compile runs outside vLLM's config context: no config, no pass context
+    # either, which vLLM's own manager always sets (the caller saw no compile range)
     config = get_current_vllm_config_or_none()
-    if config is None:
-        return None
-    mode = getattr(config.compilation_config, "mode", None)
+    mode = None if config is None else getattr(config.compilation_config, "mode", None)
     mode_name = getattr(mode, "name", str(mode))
     if mode_name == "VLLM_COMPILE":
         return None
@@ -171,12 +210,15 @@ def outside_manager() -> str | None:
         cpu = bool(current_platform.is_cpu())
     except Exception:  # pragma: no cover - a vLLM without a platform API
         platform, cpu = "?", False
-    why = (
-        "vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu) sets CompilationMode.DYNAMO_TRACE_ONCE, "
-        "so plain Inductor compiles the model"
-        if cpu
-        else f"vLLM compiles in CompilationMode.{mode_name} on {platform}, with plain Inductor"
-    )
+    if cpu:
+        why = (
+            "vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu) sets CompilationMode.DYNAMO_TRACE_ONCE, "
+            "so plain Inductor compiles the model"
+        )
+    elif mode is None:
+        why = f"vLLM on {platform} called this pass outside its pass manager (no compile range)"
+    else:
+        why = f"vLLM compiles in CompilationMode.{mode_name} on {platform}, with plain Inductor"
     return (
         f"{why}: passkit runs outside vLLM's pass manager, on one graph for every token count "
         "(no vLLM compile range: passes' token constraints are decided for every size; no vLLM "

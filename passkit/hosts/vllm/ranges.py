@@ -99,5 +99,7 @@ def host_fusion_notes(pipeline: Pipeline, pass_config: Any, graph_ops: Iterable[
             rest = f"; passkit's {ours} sees only the sites it left" if ours in pipeline.names() else ""
             notes.append(f"vLLM's own {flag} is enabled and ran before passkit: it {did}{rest}")
         elif ours in pipeline.names():
-            notes.append(f"vLLM's {flag} is off: passkit's {ours} is the pass fusing these sites")
+            notes.append(
+                f"vLLM's {flag} is off: these sites are left to passkit's {ours} (its row says what it fused)"
+            )
     return notes
