@@ -294,3 +294,33 @@ def test_without_sglang_or_amx_passkit_check_says_nothing_about_it(monkeypatch):
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert builtin_plugin.passkit_environment_checks() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ({}, "without --enable-torch-compile"),
+        ({"enable_torch_compile": True}, None),
+        ({"enable_torch_compile": True, "device": "cpu", "disable_cuda_graph": True}, None),
+        (
+            {"enable_torch_compile": True, "device": "cuda", "disable_cuda_graph": True},
+            "--disable-cuda-graph",
+        ),
+        (
+            {"enable_torch_compile": True, "device": "cuda", "cuda_graph_backend_decode": "disabled"},
+            "--cuda-graph-backend-decode disabled",
+        ),
+    ],
+)
+def test_server_arguments_that_compile_nothing_are_named(args, named):
+    """SGLang 0.5.23 reaches Inductor only through ``--enable-torch-compile``, inside its decode
+    graph capture (``tests/hosts/test_sglang.py`` feeds its real parser)."""
+    from types import SimpleNamespace
+
+    from passkit.hosts.sglang.startup import nothing_compiled_reason
+
+    reason = nothing_compiled_reason(SimpleNamespace(**args))
+    if named is None:
+        assert reason is None
+    else:
+        assert reason is not None and named in reason, reason

@@ -897,3 +897,49 @@ def test_dynamos_1_token_recompile_is_reported_as_serving_1_token(tmp_path):
         last = rank["reports"][-1]
         assert "Dynamo compiled with static shapes: it serves 1 token only" in last["notes"][0]
         assert _records(last)["sglang_probe"]["status"] == "ran"
+
+
+# -- the server's arguments: which compile nothing passkit sees ----------------------------
+
+DOCS_COMMAND = ["--model-path", "/nonexistent/model", "--tp", "2", "--enable-torch-compile"]
+"""docs/sglang.md's command line (what follows ``python -m sglang.launch_server``)."""
+
+_PARSE_AND_WARN = """
+import json, sys, warnings
+warnings.simplefilter("always")
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+load_plugins()  # as launch_server does, before it parses: passkit's entry point runs here
+args = prepare_server_args(json.loads(sys.argv[1]))
+print("PARSED", args.enable_torch_compile)
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "warned"),
+    [(DOCS_COMMAND, None), (DOCS_COMMAND[:-1], "without --enable-torch-compile")],
+    ids=["docs-command", "default-args"],
+)
+def test_sglangs_own_parser_tells_which_arguments_compile_through_passkit(tmp_path, argv, warned):
+    """SGLang 0.5.23's real ``prepare_server_args``, in a fresh process with passkit's plugin
+    loaded as ``launch_server`` loads it: the docs' command selects ``--enable-torch-compile``
+    (the only path through Inductor) and prints nothing; the default arguments print one
+    WARNING naming the flag, with no TORCH_LOGS set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS",) and not k.startswith("PASSKIT_")}
+    env["PASSKIT_PASSES"] = "allreduce_rmsnorm"
+    done = subprocess.run(
+        [sys.executable, "-c", _PARSE_AND_WARN, json.dumps(argv)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"PARSED {warned is None}" in done.stdout, done.stdout
+    lines = [
+        x for x in done.stderr.splitlines() if "passkit: the enabled passes allreduce_rmsnorm do not run" in x
+    ]
+    if warned is None:
+        assert lines == [], done.stderr[-3000:]
+    else:
+        assert lines and all(warned in x and "add --enable-torch-compile" in x for x in lines), done.stderr[
+            -3000:
+        ]
+        assert len({x[x.index("passkit:") :] for x in lines}) == 1, lines  # one message (log + warning)

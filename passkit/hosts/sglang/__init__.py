@@ -65,6 +65,12 @@ TORCH_COMPILE_TARGET = "sglang.srt.compilation.torch_compile_decoration.patch_mo
 """Hooked (around): where ``--enable-torch-compile`` wraps the model in ``torch.compile``."""
 CPU_TORCH_COMPILE_TARGET = "sglang.srt.model_executor.cpu_graph_runner.patch_model"
 """The same for SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``; hooked only there)."""
+PARSED_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.from_cli_args"
+"""Hooked (after): the server's arguments as the launcher parses them (SGLang loads its
+plugins first). Arguments that compile nothing (:mod:`.startup`) warn once, naming the flag.
+(``ServerArgs`` is a msgspec struct: its ``__post_init__`` cannot be hooked after the fact.)"""
+RESOLVED_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.resolve_once"
+"""Hooked (around): the arguments an ``Engine`` built in Python resolves, checked alike."""
 
 PIECEWISE = "piecewise backend"
 TORCH_COMPILE = "--enable-torch-compile"
@@ -97,6 +103,7 @@ _error: PasskitError | None = None
 _explicit = False
 _hooks_registered = False
 _registered_paths: set[str] = set()
+_watching: list[str] = []
 
 
 def active() -> SGLangAdapter | None:
@@ -323,10 +330,50 @@ def plugin() -> None:
         _fail(exc, paths)
         return
     _register_hooks(paths)  # SGLang's load_plugins applies them after every plugin ran
+    _watch_server_args()
     _prepare_amx()
     logs.log.info(
         "passkit: SGLang plugin enabled %s (%s)", ", ".join(_active.pipeline.names()), ", ".join(paths)
     )
+
+
+def _check_server_args(server_args: Any) -> None:
+    """Warn once when the server's arguments compile nothing passkit could run in."""
+    from ..._pipeline.declined import warn_host_idle
+    from .startup import nothing_compiled_reason
+
+    if _active is not None and (why := nothing_compiled_reason(server_args)):
+        warn_host_idle(_active.pipeline.names(), why)
+
+
+def _after_parsed_args(result: Any, *args: Any, **kwargs: Any) -> None:
+    _check_server_args(result)
+
+
+def _around_resolve(original: Callable[..., Any], server_args: Any, *args: Any, **kwargs: Any) -> Any:
+    first = not getattr(server_args, "_resolution_finished", False)  # a child gets it resolved
+    result = original(server_args, *args, **kwargs)
+    if first:
+        _check_server_args(server_args)
+    return result
+
+
+def _watch_server_args() -> None:
+    """Register the checks of the server's arguments once per process (an SGLang without
+    ``ServerArgs.from_cli_args`` / ``resolve_once`` is left alone)."""
+    if _watching:
+        return
+    api = (
+        ("sglang.srt.server_args", "ServerArgs.from_cli_args"),
+        ("sglang.srt.server_args", "ServerArgs.resolve_once"),
+    )
+    if _api_problem(api) is not None:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(PARSED_ARGS_TARGET, _after_parsed_args, HookType.AFTER)
+    HookRegistry.register(RESOLVED_ARGS_TARGET, _around_resolve, HookType.AROUND)
+    _watching.append(PARSED_ARGS_TARGET)
 
 
 def _prepare_amx() -> None:
