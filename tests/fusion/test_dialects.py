@@ -347,12 +347,19 @@ def test_host_fusion_is_named_in_the_report() -> None:
     def fn(x, r, w, w2):
         return vllm.flashinfer_trtllm_fused_allreduce_norm(x @ w2, w)
 
-    with fake_world(2):
+    from passkit_fusion.patterns import notes as notes_module
+
+    notes_module._said_host_fused.clear()
+    with fake_world(2), pytest.warns(UserWarning, match="found no site left in a graph") as caught:
         result = run_passes(fn, *inputs(), passes=[REFERENCE])
-    assert notes(result, "allreduce_rmsnorm") == (
-        "no all-reduce in the graph | host already fused: 1 site(s) by vLLM's fuse_allreduce_rms "
-        "(AllReduceFusionPass, flashinfer) (vllm::flashinfer_trtllm_fused_allreduce_norm)"
-    )
+        run_passes(fn, *inputs(), passes=[REFERENCE])  # a second graph: said once
+    fused = "host already fused: 1 site(s) by vLLM's fuse_allreduce_rms (AllReduceFusionPass, flashinfer) (vllm::flashinfer_trtllm_fused_allreduce_norm)"
+    assert notes(result, "allreduce_rmsnorm") == f"no all-reduce in the graph | {fused}"
+    said = [str(w.message) for w in caught if "found no site left" in str(w.message)]
+    assert said == [
+        f"passkit: allreduce_rmsnorm found no site left in a graph: {fused}; the host's own fusion "
+        "does this work (disable allreduce_rmsnorm, or the host's fusion, to run one of them)"
+    ]
 
 
 # a third party's stack: all-reduce is "mystack.reduce(x, group)", written with a torch op

@@ -214,6 +214,10 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             notes.append(ends)
         if host:
             notes.append(host)
+            if not sites and host.startswith("host already fused"):
+                from ..patterns.notes import say_host_fused
+
+                say_host_fused(self.name, host.split("; ")[0])
         if decided := self.decision_note(ctx):
             notes.append(decided)
         if not sites and (declined := schema_declined(rejected)):

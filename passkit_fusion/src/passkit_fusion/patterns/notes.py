@@ -1,5 +1,6 @@
 """Report notes every site-rewriting pass writes the same way: sites per layer and counted
-reasons (why candidates were left)."""
+reasons (why candidates were left); and the one line a user reads when the host's own
+fusion left a pass nothing to do (:func:`say_host_fused`)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,26 @@ def per_layer(modules: Iterable[str]) -> str | None:
 def rejected(reasons: list[str]) -> str | None:
     """``"N candidate(s) rejected: ..."``, or None when there are none."""
     return f"{len(reasons)} candidate(s) rejected: {counted(reasons)}" if reasons else None
+
+
+_said_host_fused: set[tuple[str, str]] = set()
+
+
+def say_host_fused(pass_name: str, note: str) -> None:
+    """Warn once per process (and log on passkit's logger) that the host fused every site of
+    a graph itself (``note``: :func:`.sites.host_fusion_note`'s): the pass found none left, so
+    it did nothing there, never a second fusion."""
+    key = (pass_name, note)
+    if key in _said_host_fused:
+        return
+    _said_host_fused.add(key)
+    import warnings
+
+    from passkit import logs
+
+    message = (
+        f"passkit: {pass_name} found no site left in a graph: {note}; the host's own fusion does "
+        f"this work (disable {pass_name}, or the host's fusion, to run one of them)"
+    )
+    logs.log.warning("%s", message)
+    warnings.warn(message, UserWarning, stacklevel=3)
