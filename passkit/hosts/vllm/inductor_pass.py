@@ -163,7 +163,7 @@ def wrap_vllm_config() -> None:
         if why and isinstance(ours, VllmPass):
             from ..._pipeline.declined import warn_host_idle
 
-            warn_host_idle(ours.pipeline.names(), f"{why}; no passkit pass runs")
+            warn_host_idle(ours.pipeline.names(), why)
 
     __post_init__.passkit_wrapped = True  # type: ignore[attr-defined]
     VllmConfig.__post_init__ = __post_init__  # type: ignore[method-assign]
