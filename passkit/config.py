@@ -426,8 +426,11 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
         warn_config(
             f"{ENV_PREFIX}DUMP_DIR is set but empty: no dumps are written (unset it, or name a folder)"
         )
-    known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
-    for name in environ:
+    known = set(CORE_VARIABLES)
+    strange = [n for n in environ if n not in known and n[: len(ENV_PREFIX)].upper() == ENV_PREFIX]
+    if strange:  # the variables installed distributions declare, asked only when needed
+        known |= set(_declared_variables())
+    for name in strange:
         if name not in known and name.upper() in known:
             raise ConfigError(
                 f"environment variable {cut(name)}: passkit's variables are upper case "
@@ -436,8 +439,24 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
         if name.startswith(ENV_PREFIX) and name not in known and name.isupper():
             close = difflib.get_close_matches(name[:100], sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"unknown environment variable {cut(name)}{hint}")
+            raise ConfigError(
+                f"unknown environment variable {cut(name)}{hint} (passkit's own and those its "
+                "installed distributions declare are known: `passkit list` shows them)"
+            )
     return out
+
+
+CORE_VARIABLES = frozenset(
+    {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
+)
+"""The ``PASSKIT_*`` variables the core reads."""
+
+
+def _declared_variables() -> dict[str, str]:
+    """The ``PASSKIT_*`` variables installed distributions declare (``passkit_environment_variables``)."""
+    from ._plugins.env_variables import declared_variables
+
+    return declared_variables(reserved=CORE_VARIABLES)
 
 
 def sources(

@@ -178,11 +178,22 @@ class PluginSet:
         """pluggy's hook relay (calls are not isolated: use :meth:`call`)."""
         return self.pm.hook
 
-    def call(self, hook: str, strict: bool = False, during: str | None = None, **kwargs: Any) -> list[Any]:
+    def call(
+        self,
+        hook: str,
+        strict: bool = False,
+        during: str | None = None,
+        checkpoint: Any = None,
+        check: Any = None,
+        **kwargs: Any,
+    ) -> list[Any]:
         """Call ``hook`` with ``kwargs``, each plugin's hookimpl in isolation: one that raises
         is disabled and recorded in :attr:`hook_failures` (``during``: what was under way,
-        for its message), or raises with ``strict``; returns the non-``None`` results."""
-        return hooks.call(self, hook, kwargs, strict=strict, during=during)
+        for its message), or raises with ``strict``; returns the non-``None`` results
+        (``checkpoint``, ``check``: see :func:`passkit._plugins.hooks.call`)."""
+        return hooks.call(
+            self, hook, kwargs, strict=strict, during=during, checkpoint=checkpoint, check=check
+        )
 
     def info_of(self, plugin: object) -> PluginInfo | None:
         """The :class:`PluginInfo` a registered plugin object was added with."""
