@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Iterable
+from typing import cast
 
 import pluggy
 
@@ -37,8 +38,8 @@ def declared_variables(reserved: Iterable[str] = ()) -> dict[str, str]:
     distribution declares (they stay the core's)."""
     reserved = frozenset(reserved)
     found: dict[str, str] = {}
-    for who, value in _answers():
-        described = value if isinstance(value, dict) else dict.fromkeys(value, "")
+    for who, value in _answers():  # checked by hook_returns: a dict, a list or a tuple of names
+        described = value if isinstance(value, dict) else dict.fromkeys(cast("Iterable[str]", value), "")
         for name, what in described.items():
             if name not in reserved:
                 found.setdefault(name, f"{what} [{who}]".strip())
