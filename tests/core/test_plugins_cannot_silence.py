@@ -275,3 +275,12 @@ def test_bad_environment_checks_leave_list_and_check_working(plugin_site, clean_
     assert main(["list", "--json"]) == 0
     failed = [c for c in json.loads(capsys.readouterr().out)["environment"] if not c["ok"]]
     assert len(failed) == 3
+
+
+def test_an_after_pass_plugin_is_part_of_the_cache_identity(plugin_site, clean_env):
+    """Its kept changes are in the compiled code: a warm Inductor cache must not serve the
+    code compiled without it (or with another version of it)."""
+    without = passkit.backend(passes=["noop_elimination"], compiler="aot_eager").pipeline.uuid()
+    install(plugin_site, "acme-after", ADD_CLONE)
+    with_it = passkit.backend(passes=["noop_elimination"], compiler="aot_eager").pipeline.uuid()
+    assert with_it != without
