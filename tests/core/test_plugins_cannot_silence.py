@@ -284,3 +284,18 @@ def test_an_after_pass_plugin_is_part_of_the_cache_identity(plugin_site, clean_e
     install(plugin_site, "acme-after", ADD_CLONE)
     with_it = passkit.backend(passes=["noop_elimination"], compiler="aot_eager").pipeline.uuid()
     assert with_it != without
+
+
+def test_a_value_returned_by_a_hook_that_returns_nothing_is_said_once(plugin_site, clean_env, caplog):
+    install(
+        plugin_site,
+        "acme-chatty",
+        "@passkit.hookimpl\ndef passkit_after_pass(pass_, gm, result, record):\n    return 'ok'\n",
+    )
+    with caplog.at_level("WARNING", logger="passkit"):
+        report, _ = compile_report(passes=["noop_elimination", "cleanup"])
+    assert not report.hook_failures and report["cleanup"].status == "ran"
+    said = [r.getMessage() for r in caplog.records if "acme-chatty" in r.getMessage()]
+    assert said == [
+        "passkit: hook passkit_after_pass of 'acme-chatty' returned 'ok'; the hook returns nothing, the value is ignored"
+    ]
