@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 from ._plugins.cli_hooks import call_hook
+from ._plugins.hook_returns import HookReturnError
 from ._plugins.options_docs import documented
 from .environment import environment_checks
 from .errors import PasskitError, PluginHookError, cut, cut_repr, describe
@@ -86,6 +87,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     ]
     mistakes = [dataclasses.asdict(m) for m in plugins.mistakes]
     checks = environment_checks(plugins)
+    from ._plugins.env_variables import declared_variables
+    from .config import CORE_VARIABLES
+
+    variables = declared_variables(reserved=CORE_VARIABLES)
     if args.json:
         environment = [dataclasses.asdict(c) for c in checks]
         clashes = {n: [owner(i.plugin) for i in infos] for n, infos in sorted(plugins.clashes.items())}
@@ -97,6 +102,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                     "mistakes": mistakes,
                     "clashes": clashes,
                     "environment": environment,
+                    "variables": variables,
                 },
                 indent=2,
             )
@@ -115,6 +121,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("\nenvironment (what the installed passes can read here):")
         for check in checks:
             print(f"  {check}")
+    if variables:
+        print("\nenvironment variables the installed distributions declare:")
+        for variable, what in sorted(variables.items()):
+            print(f"  {variable}: {what}")
     for name, infos in sorted(plugins.clashes.items()):
         who = ", ".join(f"{owner(i.plugin)}:{name}" for i in infos)
         print(f"NAME CLASH: pass {name!r} is registered by several distributions; enable one of {who}")
@@ -575,15 +585,61 @@ def build_parser(all_plugins: bool = False) -> tuple[argparse.ArgumentParser, di
     )
     handlers["demo"] = cmd_demo
 
+    builtin = dict(handlers)
+
+    def checkpoint() -> Callable[[], None]:  # a plugin's parsers go with its failure
+        choices, actions = dict(sub.choices), list(sub._choices_actions)
+
+        def undo() -> None:
+            sub.choices.clear()
+            sub.choices.update(choices)
+            sub._choices_actions[:] = actions
+
+        return undo
+
+    def no_builtin(plugin: object, extra: Any) -> None:
+        replaced = sorted(set(extra or {}) & set(builtin))
+        replaced += sorted(n for n in builtin if n not in replaced and sub.choices.get(n) is not parsers[n])
+        if replaced:
+            raise HookReturnError(
+                f"the command(s) {', '.join(map(repr, replaced))} are passkit's own: a plugin cannot "
+                "replace a built-in command (name yours otherwise); the plugin's commands are not added"
+            )
+
+    parsers = {name: sub.choices[name] for name in builtin}
     try:
-        for extra in call_hook("passkit_cli_commands", cli_only=not all_plugins, subparsers=sub):
-            if isinstance(extra, dict):
-                handlers.update(extra)
+        for extra in call_hook(
+            "passkit_cli_commands",
+            cli_only=not all_plugins,
+            checkpoint=checkpoint,
+            check=no_builtin,
+            subparsers=sub,
+        ):
+            for name, handler in extra.items():
+                handlers[name] = _plugin_command(name, handler)
     except PluginHookError:
         raise
     except PasskitError:
         pass  # a broken config must not hide the built-in commands (check reports it)
     return parser, handlers
+
+
+def _plugin_command(name: str, handler: Handler) -> Handler:
+    """A plugin's command handler whose return must be an exit status: None is 0, an int is
+    itself, anything else a one-line error (rc 2), not a crash."""
+
+    def run(args: argparse.Namespace) -> int:
+        status = handler(args)
+        if status is None:
+            return 0
+        if isinstance(status, int):
+            return int(status)
+        raise PasskitError(
+            f"the plugin command {name!r} returned {cut_repr(status, 100)}, not an exit status "
+            "(handler(args) -> int): a bug in the plugin that adds it"
+        )
+
+    return run
 
 
 def _demo_names(all_plugins: bool) -> list[str]:

@@ -36,6 +36,7 @@ import tomllib
 from . import logs
 from .errors import ConfigError, cut, cut_repr, warn_config
 from .errors import suggest as suggest  # re-exported: passkit.config.suggest
+from .names import same_pass
 from .pass_base import format_validation_error
 from .tokens import check_boundaries
 
@@ -174,7 +175,11 @@ class Config(pydantic.BaseModel):
 
     @pydantic.model_validator(mode="after")
     def _check_names(self) -> Config:
-        both = sorted(set(self.pass_names) & set(self.disable))
+        both = [
+            name if name == off else f"{name} (disable: {off})"
+            for name in self.pass_names
+            if (off := disabled_by(name, self.disable)) is not None
+        ]
         if both:
             raise ValueError(f"pass(es) {cut(both)} are both enabled (passes) and disabled (disable)")
         return self
@@ -205,10 +210,18 @@ class Config(pydantic.BaseModel):
         return [p.name for p in self.passes]
 
     def options_for(self, name: str) -> dict[str, Any]:
+        """The options of the enabled pass ``name`` (bare or qualified: :func:`passkit.names.same_pass`)."""
         for p in self.passes:
-            if p.name == name:
+            if same_pass(p.name, name):
                 return dict(p.options)
         return {}
+
+
+def disabled_by(name: str, disable: Iterable[str]) -> str | None:
+    """The ``disable`` entry that rules out the pass spelled ``name``, or None: the one
+    normalization point of pass names in a config (:func:`passkit.names.same_pass`:
+    ``cleanup`` and ``passkit:cleanup`` are one pass, in either list)."""
+    return next((off for off in disable if same_pass(name, off)), None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,8 +426,11 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
         warn_config(
             f"{ENV_PREFIX}DUMP_DIR is set but empty: no dumps are written (unset it, or name a folder)"
         )
-    known = {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
-    for name in environ:
+    known = set(CORE_VARIABLES)
+    strange = [n for n in environ if n not in known and n[: len(ENV_PREFIX)].upper() == ENV_PREFIX]
+    if strange:  # the variables installed distributions declare, asked only when needed
+        known |= set(_declared_variables())
+    for name in strange:
         if name not in known and name.upper() in known:
             raise ConfigError(
                 f"environment variable {cut(name)}: passkit's variables are upper case "
@@ -423,8 +439,24 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
         if name.startswith(ENV_PREFIX) and name not in known and name.isupper():
             close = difflib.get_close_matches(name[:100], sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"unknown environment variable {cut(name)}{hint}")
+            raise ConfigError(
+                f"unknown environment variable {cut(name)}{hint} (passkit's own and those its "
+                "installed distributions declare are known: `passkit list` shows them)"
+            )
     return out
+
+
+CORE_VARIABLES = frozenset(
+    {ENV_PREFIX + s for s in _ENV_FIELDS} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "CACHE_DIR"}
+)
+"""The ``PASSKIT_*`` variables the core reads."""
+
+
+def _declared_variables() -> dict[str, str]:
+    """The ``PASSKIT_*`` variables installed distributions declare (``passkit_environment_variables``)."""
+    from ._plugins.env_variables import declared_variables
+
+    return declared_variables(reserved=CORE_VARIABLES)
 
 
 def sources(
@@ -490,7 +522,7 @@ def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
     """Merge config layers (lowest precedence first) into one validated :class:`Config`."""
     merged: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    disabled: dict[str, tuple[int, str]] = {}  # name -> (level, source) that disabled it first
+    disabled: dict[str, tuple[int, str]] = {}  # entry -> (level, source) that disabled it first
     passes_from = (-1, "")
     for level, (origin, data) in enumerate(layers):
         layer = _validate(data, origin)  # each layer must be valid on its own
@@ -502,12 +534,13 @@ def merge(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Config:
         for name in layer.disable:
             disabled.setdefault(name, (level, origin))
 
-    def disabled_by(name: str) -> tuple[int, str] | None:  # disable "x" rules out "dist:x" too
-        return disabled.get(name) or disabled.get(name.rpartition(":")[2])
+    def source_disabling(name: str) -> tuple[int, str] | None:  # whichever spelling, either side
+        off = disabled_by(name, disabled)
+        return None if off is None else disabled[off]
 
-    passes = [p for p in merged.get("passes", []) if disabled_by(p.name) is None]
+    passes = [p for p in merged.get("passes", []) if source_disabling(p.name) is None]
     for p in merged.get("passes", []):  # a lower source's disable overrides: say so
-        by = disabled_by(p.name)
+        by = source_disabling(p.name)
         if by is not None and by[0] < passes_from[0]:
             logs.log.warning(
                 "passkit: pass %r, enabled by %s, does not run: %s disables it (disable wins "

@@ -11,7 +11,10 @@ a model is compiled.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from .errors import cut_repr, describe
 
 __all__ = ["EnvironmentCheck", "environment_checks"]
 
@@ -34,8 +37,10 @@ class EnvironmentCheck:
 
 
 def environment_checks(plugins: Any) -> list[EnvironmentCheck]:
-    """Every plugin's answer to ``passkit_environment_checks`` (each hookimpl isolated: one
-    that raises becomes a failed check naming it)."""
+    """Every plugin's answer to ``passkit_environment_checks``, each hookimpl isolated: one
+    that raises (``SystemExit`` too; Ctrl-C goes through), even while its generator runs,
+    or returns what is not a list of :class:`EnvironmentCheck` becomes a failed check naming
+    the plugin, and the others' checks stand."""
     checks: list[EnvironmentCheck] = []
     caller = getattr(plugins.hook, "passkit_environment_checks", None)
     if caller is None:
@@ -44,15 +49,26 @@ def environment_checks(plugins: Any) -> list[EnvironmentCheck]:
         info = plugins.info_of(impl.plugin)
         name = info.origin if info is not None else impl.plugin_name
         try:
-            found = impl.function() or []
-        except Exception as exc:
-            checks.append(
-                EnvironmentCheck("passkit_environment_checks", False, f"{type(exc).__name__}: {exc}", name)
-            )
+            found = impl.function()
+            if found is None:
+                continue
+            if isinstance(found, (str, bytes, Mapping)) or not isinstance(found, Iterable):
+                raise TypeError(
+                    f"returned {cut_repr(found, 100)}: passkit_environment_checks returns a list of "
+                    "passkit.EnvironmentCheck"
+                )
+            answers = list(found)  # a generator runs here: what it raises is the plugin's
+        except BaseException as exc:  # SystemExit too: a plugin must not end `passkit check`
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            why = describe(exc)
+            if isinstance(exc, SystemExit):
+                why += " (a plugin must not end the process)"
+            checks.append(EnvironmentCheck("passkit_environment_checks", False, why, name))
             continue
-        for check in found:
+        for check in answers:
             if isinstance(check, EnvironmentCheck):
                 checks.append(dataclasses.replace(check, plugin=name))
             else:
-                checks.append(EnvironmentCheck(repr(check), False, "not an EnvironmentCheck", name))
+                checks.append(EnvironmentCheck(cut_repr(check, 100), False, "not an EnvironmentCheck", name))
     return checks

@@ -46,9 +46,11 @@ def passkit_configure_pipeline(plan: PipelinePlan, context: CompileContext) -> N
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def passkit_before_pass(pass_: Pass, gm: torch.fx.GraphModule, context: CompileContext) -> str | None:
-    """Called before each pass. Return a non-empty string (the reason) to veto the pass."""
+    """Called before each pass. Return a non-empty string (the reason) to veto the pass;
+    None, ``""`` or ``False`` vetoes nothing. Every plugin is asked (no answer hides another
+    plugin's veto); the pass is vetoed when any of them vetoes it, with every reason."""
 
 
 @hookspec
@@ -97,3 +99,16 @@ def passkit_environment_checks() -> list[EnvironmentCheck]:  # type: ignore[empt
     list of :class:`passkit.EnvironmentCheck` (e.g. whether its passes can read the ops
     the installed torch registers). ``passkit list`` prints them; ``passkit check`` fails
     when one is not ok."""
+
+
+@hookspec
+def passkit_environment_variables() -> dict[str, str]:  # type: ignore[empty-body]
+    """Return ``{variable: what it does}`` of the ``PASSKIT_*`` environment variables this
+    distribution reads (``{"PASSKIT_FUSION_PDL": "launch the fused kernel with PDL"}``).
+
+    passkit refuses a ``PASSKIT_*`` variable it does not know (a typo would be ignored); the
+    ones a distribution declares here are accepted. Implement it in the light module named in
+    the ``passkit.cli`` entry-point group: passkit asks when the environment holds a variable
+    it does not know, before any pass plugin loads. Each name must start with ``PASSKIT_`` and
+    be upper case; passkit's own are not a plugin's to declare.
+    """

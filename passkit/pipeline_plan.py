@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .names import same_pass
 from .pass_base import Pass, validate_options
 
 
@@ -28,14 +29,14 @@ class PipelinePlan:
         return name in self.names
 
     def get(self, name: str) -> Pass:
+        """The pass ``name`` spells, bare or qualified (``passkit:cleanup``)."""
         for p in self.passes:
-            if p.name == name:
+            if same_pass(p.name, name):
                 return p
         raise KeyError(f"pass {name!r} is not in this pipeline (have {self.names})")
 
     def skip(self, name: str, reason: str) -> None:
-        self.get(name)
-        self.skipped[name] = reason
+        self.skipped[self.get(name).name] = reason
 
     def checkpoint(self) -> Callable[[], None]:
         """A function that puts the plan back as it is now (undoes a plugin hook that

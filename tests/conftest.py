@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 
 import pytest
@@ -161,3 +162,55 @@ def run_bounded(
 def bounded():
     """:func:`run_bounded`, for tests that start commands (a time limit, a process bound)."""
     return run_bounded
+
+
+class Site:
+    """A folder of installed distributions (each a module and a ``.dist-info`` with its entry
+    points), on ``sys.path`` for this process and on ``PYTHONPATH`` for the processes a test
+    starts (:meth:`env`): fake plugins installed as real distributions."""
+
+    def __init__(self, folder, monkeypatch) -> None:
+        self.folder = folder
+        self._monkeypatch = monkeypatch
+        folder.mkdir(parents=True, exist_ok=True)
+        monkeypatch.syspath_prepend(str(folder))
+
+    def install(
+        self,
+        distribution: str,
+        modules: dict[str, str],
+        entry_points: dict[str, dict[str, str]],
+        version: str = "0.1",
+    ) -> None:
+        """Install ``distribution`` (its metadata name, spelled as given) with ``modules``
+        (``{"acme_plugin": source}``) and ``entry_points`` (``{group: {name: value}}``)."""
+        import importlib
+
+        import passkit._plugins.registry
+
+        for name, source in modules.items():
+            (self.folder / f"{name}.py").write_text(source)
+            self._monkeypatch.delitem(sys.modules, name, raising=False)  # another test's, same name
+        info = self.folder / f"{distribution.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+        groups = "".join(
+            f"[{group}]\n" + "".join(f"{n} = {v}\n" for n, v in eps.items()) for group, eps in entry_points.items()
+        )
+        (info / "entry_points.txt").write_text(groups)
+        importlib.invalidate_caches()
+        passkit._plugins.registry.reset()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a process that sees this folder's distributions (no PASSKIT_*
+        variable but ``extra``)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PASSKIT_")}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.folder), env.get("PYTHONPATH")) if p)
+        env.update(extra)
+        return env
+
+
+@pytest.fixture
+def plugin_site(tmp_path, monkeypatch):
+    """A :class:`Site` in the test's temporary folder."""
+    return Site(tmp_path / "site", monkeypatch)

@@ -117,15 +117,21 @@ def pipeline_identity(
 ) -> str:
     """The cache identity of a pipeline of ``passes`` (in run order): every pass's name,
     options, version and source hash, the plugins that can change what runs (configure /
-    veto hookimpls), the token range and the passes left out of it."""
+    veto hookimpls) or the graph (``passkit_after_pass``, whose changes are kept when they
+    pass the checks), the token range and the passes left out of it."""
     parts: list[Any] = []
     for p in passes:
         ident = p.identity()
         info = plugins.info_for(p)
         ident["version"] = info.version if info else "in-process"
         parts.append(ident)
-    # plugins that can change what runs (configure / veto) are part of the identity
-    for hook in (plugins.hook.passkit_configure_pipeline, plugins.hook.passkit_before_pass):
+    # plugins that can change what runs (configure / veto) or the graph are part of the identity
+    hooks = (
+        plugins.hook.passkit_configure_pipeline,
+        plugins.hook.passkit_before_pass,
+        plugins.hook.passkit_after_pass,
+    )
+    for hook in hooks:
         for impl in hook.get_hookimpls():
             parts.append(_function_identity(impl.function))
     parts.append({"token_range": str(token_range) if token_range else None})

@@ -25,15 +25,16 @@ import torch.fx
 
 from .. import logs, rewrite_counter
 from .._plugins import hooks
+from .._plugins.hook_returns import veto_reason
 from ..context import CompileContext, Mode, graph_kind_of
 from ..errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
-from ..graph_utils import carry_node_attributes, count_nodes, graph_code
+from ..graph_utils import carry_node_attributes, count_nodes, graph_code, restore
 from ..pass_base import Pass, PassResult, Stage, stage_phase
 from ..pipeline_plan import PipelinePlan
 from ..report import NOT_RESTORED, PassRecord, Report
 from ..tokens import PassRelations, TokenRange
 from . import graph_diff, inductor_state, input_mutation, numeric_check, output_check, schema_check
-from .baseline import Baselines
+from .baseline import Baseline, Baselines
 from .declined import warn_declined, warn_skipped
 from .dump import Dumper
 from .verify import verify_graph
@@ -311,9 +312,10 @@ class Runner:
                 warn_skipped(p.name, self._origin(p), own)
             logs.log.info("passkit: %s skipped: %s", p.name, reason)
             return record
-        veto = self._hook("passkit_before_pass", report, p, None, pass_=p, gm=gm, context=ctx)
-        if veto and veto[0]:
-            record.status, record.reason = "vetoed", str(veto[0])
+        answers = self._hook("passkit_before_pass", report, p, None, pass_=p, gm=gm, context=ctx)
+        vetoes = [why for why in map(veto_reason, answers) if why]
+        if vetoes:  # every plugin's: one plugin's "no veto" hides no other's
+            record.status, record.reason = "vetoed", "; ".join(vetoes)
             return record
         record.nodes_before = count_nodes(gm.graph)
         baseline = baselines.before_pass()  # kept from the last pass if it changed nothing
@@ -344,22 +346,9 @@ class Runner:
                 record.notes = [_refused_note(scope)]
                 record.nodes_after = record.nodes_before
                 return record
-            if change.dangling:
-                raise VerificationError(
-                    f"after pass {p.name!r}: node(s) still in use were removed from the graph "
-                    f"(user -> removed: {', '.join(change.dangling[:5])})"
-                )
-            if change.modified:  # cheap: the nodes it changed and the outputs only
-                schema_check.check(graph, saved, p.name, change.changed)
-                output_check.check(graph, baseline.outputs, change, p.name)
-                input_mutation.check(graph, saved, change.changed, p.name)
+            verified = time.perf_counter()
+            result.notes.extend(self._guards(gm, baseline, change, p.name))
             if self.config.verify:
-                verified = time.perf_counter()
-                verify_graph(gm, p.name)
-                if self.config.verify == "numeric" and change.modified:
-                    not_run = numeric_check.check(gm, saved, p.name)
-                    if not_run:  # never silence: the report says the check did not run
-                        result.notes.append(not_run)
                 record.verify_ms = (time.perf_counter() - verified) * 1e3
         except BaseException as exc:  # SystemExit too: a pass must not end the process
             if isinstance(exc, KeyboardInterrupt):
@@ -386,9 +375,93 @@ class Runner:
         record.nodes_after = count_nodes(graph)
         if dumper:
             dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
-        self._hook("passkit_after_pass", report, p, None, pass_=p, gm=gm, result=result, record=record)
+        self._after_pass(p, gm, result, record, report)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record
+
+    def _guards(self, gm: torch.fx.GraphModule, baseline: Baseline, change: Any, name: str) -> list[str]:
+        """The checks of a change to ``gm``'s graph since ``baseline`` (made by pass
+        ``name``, or in a plugin's ``passkit_after_pass`` after it): raises
+        :class:`VerificationError` on the first that fails; returns notes of checks that
+        could not run (never silent)."""
+        graph, saved = gm.graph, baseline.saved
+        if change.dangling:
+            raise VerificationError(
+                f"after pass {name!r}: node(s) still in use were removed from the graph "
+                f"(user -> removed: {', '.join(change.dangling[:5])})"
+            )
+        if change.modified:  # cheap: the nodes it changed and the outputs only
+            schema_check.check(graph, saved, name, change.changed)
+            output_check.check(graph, baseline.outputs, change, name)
+            input_mutation.check(graph, saved, change.changed, name)
+        notes = []
+        if self.config.verify:
+            verify_graph(gm, name)
+            if self.config.verify == "numeric" and change.modified:
+                not_run = numeric_check.check(gm, saved, name)
+                if not_run:  # never silence: the report says the check did not run
+                    notes.append(not_run)
+        return notes
+
+    def _after_pass(
+        self, p: Pass, gm: torch.fx.GraphModule, result: PassResult, record: PassRecord, report: Report
+    ) -> None:
+        """Call ``passkit_after_pass``; a graph a hookimpl changes goes through the guards a
+        pass's change does (:meth:`_guards`): one that fails them is that plugin's failure
+        (named, disabled, its change undone), one that passes is kept and noted on the
+        record as the plugin's (the record counts as modified: a guarded compile that
+        Inductor fails on leaves the pass, and with it the hook's change, out)."""
+        if not self.plugins.hook.passkit_after_pass.get_hookimpls():
+            return
+        taken: list[tuple[torch.fx.Graph, Baseline]] = []
+
+        def checkpoint() -> Any:
+            graph = gm.graph
+            taken[:] = [(graph, Baseline.take(graph))]
+
+            def undo() -> None:
+                restore(graph, taken[0][1].saved)
+                if gm.graph is not graph:
+                    gm.graph = graph  # the setter recompiles
+                else:
+                    gm.recompile()
+
+            return undo
+
+        def check(plugin: object, value: Any) -> None:
+            graph, before = taken[0]
+            if gm.graph is not graph:
+                carry_node_attributes(gm.graph, before.saved)
+            change = graph_diff.measure(gm.graph, before.fingerprint, before.saved)
+            if not change.modified and not change.dangling:
+                return
+            info = self.plugins.info_of(plugin)
+            who = f"plugin {info.name!r}" if info is not None else "a plugin"
+            try:
+                notes = self._guards(gm, before, change, p.name)
+            except VerificationError as exc:
+                raise VerificationError(
+                    f"the graph it changed in passkit_after_pass fails passkit's checks (undone): {exc}"
+                ) from exc
+            gm.recompile()
+            record.modified = True
+            record.nodes_after = count_nodes(gm.graph)
+            record.notes.append(
+                f"{who} changed the graph in passkit_after_pass ({len(change.changed)} node(s) changed)"
+            )
+            record.notes.extend(notes)
+
+        self._hook(
+            "passkit_after_pass",
+            report,
+            p,
+            checkpoint,
+            pass_=p,
+            gm=gm,
+            result=result,
+            record=record,
+            check=check,
+        )
 
     def _hooks_between_passes(self) -> bool:
         """Whether a plugin implements a hook that runs between passes (and may change the
@@ -546,11 +619,12 @@ class Runner:
         p: Pass | None,
         checkpoint: Any,
         /,
+        check: Any = None,
         **kwargs: Any,
     ) -> list[Any]:
         """Call a plugin hook for this compile, each hookimpl isolated (:mod:`passkit._plugins.hooks`):
         one that raises is recorded on ``into`` and disabled, or raises a named error with
-        ``strict_plugins`` / ``on_error = "raise"``."""
+        ``strict_plugins`` / ``on_error = "raise"``; ``check``: see :func:`hooks.call`."""
         return hooks.call(
             self.plugins,
             hook,
@@ -559,6 +633,7 @@ class Runner:
             during=f"pass {p.name!r}" if p is not None else f"the compile of graph {into.graph_id}",
             record=into.hook_failures,
             checkpoint=checkpoint,
+            check=check,
         )
 
 

@@ -28,6 +28,7 @@ import pluggy
 from .. import logs
 from ..errors import PluginHookError, describe
 from ..hook_failure import HookFailure
+from . import hook_returns
 
 Undo = Callable[[], None]
 
@@ -63,16 +64,22 @@ def call(
     during: str | None = None,
     record: list[HookFailure] | None = None,
     checkpoint: Callable[[], Undo] | None = None,
+    check: Callable[[object, Any], None] | None = None,
 ) -> list[Any]:
     """Call every enabled hookimpl of ``hook`` with ``kwargs``, each in isolation.
 
-    Returns the non-``None`` results in pluggy's call order; for a ``firstresult`` hook,
-    stops at the first and returns ``[it]``. A hookimpl that raises is disabled and its
-    :class:`HookFailure` appended to ``plugins.hook_failures`` and to ``record`` (a
+    Returns the non-``None`` results in pluggy's call order (every hookimpl is called: no
+    hook lets one plugin's answer hide another's); for a ``firstresult`` hook a plugin
+    adds, stops at the first and returns ``[it]``. A hookimpl that raises (any
+    ``BaseException`` but ``KeyboardInterrupt``; ``SystemExit`` is named as the plugin's
+    mistake) or returns a value its hook does not take (:mod:`.hook_returns`) is disabled
+    and its :class:`HookFailure` appended to ``plugins.hook_failures`` and to ``record`` (a
     report's list), and logged; with ``strict`` a :class:`PluginHookError` is raised.
     ``checkpoint()``, when given, is called before each hookimpl and returns a function
-    that undoes what that hookimpl changed, called when it raises (the pipeline's plan).
-    """
+    that undoes what that hookimpl changed, called when it fails; ``check(plugin, value)``,
+    when given, is called after each hookimpl returns and raises when what it changed or
+    returned is wrong (the pipeline's guards on a graph changed in ``passkit_after_pass``, a
+    plugin command named like a built-in one): that hookimpl's failure too, undone."""
     caller = getattr(plugins.pm.hook, hook)
     firstresult = bool(caller.spec and caller.spec.opts.get("firstresult"))
     results: list[Any] = []
@@ -82,6 +89,11 @@ def call(
         undo = checkpoint() if checkpoint is not None else None
         try:
             value = impl.function(*[kwargs[name] for name in impl.argnames])
+            wrong = hook_returns.problem(hook, value, _name(plugins, impl.plugin))
+            if wrong:
+                raise hook_returns.HookReturnError(wrong)
+            if check is not None:
+                check(impl.plugin, value)
         except BaseException as exc:  # SystemExit too: a hookimpl must not end the process
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -110,6 +122,11 @@ def call(
     return results
 
 
+def _name(plugins: PluginSetLike, plugin: object) -> str:
+    info = plugins.info_of(plugin)
+    return repr(info.name) if info else repr(str(plugins.pm.get_name(plugin)))
+
+
 def _during(during: str | None) -> str:
     return f" during {during}" if during else ""
 
@@ -123,7 +140,7 @@ def _failure(
         plugin=info.name if info else str(plugins.pm.get_name(plugin)),
         distribution=info.distribution if info else None,
         version=info.version if info else None,
-        error=describe(exc),
+        error=describe(exc) + (" (a plugin must not end the process)" if isinstance(exc, SystemExit) else ""),
         during=during,
         detail=_traceback(exc),
     )

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.metadata
-import re
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
@@ -32,6 +31,7 @@ import pluggy
 
 from .. import hookspecs, logs
 from ..errors import ConfigError, PluginError, cut_repr, describe, suggest, warn_config
+from ..names import normalize_distribution, pass_name_problem, split_pass_name
 from ..pass_base import Pass, validate_options
 from . import hooks, interrupts
 from .checks import PluginMistake, find_mistakes, warn_mistakes
@@ -116,8 +116,8 @@ def owner(info: PluginInfo) -> str:
     return f"in-process:{info.name}"
 
 
-def normalize(distribution: str) -> str:
-    return re.sub(r"[-_.]+", "-", distribution).lower()
+normalize = normalize_distribution
+"""A distribution's name as PEP 503 compares it (:func:`passkit.names.normalize_distribution`)."""
 
 
 class PluginSet:
@@ -178,11 +178,22 @@ class PluginSet:
         """pluggy's hook relay (calls are not isolated: use :meth:`call`)."""
         return self.pm.hook
 
-    def call(self, hook: str, strict: bool = False, during: str | None = None, **kwargs: Any) -> list[Any]:
+    def call(
+        self,
+        hook: str,
+        strict: bool = False,
+        during: str | None = None,
+        checkpoint: Any = None,
+        check: Any = None,
+        **kwargs: Any,
+    ) -> list[Any]:
         """Call ``hook`` with ``kwargs``, each plugin's hookimpl in isolation: one that raises
         is disabled and recorded in :attr:`hook_failures` (``during``: what was under way,
-        for its message), or raises with ``strict``; returns the non-``None`` results."""
-        return hooks.call(self, hook, kwargs, strict=strict, during=during)
+        for its message), or raises with ``strict``; returns the non-``None`` results
+        (``checkpoint``, ``check``: see :func:`passkit._plugins.hooks.call`)."""
+        return hooks.call(
+            self, hook, kwargs, strict=strict, during=during, checkpoint=checkpoint, check=check
+        )
 
     def info_of(self, plugin: object) -> PluginInfo | None:
         """The :class:`PluginInfo` a registered plugin object was added with."""
@@ -267,10 +278,8 @@ class PluginSet:
     def lookup(self, name: str) -> PassInfo | None:
         """The pass enabled by ``name``: a bare name one owner registers, or ``owner:name``
         (the owner's distribution name, any spelling: ``Acme_Passes:x`` is ``acme-passes:x``)."""
-        if ":" in name:
-            who, _, bare = name.rpartition(":")
-            if not who.startswith("in-process:"):
-                who = normalize(who)
+        who, bare = split_pass_name(name)
+        if who is not None:
             return self.qualified.get(f"{who}:{bare}")
         return self.passes.get(name)
 
@@ -306,12 +315,13 @@ class PluginSet:
         strict: bool = False,
     ) -> None:
         self._strict = strict
-        allow_set = set(allow) if allow is not None else None
-        block_set = set(block)
+        # a distribution however it is spelled (PEP 503): `passkit list` prints the normalized name
+        allow_set = {normalize(a) for a in allow} if allow is not None else None
+        block_set = {normalize(b) for b in block}
         groups = [CLI_ENTRY_POINT_GROUP] if self.cli_only else [ENTRY_POINT_GROUP, CLI_ENTRY_POINT_GROUP]
         for group, found in [(g, f) for g in groups for f in self.found.get(g, [])]:
             ep, dist_name = found.ep, found.distribution
-            names = {ep.name, dist_name}
+            names = _plugin_keys(ep.name, dist_name)
             if not autoload and dist_name != CORE_DISTRIBUTION:
                 continue
             if names & block_set:
@@ -332,6 +342,12 @@ class PluginSet:
                 continue
             self.add(plugin, info)
         self._strict = False
+
+
+def _plugin_keys(entry_point: str, distribution: str | None) -> set[str]:
+    """The names a ``plugins`` / ``block_plugins`` entry matches an installed plugin by, as
+    :func:`normalize` spells them: its entry point's and its distribution's."""
+    return {normalize(entry_point), *([normalize(distribution)] if distribution else [])}
 
 
 def _who(info: PluginInfo) -> str:
@@ -370,11 +386,9 @@ def _check_pass_list(result: Any) -> list[type[Pass]]:
             raise TypeError(f"passkit_register_passes returned {cls!r}, which is not a Pass subclass")
         if not cls.name or not isinstance(cls.name, str):
             raise TypeError(f"pass class {cls.__qualname__} has no name")
-        if ":" in cls.name:
-            raise TypeError(
-                f"pass class {cls.__qualname__}: name {cls.name!r} contains ':', which separates "
-                "a distribution from a pass name (`acme-passes:my_pass`)"
-            )
+        problem = pass_name_problem(cls.name)
+        if problem:
+            raise TypeError(f"pass class {cls.__qualname__}: name {cut_repr(cls.name)} {problem}")
         out.append(cls)
     return out
 
@@ -537,13 +551,12 @@ def warn_unknown_names(config: Config, plugins: PluginSet) -> None:
                 f"disable: no installed pass is named {cut_repr(name)}{suggest(name, sorted(passes))}; "
                 "the entry does nothing"
             )
-    known = {p.name for p in plugins.plugins}
-    for found in plugins.found[ENTRY_POINT_GROUP]:
-        dist = found.distribution
-        known.update((found.ep.name, dist, normalize(dist)) if dist else (found.ep.name,))
+    known = {normalize(p.name) for p in plugins.plugins}
+    for found in (*plugins.found[ENTRY_POINT_GROUP], *plugins.found[CLI_ENTRY_POINT_GROUP]):
+        known.update(_plugin_keys(found.ep.name, found.distribution))
     for field, names in (("plugins", config.plugins or []), ("block_plugins", config.block_plugins)):
         for name in names:
-            if name not in known:
+            if normalize(name) not in known:
                 warn_config(
                     f"{field}: no installed plugin or distribution is named {cut_repr(name)}"
                     f"{suggest(name, sorted(known))}; the entry does nothing"

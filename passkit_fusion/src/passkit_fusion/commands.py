@@ -15,6 +15,17 @@ from passkit import hookimpl
 
 
 @hookimpl
+def passkit_environment_variables() -> dict[str, str]:
+    """The variables passkit-fusion reads (its README documents each): the core accepts them."""
+    return {
+        "PASSKIT_FUSION_PDL": "launch allreduce_rmsnorm's kernel with programmatic dependent launch (launch_with_pdl)",
+        "PASSKIT_FUSION_CHECK_CALLS": "ranks agree on every call's token count (check_calls; a debugging switch)",
+        "PASSKIT_FUSION_COLLECTIVE_TIMEOUT": "seconds a rank waits for the others to agree on a plan (collective_timeout_s)",
+        "PASSKIT_FUSION_HOST_ID": "this machine's identity, for which ranks share a host",
+    }
+
+
+@hookimpl
 def passkit_demos() -> dict[str, Any]:
     return {"allreduce_rmsnorm": _demo, "tp_passes": _tp_demo}
 

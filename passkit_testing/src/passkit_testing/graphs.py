@@ -76,12 +76,20 @@ def count_ops(graph: GraphLike, op: OpLike) -> int:
     return sum(count for name, count in op_counts(graph).items() if matches(name))
 
 
+def check_count(n: object, helper: str, what: str = "n") -> None:
+    """Raise :class:`TypeError` unless ``n`` is an int (not a bool): ``"2"`` would otherwise
+    fail as "expected 2, found 2"."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{helper}: {what} must be an int (a count), got {type(n).__name__} {n!r}")
+
+
 def assert_op_count(graph: GraphLike, op: OpLike, n: int) -> None:
     """Assert that ``graph`` calls ``op`` exactly ``n`` times.
 
     Raises:
         AssertionError: with the expected and actual counts and all op counts of ``graph``.
     """
+    check_count(n, "assert_op_count")
     found = count_ops(graph, op)
     if found != n:
         raise AssertionError(
@@ -103,6 +111,7 @@ def assert_replaced(before: GraphLike, after: GraphLike, old_op: OpLike, new_op:
         ValueError: if ``n < 0`` or ``old_op`` and ``new_op`` name the same op.
         AssertionError: with the expected and actual changes and the op counts of both graphs.
     """
+    check_count(n, "assert_replaced")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if _describe(old_op) == _describe(new_op):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -36,6 +36,7 @@ from passkit.graph_utils import graph_code, snapshot, unified_diff
 from passkit.plugins import PluginSet, get_plugins, instantiate
 
 from . import numerics
+from .graphs import check_count
 
 __all__ = ["HarnessResult", "PassGraphs", "PassSpec", "copy_graph_module", "resolve_passes", "run_passes"]
 
@@ -95,6 +96,7 @@ class HarnessResult:
 
     def assert_matches(self, name: str, n: int) -> None:
         """Assert that pass ``name`` ran and reported exactly ``n`` matches."""
+        check_count(n, "assert_matches")
         if name not in self.report:
             raise AssertionError(f"pass {name!r} is not in the report (passes: {self.report.names()})")
         record = self.report[name]
@@ -152,7 +154,7 @@ class HarnessResult:
 def run_passes(
     fn: Callable[..., Any],
     *inputs: Any,
-    passes: Sequence[PassSpec],
+    passes: Sequence[PassSpec] | PassSpec,
     mode: Mode = "eager",
     caches: bool = False,
     on_error: Literal["raise", "skip"] = "raise",
@@ -165,7 +167,7 @@ def run_passes(
     Args:
         passes: what to run, in order (stages and ``before``/``after`` hints apply as in a
             real pipeline): registered names, ``{"name": ..., **options}``, ``Pass``
-            instances, or ``Pass`` classes (default options).
+            instances, or ``Pass`` classes (default options); one of them alone is one pass.
         mode: ``"eager"`` (no code generation; fast) or ``"inductor"``.
         caches: keep Inductor's and AOTAutograd's caches and Dynamo's state (off by default,
             so every call runs the passes).
@@ -215,9 +217,21 @@ def run_passes(
     )
 
 
-def resolve_passes(specs: Sequence[PassSpec], plugins: PluginSet | None = None) -> list[passkit.Pass]:
+def resolve_passes(
+    specs: Sequence[PassSpec] | PassSpec, plugins: PluginSet | None = None
+) -> list[passkit.Pass]:
     """Pass instances for ``specs`` (see :data:`PassSpec`); names are looked up in
-    ``plugins`` (default: the installed ones), with passkit's unknown-name error."""
+    ``plugins`` (default: the installed ones), with passkit's unknown-name error. One spec
+    alone (``"cleanup"``, a dict, a Pass or a Pass class) is one pass, not a sequence
+    (``"cleanup"`` is not the passes ``c``, ``l``, ...)."""
+    if isinstance(specs, (str, Mapping, passkit.Pass)) or (
+        isinstance(specs, type) and issubclass(specs, passkit.Pass)
+    ):
+        specs = [specs]
+    elif not isinstance(specs, Iterable):
+        raise TypeError(
+            f"passes: a list of passes (names, dicts with a 'name', Pass objects or classes), got {specs!r}"
+        )
     out: list[passkit.Pass] = []
     for spec in specs:
         if isinstance(spec, passkit.Pass):
