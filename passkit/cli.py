@@ -279,6 +279,10 @@ def config_file_in(path: Path) -> Path:
 
                     raise PasskitError(f"{path / name}: {not_a_config_file(path / name)}")
             raise PasskitError(f"{path}: a folder with no {' or '.join(CONFIG_FILES)} in it")
+        if os.path.lexists(path):  # a device (/dev/null), a FIFO, a socket, a broken symlink
+            from .config import not_a_config_file
+
+            raise PasskitError(f"{path}: {not_a_config_file(path) or 'not a regular file'}")
     except OSError as exc:
         raise PasskitError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     raise PasskitError(f"{path}: no such file or folder")
@@ -319,7 +323,9 @@ def import_target(target: str, expected: str = "function") -> Any:
         found: Any = importlib.import_module(mod_name)
     except ImportError as exc:
         raise PasskitError(f"cannot import {mod_name!r} for target {target!r}: {exc}") from None
-    except Exception as exc:  # the user's module raised as it was imported
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's module raised (or called sys.exit) as it was imported
         raise target_raised(target, f"importing {mod_name!r}", exc) from None
     for part in attr.split("."):
         if not hasattr(found, part):
@@ -352,6 +358,8 @@ def _users_frame(filename: str) -> bool:
         resolved = str(Path(filename).resolve())
     except OSError:
         return True
+    if f"{os.sep}torch{os.sep}" in resolved and "-packages" in resolved:  # torch's own (nn.Module's call)
+        return False
     return not any(resolved.startswith(folder + os.sep) for folder in _NOT_THE_USERS)
 
 
@@ -362,7 +370,9 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         raise PasskitError(f"{target} is a {type(factory).__name__}, not a function")
     try:
         made = factory()
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: a target that ends the program is named
         raise target_raised(target, "when called", exc) from None
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
         raise PasskitError(
@@ -396,8 +406,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print("no pass is enabled (set `passes` in passkit.toml, PASSKIT_PASSES or --passes)")
         return 0
     torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(fn, backend=b, dynamic=True if args.dynamic else None)(*example)
+    try:
+        with torch.no_grad():
+            torch.compile(fn, backend=b, dynamic=True if args.dynamic else None)(*example)
+    except (KeyboardInterrupt, PasskitError):
+        raise
+    except BaseException as exc:
+        raise _target_or_compile(args.target, fn, example, exc) from None
     for report in b.reports:  # one per specialization when the compile is split by token range
         print(report.format())
     if dump_dir is not None:
@@ -408,6 +423,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
             return 1
         print(f"graphs, diffs and report.json written under {dump_dir}")
     return 0
+
+
+def _target_or_compile(
+    target: str, fn: Callable[..., Any], example: tuple[Any, ...], exc: BaseException
+) -> BaseException:
+    """What a failed compile-and-call of ``target``'s model was: the model's own code raising
+    (it raises without torch.compile too: one line naming it and the user's frames, as for a
+    factory that raises), else ``exc`` itself (torch.compile or a pass failed)."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            fn(*example)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as eager:
+        return target_raised(
+            target, "calling its model on the example; it raises without torch.compile too", eager
+        )
+    return exc
 
 
 def _writable_folder(path: Path, name: str) -> None:

@@ -476,11 +476,17 @@ _source_hashes: dict[type, str] = {}
 
 
 def source_hash(cls: type) -> str:
-    """Hash of the files defining ``cls`` (its module plus ``cls.source_files``), computed
-    once per class and process (never per compile)."""
+    """Hash of the files defining ``cls`` (its module plus ``cls.source_files``) and of its
+    code (:func:`passkit.code_identity.code_hash`: its bytecode and its helpers', which is
+    what changes with the code where no file can be read, a script read from stdin, or where
+    only a helper module changed), computed once per class and process (never per compile)."""
     found = _source_hashes.get(cls)
     if found is None:
-        found = _source_hashes[cls] = _hash_files(cls)
+        from .code_identity import code_hash
+
+        found = _source_hashes[cls] = hashlib.sha256(
+            f"{_hash_files(cls)}:{code_hash(cls)}".encode()
+        ).hexdigest()[:16]
     return found
 
 

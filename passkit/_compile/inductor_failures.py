@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from .. import logs
 from .._pipeline.build import Pipeline
+from .._pipeline.dump import graph_folder
 from .._pipeline.inductor_state import LeftOut, leaving_out, left_out, opened, watching
 from .._pipeline.run import RECENT_REPORTS
 from ..errors import PassFailedError, PasskitError, describe
@@ -242,7 +243,7 @@ def _reproducer(
     Inductor failed on (the last one the attempt opened); None without ``dump_dir``."""
     if pipeline.config.dump_dir is None or not watched:
         return None
-    folder = Path(pipeline.config.dump_dir) / f"graph_{watched[-1].graph_id:03d}"
+    folder = graph_folder(pipeline.config.dump_dir, watched[-1].graph_id)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         before = sorted(folder.glob("*.before.py"))

@@ -21,6 +21,7 @@ from typing import Any
 import torch.fx
 
 from .._plugins.registry import PluginSet, passes_for, plugins_for
+from ..code_identity import code_hash
 from ..config import Config, load_config
 from ..errors import OrderError
 from ..pass_base import POST_GRAD_STAGES, STAGE_ORDER, Pass, Stage, source_hash
@@ -144,7 +145,10 @@ def _function_identity(fn: Any) -> str:
     module = inspect.getmodule(fn)
     owner = module if module is not None else fn
     try:
-        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}:{source_hash(owner)}"  # type: ignore[arg-type]
+        code = code_hash(fn)  # what changes with the hook's code where its file cannot be read
+        return (
+            f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}:{source_hash(owner)}:{code}"  # type: ignore[arg-type]
+        )
     except TypeError:
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
 

@@ -1,18 +1,26 @@
 """Graph dumps, diffs, reproducers and JSON reports in the dump directory.
 
-Layout, one folder per compiled graph::
+Layout: one folder per process and run (:func:`run_folder`: when it started, its rank in a
+distributed job, its process id), in it one folder per compiled graph::
 
-    <dump_dir>/graph_003/
+    <dump_dir>/run-20261207-170312-rank1-pid4242/graph_003/
         01_noop_elimination.before.py   01_noop_elimination.after.py   01_noop_elimination.diff
         02_cleanup.before.py ...
         FAILED_03_my_pass.repro.py      (pre-pass graph, pass name, options, traceback)
         FAILED_03_my_pass.repro/        (the same, replayable: graph.py, repro.json, test_repro.py)
         report.json
+
+Graph ids restart at 1 in every process: the run folder keeps two ranks sharing one
+``PASSKIT_DUMP_DIR`` from writing into each other's ``graph_001``, and a rerun from finding
+the earlier run's ``FAILED_*`` reproducers beside its own report. Earlier runs' folders are
+left as they are (delete them when done).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +37,40 @@ if TYPE_CHECKING:
 _unwritable: set[str] = set()
 """Dump folders found unwritable in this process (warned about once, then left alone)."""
 
+_run_folders: dict[tuple[str, int], Path] = {}
+"""Per dump directory (and process: a forked child gets its own), this run's folder in it."""
+
+
+def run_folder(root: str | Path) -> Path:
+    """This process's folder in dump directory ``root``, named when it is first asked for:
+    ``run-<UTC time>[-rank<R>]-pid<PID>`` (the rank of an initialized process group, else of
+    ``RANK``)."""
+    key = (str(root), os.getpid())
+    found = _run_folders.get(key)
+    if found is None:
+        rank = _rank()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        part = f"-rank{rank}" if rank is not None else ""
+        found = _run_folders[key] = Path(root) / f"run-{stamp}{part}-pid{os.getpid()}"
+    return found
+
+
+def graph_folder(root: str | Path, graph_id: int) -> Path:
+    """The folder of graph ``graph_id``'s dumps in this run's folder of ``root``."""
+    return run_folder(root) / f"graph_{graph_id:03d}"
+
+
+def _rank() -> int | None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else None
+
 
 class Dumper:
     """Writes one graph's dumps; every write fails soft: a dump folder that cannot be
@@ -37,7 +79,7 @@ class Dumper:
 
     def __init__(self, root: Path, graph_id: int):
         self.root = str(root)
-        self.folder = Path(root) / f"graph_{graph_id:03d}"
+        self.folder = graph_folder(root, graph_id)
         self._write(lambda: self.folder.mkdir(parents=True, exist_ok=True))
 
     @property

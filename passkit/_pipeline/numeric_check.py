@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 from ..errors import VerificationError, describe
+from .module_state import ModuleState
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-7, 1e-7),
@@ -43,14 +44,26 @@ _DEFAULT_FLOAT = (0.125, 0.0625)
 SEED = 20261126
 
 
-def check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> str | None:
+def check(
+    gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str, state: ModuleState | None = None
+) -> str | None:
     """Raise :class:`VerificationError` naming ``pass_name`` when ``gm`` (after the pass)
     computes other values than ``before`` (the graph before it) on the same random inputs;
-    return why when the check could not run (``"numeric: not run: ..."``), else None."""
+    return why when the check could not run (``"numeric: not run: ..."``), else None.
+
+    ``state``: the module's state before the pass (:class:`ModuleState`): the graph before
+    the pass runs on the attributes and tensor values it had then, which the pass could not
+    touch (without it, on the module's as the pass left them)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
+    lost = state.unrestorable() if state is not None else []
+    if lost:
+        return (
+            f"numeric: not run: the pass wrote in place into {', '.join(lost)}, of which no copy "
+            "was kept (the values before the pass are gone)"
+        )
     with _disable_current_modes():  # Inductor runs passes under its fake mode: run for real
-        why = _check(gm, before, pass_name)
+        why = _check(gm, before, pass_name, state)
     return f"numeric: not run: {why}" if why else None
 
 
@@ -76,7 +89,9 @@ def has_collectives(graph: torch.fx.Graph) -> bool:
     return False
 
 
-def _check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> str | None:
+def _check(
+    gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str, state: ModuleState | None
+) -> str | None:
     if has_collectives(before) or has_collectives(gm.graph):
         return "the graph has collectives (nothing comparable in one process)"
     inputs, why = _inputs(before)
@@ -84,8 +99,8 @@ def _check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> 
         return why
     from ..graph_utils import snapshot
 
-    old = torch.fx.GraphModule(gm, snapshot(before))
     try:
+        old = torch.fx.GraphModule(_before_root(gm, before, state), snapshot(before))
         expected, wrote_before = _run_inputs(old, inputs)
     except Exception as exc:  # cannot run here (see the module docstring): say so
         return f"the graph before the pass does not run here ({describe(exc)[:200]})"
@@ -114,6 +129,16 @@ def _check(gm: torch.fx.GraphModule, before: torch.fx.Graph, pass_name: str) -> 
                 f'than before the pass: {why} (verify = "numeric")'
             )
     return None
+
+
+def _before_root(
+    gm: torch.fx.GraphModule, before: torch.fx.Graph, state: ModuleState | None
+) -> torch.nn.Module | dict[str, Any]:
+    """What the graph before the pass reads its attributes from: their values before it."""
+    if state is None:
+        return gm
+    targets = {n.target for n in before.nodes if n.op in ("get_attr", "call_module")}
+    return {str(t): state.value_of(gm, str(t)) for t in targets}
 
 
 def compare(expected: list[Any], got: list[Any], pass_name: str) -> None:

@@ -33,7 +33,15 @@ from ..pass_base import Pass, PassResult, Stage, stage_phase
 from ..pipeline_plan import PipelinePlan
 from ..report import NOT_RESTORED, PassRecord, Report
 from ..tokens import PassRelations, TokenRange
-from . import graph_diff, inductor_state, input_mutation, numeric_check, output_check, schema_check
+from . import (
+    graph_diff,
+    inductor_state,
+    input_mutation,
+    module_state,
+    numeric_check,
+    output_check,
+    schema_check,
+)
 from .baseline import Baseline, Baselines
 from .declined import warn_declined, warn_skipped
 from .dump import Dumper
@@ -339,6 +347,7 @@ class Runner:
             if graph is not baselines.graph_object:
                 carry_node_attributes(graph, saved)  # Dynamo's node attributes, which it lacks
             change = graph_diff.measure(graph, baseline.fingerprint, saved)  # never the pass's own flag
+            module_change = baseline.module.changed(gm)  # attributes, buffers, constants
             whole = scope is not None and change.modified and not scope.asked  # counted as one rewrite
             if whole and scope is not None and not rewrite_counter.count_whole_pass(scope).allowed:
                 baselines.restore()
@@ -347,24 +356,27 @@ class Runner:
                 record.nodes_after = record.nodes_before
                 return record
             verified = time.perf_counter()
-            result.notes.extend(self._guards(gm, baseline, change, p.name))
+            result.notes.extend(self._guards(gm, baseline, change, p.name, bool(module_change)))
             if self.config.verify:
                 record.verify_ms = (time.perf_counter() - verified) * 1e3
         except BaseException as exc:  # SystemExit too: a pass must not end the process
             if isinstance(exc, KeyboardInterrupt):
                 raise
             record.ms = record.ms or (time.perf_counter() - start) * 1e3
-            baselines.restore()  # the graph object and the code that runs
-            return self._failed(p, gm, exc, record, report, dumper, index, before_code, ctx)
-        baselines.after_pass(change)
+            lost = baselines.restore()  # the module's state, the graph object and the code that runs
+            return self._failed(p, gm, exc, record, report, dumper, index, before_code, ctx, lost)
+        baselines.after_pass(change, bool(module_change))
         if change.modified:
             gm.recompile()
-        if change.modified != result.modified:
+        modified = change.modified or bool(module_change)
+        if module_change and not change.modified:
+            result.notes.append(f"changed the graph module, not its nodes: {', '.join(module_change[:5])}")
+        if modified != result.modified:
             result.notes.append(
                 f"returned modified={result.modified}, but the graph "
-                + ("changed" if change.modified else "did not change")
+                + ("changed" if modified else "did not change")
             )
-            result.modified = change.modified
+            result.modified = modified
         if scope is not None and scope.refused:
             result.notes.append(_refused_note(scope))
         record.status = "ran"
@@ -379,11 +391,18 @@ class Runner:
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record
 
-    def _guards(self, gm: torch.fx.GraphModule, baseline: Baseline, change: Any, name: str) -> list[str]:
-        """The checks of a change to ``gm``'s graph since ``baseline`` (made by pass
-        ``name``, or in a plugin's ``passkit_after_pass`` after it): raises
-        :class:`VerificationError` on the first that fails; returns notes of checks that
-        could not run (never silent)."""
+    def _guards(
+        self,
+        gm: torch.fx.GraphModule,
+        baseline: Baseline,
+        change: Any,
+        name: str,
+        module_changed: bool = False,
+    ) -> list[str]:
+        """The checks of a change to ``gm``'s graph (and, ``module_changed``, its module's
+        state) since ``baseline`` (made by pass ``name``, or in a plugin's
+        ``passkit_after_pass`` after it): raises :class:`VerificationError` on the first that
+        fails; returns notes of checks that could not run (never silent)."""
         graph, saved = gm.graph, baseline.saved
         if change.dangling:
             raise VerificationError(
@@ -397,8 +416,8 @@ class Runner:
         notes = []
         if self.config.verify:
             verify_graph(gm, name)
-            if self.config.verify == "numeric" and change.modified:
-                not_run = numeric_check.check(gm, saved, name)
+            if self.config.verify == "numeric" and (change.modified or module_changed):
+                not_run = numeric_check.check(gm, saved, name, baseline.module)
                 if not_run:  # never silence: the report says the check did not run
                     notes.append(not_run)
         return notes
@@ -417,7 +436,7 @@ class Runner:
 
         def checkpoint() -> Any:
             graph = gm.graph
-            taken[:] = [(graph, Baseline.take(graph))]
+            taken[:] = [(graph, Baseline.take(gm))]
 
             def undo() -> None:
                 restore(graph, taken[0][1].saved)
@@ -487,12 +506,18 @@ class Runner:
         index: int,
         before_code: str,
         ctx: CompileContext | None = None,
+        lost: list[str] | None = None,
     ) -> PassRecord:
         record.status = "failed"
         record.reason = describe(exc)
         if not isinstance(exc, Exception):  # SystemExit and friends, raised by a pass
             record.reason += " (isolated: a pass must not end the process)"
             exc = _contained(exc)
+        if lost:  # the compile must not go on with values the pass wrote and nothing can undo
+            record.reason += (
+                f"; NOT restored: it wrote in place into {', '.join(lost)}, of which passkit keeps no "
+                f"copy (tensors over {module_state.COPY_TENSOR_BYTES >> 20} MiB)"
+            )
         record.nodes_before = record.nodes_after = count_nodes(gm.graph)
         if dumper:
             written = dumper.reproducer(index, p, before_code, exc)
@@ -500,15 +525,21 @@ class Runner:
             if ctx is not None:  # the graph is restored: what the pass saw
                 dumper.replay(index, p, gm, ctx, exc)
         self._hook("passkit_pass_failed", report, p, None, pass_=p, gm=gm, error=exc, record=record)
-        logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
-        if self.config.on_error == "raise":
+        if not lost:
+            logs.log.warning("passkit: pass %s failed (graph restored): %s", p.name, record.reason)
+        if self.config.on_error == "raise" or lost:
             ran = [r.name for r in report.records if r.status == "ran"]
             report.records.append(record)
             self._finish(report, dumper)
             where = f"; reproducer: {record.reproducer}" if record.reproducer else ""
+            restored = (
+                f"The graph was restored to its state before {p.name!r}"
+                if not lost
+                else "The graph module could not be restored, so the compile stops"
+            )
             raise PassFailedError(
                 f"pass {p.name!r} failed: {record.reason}. Passes that ran before it: "
-                f"{ran or 'none'}. The graph was restored to its state before {p.name!r}{where}.",
+                f"{ran or 'none'}. {restored}{where}.",
                 pass_name=p.name,
                 ran_before=ran,
             ) from exc

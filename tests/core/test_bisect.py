@@ -142,7 +142,7 @@ def test_a_pass_that_raises_with_dump_dir_writes_a_replayable_reproducer(planted
     with torch.no_grad():
         torch.compile(fn, backend=b)(*example)
     assert b.reports[-1]["planted_raise"].status == "failed"
-    (folder,) = (tmp_path / "dumps").glob("graph_*/FAILED_01_planted_raise.repro")
+    (folder,) = (tmp_path / "dumps").glob("run-*/graph_*/FAILED_01_planted_raise.repro")
     assert {p.name for p in folder.iterdir()} >= {"graph.py", "repro.json", "test_repro.py"}
     spec = json.loads((folder / "repro.json").read_text())
     assert spec["pass"] == {"name": "planted_raise", "wrong_site": 5}
@@ -166,7 +166,7 @@ def test_the_crash_reproducer_leaves_a_dynamic_graph_dynamic(planted, tmp_path):
             (out,) = compiled(torch.randn(rows))
             assert out.shape == (rows,)
     assert len(b.reports) == 1, "a size the first compile guarded on was compiled again"
-    (folder,) = (tmp_path / "dumps").glob("graph_*/FAILED_01_planted_raise.repro")
+    (folder,) = (tmp_path / "dumps").glob("run-*/graph_*/FAILED_01_planted_raise.repro")
     spec = json.loads((folder / "repro.json").read_text())
     assert [i.get("shape", i.get("value")) for i in spec["inputs"][:2]] == [8, [8]], spec["inputs"]
 

@@ -104,7 +104,7 @@ def test_explain_prints_report_and_dumps(cli, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "noop_elimination" in out.stdout and "ran" in out.stdout
-    assert list(dump.glob("graph_*/report.json"))
+    assert list(dump.glob("run-*/graph_*/report.json"))
 
 
 def test_explain_shows_a_report_per_token_range(cli):

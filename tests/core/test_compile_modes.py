@@ -21,6 +21,7 @@ import torch._inductor.config as inductor_config
 import passkit
 from passkit import PassResult, Requirements, TokenConstraint
 from passkit._pipeline.build import Pipeline
+from passkit._pipeline.dump import graph_folder
 from passkit._plugins.registry import get_plugins
 from passkit.config import load_config
 from passkit.errors import ConfigError
@@ -317,7 +318,7 @@ def test_compile_at_first_call_or_first_use(compile_at, tmp_path):
     assert dispatcher.compiled_count == 4 and len(b.reports) == 4
     for report in b.reports:
         assert report.compile_s is not None and report.compile_s > 0
-        saved = json.loads((tmp_path / f"graph_{report.graph_id:03d}" / "report.json").read_text())
+        saved = json.loads((graph_folder(tmp_path, report.graph_id) / "report.json").read_text())
         assert saved["compile_s"] == report.compile_s and saved["token_range"] == report.token_range
         assert "whole compile" in report.format()
 

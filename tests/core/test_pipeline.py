@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import passkit
+from passkit._pipeline.dump import graph_folder
 from passkit.graph_utils import graph_code
 
 from .support import register_all, small_fn
@@ -78,7 +79,7 @@ def test_failing_pass_is_rolled_back_exactly_and_the_rest_runs(tmp_path):
     assert failed.status == "failed" and "boom in the middle" in failed.reason
     assert report["mul_to_scale"].status == "ran"
     assert graph_code(gm) == before.replace("3.0", "2.0")  # only the second pass's change
-    repro = tmp_path / f"graph_{report.graph_id:03d}" / "FAILED_01_halfway_then_fail.repro.py"
+    repro = graph_folder(tmp_path, report.graph_id) / "FAILED_01_halfway_then_fail.repro.py"
     assert failed.reproducer == str(repro)
     text = repro.read_text()
     assert "PASS_NAME = 'halfway_then_fail'" in text and "boom in the middle" in text
@@ -100,7 +101,8 @@ def test_on_error_raise_names_pass_and_predecessors():
 def test_dumps_before_after_diff_and_report(tmp_path):
     gm, _ = traced()
     report = passkit.build_pipeline(passes=["mul_to_scale"], dump_dir=tmp_path).run(gm)
-    folder = tmp_path / f"graph_{report.graph_id:03d}"
+    folder = graph_folder(tmp_path, report.graph_id)  # <dump_dir>/run-...-pid<PID>/graph_NNN
+    assert folder.parent.parent == tmp_path and folder.parent.name.startswith("run-")
     assert "3.0" in (folder / "01_mul_to_scale.before.py").read_text()
     assert "2.0" in (folder / "01_mul_to_scale.after.py").read_text()
     diff = (folder / "01_mul_to_scale.diff").read_text()

@@ -181,7 +181,7 @@ class Numerics:
 
 
 def _dumped_graphs(dump: Path) -> tuple[str, str]:
-    stem = next(dump.glob(f"graph_*/*_{PASS_NAME}.before.py")).with_suffix("").with_suffix("")
+    stem = next(dump.glob(f"run-*/graph_*/*_{PASS_NAME}.before.py")).with_suffix("").with_suffix("")
     return Path(f"{stem}.before.py").read_text(), Path(f"{stem}.after.py").read_text()
 
 

@@ -281,6 +281,7 @@ def run_tune_model(args: argparse.Namespace) -> int:
     factory = import_target(args.target)
     if not callable(factory):
         raise PasskitError(f"{args.target} is a {type(factory).__name__}, not a function")
+    _check_factory_signature(args.target, factory)  # before any rank starts: one line, not N tracebacks
     if args.cpu:
         world_size = _cpu_world_size(args.world_size)
     else:
@@ -304,6 +305,24 @@ def run_tune_model(args: argparse.Namespace) -> int:
                 raise
             raise PasskitError(named) from None
     return 0
+
+
+def _check_factory_signature(target: str, factory: Any) -> None:
+    """A :class:`PasskitError` naming ``target`` when it cannot be called as each rank calls
+    it, ``factory(rank, world_size, device)``."""
+    import inspect
+
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the ranks will say
+        return
+    try:
+        signature.bind(0, 1, "cpu")
+    except TypeError as exc:
+        raise PasskitError(
+            f"{target}{signature} cannot be called as each rank calls it, "
+            f"{target.rpartition(':')[2]}(rank, world_size, device): {exc}"
+        ) from None
 
 
 def _rank_error(folder: Path) -> str | None:
