@@ -330,7 +330,7 @@ class Runner:
                 result = _as_result(p.run(gm, ctx), p)
             else:
                 with rewrite_counter.counting(
-                    limit, p.name, p.stage.value, _graph_label(report, ctx.graph_kind)
+                    limit, p.name, p.stage.value, _graph_label(report, ctx.graph_kind), gm=gm
                 ) as scope:
                     result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
