@@ -30,7 +30,7 @@ from ..errors import ConfigError, PassFailedError, VerificationError, cut_repr, 
 from ..graph_utils import carry_node_attributes, count_nodes, graph_code
 from ..pass_base import Pass, PassResult, Stage, stage_phase
 from ..pipeline_plan import PipelinePlan
-from ..report import NOT_RESTORED, PassRecord, Report
+from ..report import NOT_RESTORED, PassRecord, Report, not_run
 from ..tokens import PassRelations, TokenRange
 from . import graph_diff, inductor_state, input_mutation, numeric_check, output_check, schema_check
 from .baseline import Baselines
@@ -125,7 +125,24 @@ class Runner:
         if self.config.bisect_limit is not None:  # what a compile does depends on what came before it
             limit = f"{uuid}:bisect:{self.config.bisect_limit}:{rewrite_counter.NONCE}"
             uuid = hashlib.sha256(limit.encode()).hexdigest()
+        diagnostics = self.diagnostics()
+        if diagnostics:  # asked for in this process: done here, never served from another's compile
+            asked = f"{uuid}:diagnostics:{','.join(diagnostics)}:{rewrite_counter.NONCE}"
+            uuid = hashlib.sha256(asked.encode()).hexdigest()
         return uuid
+
+    def diagnostics(self) -> list[str]:
+        """The checks and dumps this config asks of every compile (``verify``, ``dump_dir``):
+        part of the cache identity with the process, so a compile is never served from a
+        cache (Inductor's, AOTAutograd's, a host's) filled by a process that did not do them;
+        a graph served from this process's own cache says they did not run again
+        (:meth:`record_cache_hit`)."""
+        asked = []
+        if self.config.verify:
+            asked.append(f"verify={self.config.verify}")
+        if self.config.dump_dir is not None:
+            asked.append(f"dump_dir={self.config.dump_dir}")
+        return asked
 
     def current_range(self) -> TokenRange | None:
         """The token range of the compile under way (own, or a framework's)."""
@@ -456,7 +473,9 @@ class Runner:
             graph_kind=graph_kind,
             cache_hit=True,
             token_range=self._range_label(),
-            notes=([self.note] if self.note else []) + ([] if restored else [NOT_RESTORED]),
+            notes=([self.note] if self.note else [])
+            + ([] if restored else [NOT_RESTORED])
+            + ([not_run(self.diagnostics())] if self.diagnostics() else []),
             records=list(restored or []),
             restored=bool(restored),
         )

@@ -333,6 +333,48 @@ def test_passes_mistakes_read_the_same_in_bisect_and_explain(planted, monkeypatc
     assert lines[0] == lines[1] and lines[0].startswith(f"--passes: unknown pass {passes!r}"), lines
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["bisect"], "give the target MODULE:FUNCTION, or --run CMD"),
+        (["bisect", TARGET, "--run", "true"], "--run and a target (bisect_model:make) both given"),
+        (["bisect", "--run", " "], "--run ' ': empty"),
+        (["bisect", "--run", "true", "--repro", "r"], "--repro does not apply with --run"),
+        (["bisect", "--run", "true", "--world-size", "2"], "--world-size does not apply with --run"),
+        (["bisect", "--run", "true", "--passes", "cleanup"], "--passes does not apply with --run"),
+        (["bisect", "--run", "true", "--check", "grad"], "--check does not apply with --run"),
+        (["bisect", "--run", "true", "--timeout", "0"], "argument --timeout: 0 is not >= 1"),
+        (["bisect", "--run"], "argument --run: expected one argument"),
+    ],
+)
+def test_bad_run_options_are_one_line_and_exit_2(planted, monkeypatch, capsys, argv, expected):
+    monkeypatch.syspath_prepend(str(SUPPORT))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+def test_run_kills_the_commands_process_group_past_its_timeout(monkeypatch, capsys, tmp_path):
+    """A command that hangs (and leaves a child behind) is ended, children too, at
+    ``--timeout``: one line, exit 2."""
+    pid_file = tmp_path / "child.pid"
+    command = f"sleep 300 & echo $! > {pid_file}; wait"
+    start = __import__("time").monotonic()
+    assert main(["bisect", "--run", command, "--timeout", "1"]) == 2
+    assert __import__("time").monotonic() - start < 30
+    err = capsys.readouterr().err
+    assert "ran past --timeout 1 s at PASSKIT_BISECT_LIMIT=0 (its process group was killed)" in err, err
+    child = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+
+
+def test_run_with_a_command_that_makes_no_rewrite_says_so(monkeypatch, capsys):
+    assert main(["bisect", "--run", "true"]) == 1
+    out = capsys.readouterr().out
+    assert "no culprit: the command made no rewrite" in out and "1 runs" in out, out
+
+
 # -- end to end: fresh processes --------------------------------------------------------
 
 
@@ -556,6 +598,29 @@ def test_bisect_with_no_rewrite_says_so_in_one_line(site):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "no culprit: the passes made no rewrite (0 counted)" in done.stdout, done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_bisect_run_finds_the_planted_culprit_through_a_shell_command(site):
+    """``--run`` over a user's check script (exit 0 when the compiled output equals eager's):
+    the planted 6th site named, from the command's own warnings, and the manual line."""
+    done = _bisect(
+        site,
+        "--run",
+        f"{sys.executable} run_check.py",
+        "--timeout",
+        "300",
+        PASSKIT_PASSES="planted_graph",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(
+        r"^culprit: rewrite 6: pass=planted_graph, stage=post_grad_post, graph=.*, site=neg neg_5$",
+        done.stdout,
+        re.M,
+    ), done.stdout
+    assert f"by hand: PASSKIT_BISECT_LIMIT=6 {sys.executable} run_check.py fails" in done.stdout
+    runs = int(re.search(r"^(\d+) runs$", done.stdout, re.M).group(1))
+    assert runs <= 2 * math.ceil(math.log2(N_SITES)) + 1, done.stdout
 
 
 @pytest.mark.slow
