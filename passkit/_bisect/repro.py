@@ -148,9 +148,10 @@ def _outputs(gm: Any, graph_kind: str) -> list[str]:
         primals = [p.name for p in gm.graph.find_nodes(op="placeholder") if p.name.startswith("primals")]
         if 0 < len(primals) <= n:
             first = n - len(primals)
-            return [f"output {i}" for i in range(first)] + [f"the gradient of {p}" for p in primals]
-    if graph_kind == "backward":
-        return [f"gradient {i}" for i in range(n)]
+            grads = [f"the gradient of the forward's input {k} ({p})" for k, p in enumerate(primals)]
+            return [f"output {i}" for i in range(first)] + grads
+    if graph_kind == "backward":  # one per input of the forward graph, in order
+        return [f"the gradient of the forward's input {i}" for i in range(n)]
     return [f"output {i}" for i in range(n)]
 
 

@@ -343,7 +343,7 @@ class Runner:
         limit = self.config.bisect_limit
         scope = None
         try:
-            if limit is None:
+            if limit is None or p.required:  # a required pass's rewrites are never counted nor refused
                 result = _as_result(p.run(gm, ctx), p)
             else:
                 with rewrite_counter.counting(

@@ -117,6 +117,16 @@ def test_a_pass_that_never_asks_is_counted_once(planted):
     assert whole.site.startswith("the whole pass") and not whole.allowed
 
 
+def test_a_required_pass_is_never_refused_nor_counted(planted):
+    (out,), report, (expected,) = _compile(["planted_required"], 0)
+    assert report["planted_required"].matches == N_SITES and not report["planted_required"].notes
+    assert rewrite_counter.counted_rewrites() == []
+    assert not torch.allclose(out, expected)  # its planted wrong site made even at limit 0
+    (out,), report, (expected,) = _compile(["planted_graph"], 0)  # the same rewrite, not required
+    assert report["planted_graph"].matches == 0 and len(rewrite_counter.counted_rewrites()) == N_SITES
+    torch.testing.assert_close(out, expected)
+
+
 def test_unset_limit_counts_nothing(planted):
     _, report, _ = _compile(["planted_graph", "planted_pattern"], None)
     assert report["planted_graph"].matches == N_SITES and report["planted_pattern"].matches == N_SITES

@@ -235,6 +235,13 @@ class PlantedJoint(passkit.GraphPass):
         return passkit.PassResult(modified=n > 0, matches=n)
 
 
+class RequiredNeg(PlantedGraph):
+    """``planted_graph``'s rewrite, declared required: bisect never refuses it."""
+
+    name = "planted_required"
+    required = True
+
+
 @passkit.hookimpl
 def passkit_register_passes():
     return [
@@ -246,4 +253,5 @@ def passkit_register_passes():
         PlantedRaise,
         PlantedDetach,
         PlantedJoint,
+        RequiredNeg,
     ]
