@@ -403,11 +403,19 @@ class Runner:
             record.status, record.reason = "declined", str(result.declined)
             warn_declined(p.name, self._origin(p), record.reason)
         record.nodes_after = count_nodes(graph)
-        if dumper:
+        if dumper and self._dumped(p, changed=record.modified):
             dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
         self._hook("passkit_after_pass", report, p, None, pass_=p, gm=gm, result=result, record=record)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record
+
+    def _dumped(self, p: Pass, *, changed: bool = False, failed: bool = False) -> bool:
+        """Whether ``dump_dir`` gets this pass run's graphs (``dump_passes``, ``dump_when``)."""
+        names = self.config.dump_passes
+        if names and not any(n == p.name or n.rsplit(":", 1)[-1] == p.name for n in names):
+            return False
+        when = self.config.dump_when
+        return failed or when == "always" or (when == "changed" and changed)
 
     def _hooks_between_passes(self) -> bool:
         """Whether a plugin implements a hook that runs between passes (and may change the
@@ -440,7 +448,7 @@ class Runner:
             record.reason += " (isolated: a pass must not end the process)"
             exc = _contained(exc)
         record.nodes_before = record.nodes_after = count_nodes(gm.graph)
-        if dumper:
+        if dumper and self._dumped(p, failed=True):
             written = dumper.reproducer(index, p, before_code, exc)
             record.reproducer = str(written) if written is not None else None
             if ctx is not None:  # the graph is restored: what the pass saw
