@@ -192,6 +192,55 @@ def test_the_crash_reproducer_leaves_a_dynamic_graph_dynamic(planted, tmp_path):
     assert [i.get("shape", i.get("value")) for i in spec["inputs"][:2]] == [8, [8]], spec["inputs"]
 
 
+def test_a_pre_grad_reproducer_records_dynamos_example_values(planted, tmp_path):
+    """A pre-grad graph's placeholders carry ``meta["example_value"]``, not ``meta["val"]``:
+    the inputs are recorded from it (they were all null), with which want a gradient."""
+    from passkit._bisect.repro import Capture
+
+    rewrite_counter.reset()
+    torch._dynamo.reset()
+    capture = Capture(6)
+    capture.install()
+    fn, (x,) = bisect_model.make_training()
+    b = passkit.backend(passes=["planted_detach"], compiler="aot_eager", bisect_limit=100)
+    torch.compile(fn, backend=b)(x.requires_grad_(True)).sum().backward()
+    command = capture.write(
+        tmp_path / "repro", {"check": "grad", "atol": 1e-5, "rtol": 1e-4, "seed": 0, "target": "t"}
+    )
+    spec = json.loads((tmp_path / "repro" / "repro.json").read_text())
+    assert spec["context"]["stage"] == "pre_grad"
+    by_label = {i["label"]: i for i in spec["inputs"]}
+    assert by_label["L['self']._parameters['w']"] == {
+        "name": "l_self_parameters_w_", "label": "L['self']._parameters['w']", "shape": [8], "dtype": "float32",
+        "requires_grad": True,
+    }  # fmt: skip
+    assert by_label["L['x']"]["shape"] == [4, 8]
+    assert command == f"python -m pytest {(tmp_path / 'repro' / 'test_repro.py').resolve()}"
+    assert f"Run: {command}\n" in (tmp_path / "repro" / "test_repro.py").read_text()
+
+
+def test_a_graph_calling_a_submodule_is_refused_in_one_line(tmp_path):
+    from passkit._bisect.repro import ReproRefused, write
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.block(x)
+
+    gm = torch.fx.symbolic_trace(Outer())
+    ctx = passkit.CompileContext(stage="pre_grad", graph_kind="torch")
+    found = {"gm": gm, "pass": planted_passes.PlantedDetach(), "context": ctx, "rewrites": 1, "error": None}
+    with pytest.raises(ReproRefused) as err:
+        write(tmp_path / "r", found, {"check": "grad", "atol": 0, "rtol": 0, "seed": 0, "target": "t"})
+    assert str(err.value) == (
+        "stage pre_grad: the graph calls the model's submodule 'block' (Linear), whose code a reproducer does not hold"
+    )
+    assert not (tmp_path / "r").exists()  # nothing half-written
+
+
 # -- the command line's refusals (no probe starts) --------------------------------------
 
 TARGET = "bisect_model:make"
@@ -330,6 +379,21 @@ def test_the_culprit_ends_with_the_manual_limit_line_and_counts_the_repro_probe(
         "PASSKIT_BISECT_LIMIT=5 stops just before it"
     )
     assert f"{len(asked)} compiles" in out and asked[-1][1].get("repro")  # the repro probe counted
+
+
+def test_a_refused_reproducer_is_one_line_and_exit_1(monkeypatch, tmp_path, capsys):
+    _canned(monkeypatch, {"n": 9, "full": {"bad": True, "detail": "d"}, "bad_from": 6})
+    from passkit._bisect import search
+
+    real = search.Search.probe
+
+    def probe(self, limit, **kwargs):
+        out = real(self, limit, **kwargs)
+        return {**out, "repro_refused": "stage pre_grad: why"} if kwargs.get("repro") else out
+
+    monkeypatch.setattr(search.Search, "probe", probe)
+    code, out = _drive(_args(repro=str(tmp_path / "r")), tmp_path, capsys)
+    assert code == 1 and "no reproducer written: stage pre_grad: why\n" in out, out
 
 
 @pytest.mark.parametrize("passes", ["planted_grpah", "planted_graph:wrong=1"])
