@@ -6,6 +6,7 @@
     passkit check [FILE|DIR]     validate a config (and the PASSKIT_* environment) against the installed passes
     passkit explain MOD:FN       compile MOD:FN's model with the configured passes, print the report
     passkit bisect MOD:FN        the first rewrite after which MOD:FN's compiled output is wrong
+    passkit bisect --run CMD     the same over a shell command, its exit status 0 meaning good
     passkit demo                 the demo (core, then plugins' demos)
 
 Plugins add commands through the ``passkit_cli_commands`` hook (``passkit-fusion`` adds
@@ -421,6 +422,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if str(dump_dir) in _unwritable:  # it went away or filled up during the compile
             print(f"{dump_dir}: the dumps could not all be written (see the warning above)", file=sys.stderr)
             return 1
+        served = [str(r.graph_id) for r in b.reports if r.cache_hit]
+        if served:  # no pass ran for them: nothing to dump but the report
+            print(f"graph {', '.join(served)}: served from Inductor's cache, only its report is dumped")
         print(f"graphs, diffs and report.json written under {dump_dir}")
     return 0
 
@@ -462,6 +466,13 @@ def _writable_folder(path: Path, name: str) -> None:
 def cmd_bisect(args: argparse.Namespace) -> int:
     from ._bisect import search
 
+    if args.run is not None:  # any command, its exit status the check
+        from ._bisect import command
+
+        command.validate(args)
+        return command.run(args)
+    if args.target is None:
+        raise PasskitError("give the target MODULE:FUNCTION, or --run CMD to bisect a shell command")
     search.validate(args)
     factory = import_target(args.target)  # named as explain names it, before any probe starts
     if not callable(factory):
@@ -588,7 +599,13 @@ def build_parser(all_plugins: bool = False) -> tuple[argparse.ArgumentParser, di
     p = sub.add_parser(
         "bisect", help="find the first rewrite after which MODULE:FUNCTION's compiled output is wrong"
     )
-    p.add_argument("target", help="'pkg.module:factory'; factory() returns (model, example_args)")
+    p.add_argument("target", nargs="?", help="'pkg.module:factory'; factory() returns (model, example_args)")
+    p.add_argument(
+        "--run",
+        metavar="CMD",
+        help="bisect a shell command instead (exit status 0 is good), run with PASSKIT_BISECT_LIMIT "
+        "set, each run under --timeout seconds",
+    )
     p.add_argument("--passes", type=name_list, help="comma-separated pass names (overrides the config)")
     p.add_argument(
         "--check",
@@ -604,7 +621,9 @@ def build_parser(all_plugins: bool = False) -> tuple[argparse.ArgumentParser, di
     )
     p.add_argument("--repro", metavar="DIR", help="write a standalone reproducer of the culprit here")
     p.add_argument("--max-compiles", type=positive_int, default=64, help="most probes to run (default 64)")
-    p.add_argument("--timeout", type=positive_int, default=600, help="seconds per probe (default 600)")
+    p.add_argument(
+        "--timeout", type=positive_int, default=600, help="seconds per probe or --run run (default 600)"
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="torch.manual_seed before the target is built (default 0)"
     )

@@ -93,6 +93,13 @@ class Config(pydantic.BaseModel):
     """A failing pass: ``skip`` restores the graph and continues; ``raise`` stops the compile."""
     dump_dir: Path | None = None
     """Where to write graphs before/after each pass, diffs, reproducers and the report."""
+    dump_when: Literal["always", "changed", "failed"] = "always"
+    """Which pass runs ``dump_dir`` gets the graphs of: every one (``always``), those that
+    changed the graph (``changed``), or only those that failed (``failed``: their
+    reproducers). A failed pass's reproducer and the report are written whatever this says."""
+    dump_passes: list[str] = pydantic.Field(default_factory=list)
+    """Only these passes' graphs and reproducers are dumped (bare or qualified names; empty:
+    every pass's)."""
     verify: bool | Literal["numeric"] = False
     """After each pass: lint the graph and re-propagate fake tensors to check metadata
     (``true``); ``"numeric"`` also runs the graph before and after the pass on the same
@@ -403,6 +410,8 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DISABLE": ("disable", _names),
     "ON_ERROR": ("on_error", _text),
     "DUMP_DIR": ("dump_dir", _text),
+    "DUMP_WHEN": ("dump_when", _text),
+    "DUMP_PASSES": ("dump_passes", _names),
     "VERIFY": ("verify", _verify),
     "STRICT_PLUGINS": ("strict_plugins", _bool),
     "PLUGINS": ("plugins", _names),

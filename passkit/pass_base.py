@@ -183,6 +183,9 @@ class Pass:
             (:meth:`environment`), so a compile cached while one was missing (the pass skipped)
             is not served once it is installed. Override :meth:`environment` for anything else
             a decision reads from the process (an environment variable, a driver version).
+        required: the pass must run whenever it is enabled (a pass others depend on to leave
+            a graph they can compile): ``bisect_limit`` never refuses its rewrites nor counts
+            them, so ``passkit bisect`` searches only the other passes' rewrites.
     """
 
     name: ClassVar[str] = ""
@@ -200,6 +203,7 @@ class Pass:
     graph_kinds: ClassVar[Sequence[str] | None] = None
     skip_graph_kinds_reason: ClassVar[str] = ""
     environment_modules: ClassVar[Sequence[str]] = ()
+    required: ClassVar[bool] = False
 
     def __init__(self, options: pydantic.BaseModel | dict[str, Any] | None = None, **kwargs: Any):
         if options is not None and kwargs:

@@ -15,6 +15,15 @@ NOT_RESTORED = (
 )
 """The note of a cache hit whose report was not restored."""
 
+
+def not_run(diagnostics: list[str]) -> str:
+    """The note of a cache hit on what the config asked (``verify=numeric``, ``dump_dir=...``)."""
+    return (
+        f"not run for this graph: {', '.join(diagnostics)} (served from Inductor's cache: the passes "
+        "did not run; it was built in this process, with them)"
+    )
+
+
 Status = Literal["ran", "skipped", "vetoed", "failed", "declined"]
 """``declined``: the pass ran but could not read the graph (an op schema or host version it
 does not know) and changed nothing; :attr:`PassRecord.reason` says why."""
@@ -173,7 +182,8 @@ class Report:
         failures = [f"PLUGIN HOOK FAILED: {f}" for f in self.hook_failures]
         if self.cache_hit and not self.records:
             title += ": served from Inductor's cache; the passes' rewrite is in the cached code"
-            return "\n".join([title, *failures])
+            skipped = [f"note: {n}" for n in self.notes if n.startswith("not run for this graph")]
+            return "\n".join([title, *skipped, *failures])
         if self.cache_hit:
             title += ": served from Inductor's cache; what the passes did when they built it:"
         lines = [title, *(f"note: {n}" for n in self.notes)]

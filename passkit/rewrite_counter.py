@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Iterator
 
@@ -43,6 +44,9 @@ class CountedRewrite:
     graph: str
     site: str
     allowed: bool
+    location: str = ""
+    """Where in the model's source the site's node came from (``model.py:24 in forward``,
+    from its ``stack_trace``), when the site names a node of the graph that has one."""
 
     def line(self) -> str:
         """The log line (``passkit bisect: rewrite 3: pass=..., ...``)."""
@@ -66,6 +70,8 @@ class _Scope:
     graph: str
     asked: int = 0
     refused: int = 0
+    graph_module: object = None
+    nodes: dict[str, object] | None = None
 
 
 _scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("passkit_rewrite_scope", default=None)
@@ -93,7 +99,9 @@ def may_rewrite(site: str) -> bool:
 def _count(scope: _Scope, site: str) -> CountedRewrite:
     scope.asked += 1
     index = len(_counted) + 1
-    rewrite = CountedRewrite(index, scope.pass_name, scope.stage, scope.graph, site, index <= scope.limit)
+    rewrite = CountedRewrite(
+        index, scope.pass_name, scope.stage, scope.graph, site, index <= scope.limit, _location(scope, site)
+    )
     _counted.append(rewrite)
     if rewrite.allowed and index == scope.limit:  # the last one allowed: shown without log config
         logs.log.warning("%s (the last allowed: limit %d)", rewrite.line(), scope.limit)
@@ -113,11 +121,36 @@ def _count(scope: _Scope, site: str) -> CountedRewrite:
     return rewrite
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _location(scope: _Scope, site: str) -> str:
+    """The source location of the node ``site`` names last (``neg neg_5``, ``pattern 'p' at
+    add_2``, ``... all-reduce all_reduce_3``), from its ``stack_trace``; ``""`` without one."""
+    gm = scope.graph_module
+    if gm is None:
+        return ""
+    if scope.nodes is None:
+        try:
+            scope.nodes = {n.name: n for n in gm.graph.nodes}  # type: ignore[attr-defined]
+        except Exception:
+            scope.nodes = {}
+    words = site.replace(",", " ").split()
+    node = scope.nodes.get(words[-1]) if words else None
+    trace = getattr(node, "meta", {}).get("stack_trace") or ""
+    frames = _FRAME.findall(trace)
+    if not frames:
+        return ""
+    path, line, function = frames[-1]
+    return f"{path}:{line} in {function}"
+
+
 @contextlib.contextmanager
-def counting(limit: int, pass_name: str, stage: str, graph: str) -> Iterator[_Scope]:
+def counting(limit: int, pass_name: str, stage: str, graph: str, gm: object = None) -> Iterator[_Scope]:
     """Within the block, :func:`may_rewrite` counts for ``pass_name`` (the runner opens it
-    around each pass's ``run`` when a limit is set)."""
-    scope = _Scope(limit, pass_name, stage, graph)
+    around each pass's ``run`` when a limit is set, with the graph module ``gm``, whose nodes
+    the sites name: their source location is recorded)."""
+    scope = _Scope(limit, pass_name, stage, graph, graph_module=gm)
     token = _scope.set(scope)
     try:
         yield scope

@@ -72,20 +72,30 @@ def _probe(spec: dict[str, Any], rank: int, work: Path) -> dict[str, Any]:
     if spec["check"] == "compile" and failed and not out["bad"]:
         out["bad"] = True
         out["detail"] = f"pass {failed[0].name} failed: {(failed[0].reason or '')[:300]}"
-    if capture is not None:
-        capture.write(Path(spec["repro"]), spec, example)
+    if capture is not None and rank == 0:  # one reproducer, from the first rank
+        from .repro import ReproRefused
+
+        try:
+            out["repro_command"] = capture.write(Path(spec["repro"]), spec)
+        except ReproRefused as exc:
+            out["repro_refused"] = str(exc)
     if values is None:
         return out
     ref_path = work / f"reference_rank{rank}.pt"
+    eager_path = work / f"eager_rank{rank}.pt"
     if spec["reference"]:
         torch.save(values, ref_path)
-        torch.manual_seed(spec["seed"])
         eager = _values(fn, example, spec)
+        torch.save(eager, eager_path)
         out["eager_diff"] = _difference(values, eager, spec)
-    elif spec["check"] in ("output", "grad"):
-        diff = _difference(values, torch.load(ref_path), spec)
-        if diff:
-            out["bad"], out["detail"] = True, diff
+        out["has_parameters"] = isinstance(fn, torch.nn.Module) and any(True for _ in fn.parameters())
+    else:
+        if spec.get("determinism"):  # the target as built in a second process: the same?
+            out["nondeterministic"] = _difference(_values(fn, example, spec), torch.load(eager_path), spec)
+        if spec["check"] in ("output", "grad"):
+            diff = _difference(values, torch.load(ref_path), spec)
+            if diff:
+                out["bad"], out["detail"] = True, diff
     return out
 
 
@@ -98,12 +108,14 @@ def _values(fn: Any, example: tuple[Any, ...], spec: dict[str, Any]) -> list[Any
     inputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in example]
     if spec["check"] != "grad":
         with torch.no_grad():
-            return [_plain(v) for v in pytree.tree_leaves(fn(*inputs))]
+            leaves = pytree.tree_leaves(fn(*inputs))
+        return [[f"output {i}", _plain(v)] for i, v in enumerate(leaves)]
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             x.requires_grad_(True)
-    params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
-    for p in params:
+    module = getattr(fn, "_orig_mod", fn)  # the compiled module's parameters under the model's names
+    params = list(module.named_parameters()) if isinstance(module, torch.nn.Module) else []
+    for _, p in params:
         p.grad = None
     leaves = [v for v in pytree.tree_leaves(fn(*inputs)) if isinstance(v, torch.Tensor) and v.requires_grad]
     if not leaves:
@@ -111,8 +123,11 @@ def _values(fn: Any, example: tuple[Any, ...], spec: dict[str, Any]) -> list[Any
     gen = torch.Generator().manual_seed(spec["seed"])
     loss = sum((v * torch.randn(v.shape, generator=gen).to(v)).sum() for v in leaves)
     loss.backward()  # type: ignore[union-attr]
-    grads = [p.grad for p in params] + [x.grad for x in inputs if isinstance(x, torch.Tensor)]
-    return [_plain(g) for g in grads]
+    named = [(f"the gradient of parameter {n!r}", p.grad) for n, p in params]
+    named += [
+        (f"the gradient of input {i}", x.grad) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
+    ]
+    return [[name, _plain(g)] for name, g in named]
 
 
 def _plain(value: Any) -> Any:
@@ -126,24 +141,25 @@ def _plain(value: Any) -> Any:
 
 
 def _difference(actual: list[Any], expected: list[Any], spec: dict[str, Any]) -> str:
-    """Why ``actual`` is not ``expected`` within the tolerances, or ``""``."""
+    """Why ``actual`` is not ``expected`` (``[name, value]`` pairs: ``output 0``, ``the
+    gradient of parameter 'w'``) within the tolerances, naming the value; or ``""``."""
     import torch
 
     if len(actual) != len(expected):
         return f"{len(actual)} values, expected {len(expected)}"
-    for i, (a, e) in enumerate(zip(actual, expected)):
+    for (name, a), (_, e) in zip(actual, expected):
         if isinstance(a, torch.Tensor) != isinstance(e, torch.Tensor):
-            return f"value {i}: {type(a).__name__}, expected {type(e).__name__}"
+            return f"{name}: {type(a).__name__}, expected {type(e).__name__}"
         if not isinstance(a, torch.Tensor):
             if a != e:
-                return f"value {i}: {a!r}, expected {e!r}"
+                return f"{name}: {a!r}, expected {e!r}"
             continue
-        if a is None or e is None or a.shape != e.shape:
-            return f"value {i}: shape {getattr(a, 'shape', None)}, expected {getattr(e, 'shape', None)}"
+        if a.shape != e.shape:
+            return f"{name}: shape {tuple(a.shape)}, expected {tuple(e.shape)}"
         a64, e64 = a.double(), e.double()
         if not torch.allclose(a64, e64, rtol=spec["rtol"], atol=spec["atol"], equal_nan=True):
             worst = (a64 - e64).abs().nan_to_num(float("inf")).max().item()
-            return f"value {i} differs by up to {worst:.3g} (atol {spec['atol']:g}, rtol {spec['rtol']:g})"
+            return f"{name} differs by up to {worst:.3g} (atol {spec['atol']:g}, rtol {spec['rtol']:g})"
     return ""
 
 

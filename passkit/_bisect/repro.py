@@ -6,7 +6,15 @@ the copy of the pass run that made rewrite ``index``; :meth:`Capture.write` writ
     DIR/graph.py        the graph the pass saw, readable (a GraphModule class)
     DIR/constants.pt    its tensor attributes
     DIR/repro.json      inputs (shapes, dtypes), seed, pass and options, context, rewrites allowed
-    DIR/test_repro.py   pytest: replays the pass on the graph (passkit_testing.replay_pass)
+    DIR/test_repro.py   pytest: replays the pass on the graph (passkit_testing.replay_pass);
+                        its docstring carries the command that runs it
+
+Inputs come from what the stage records (``meta["val"]``, Dynamo's ``meta["example_value"]``
+at pre-grad); a graph that cannot be made standalone is refused in one line
+(:class:`ReproRefused`), never written with inputs it cannot make. ``--check grad`` at
+pre-grad compares the inputs' gradients after a forward and a backward
+(:func:`passkit_testing.gradients`); a joint or backward graph computes gradients itself, so
+its outputs are compared, labelled.
 
 It needs passkit, passkit-testing, the pass's plugin and torch: no model code.
 """
@@ -65,10 +73,11 @@ class Capture:
                 "error": error,
             }
 
-    def write(self, folder: Path, spec: dict[str, Any], example: Any) -> None:
+    def write(self, folder: Path, spec: dict[str, Any]) -> str:
+        """Write the reproducer; the command that runs it (:class:`ReproRefused`: why not)."""
         if self.found is None:
-            raise RuntimeError(f"rewrite {self.index} was not made in the repro probe: nothing to write")
-        write(folder, self.found, spec)
+            raise ReproRefused(f"rewrite {self.index} was not made in the repro probe: nothing to write")
+        return write(folder, self.found, spec)
 
 
 def _hint(value: Any) -> int:
@@ -78,40 +87,117 @@ def _hint(value: Any) -> int:
     return int(node.hint) if node is not None else int(value)
 
 
-def write(folder: Path, found: dict[str, Any], spec: dict[str, Any]) -> None:
-    """Write the reproducer of ``found`` (see the module docstring) into ``folder``."""
+class ReproRefused(Exception):
+    """A graph this writer cannot make standalone: the one line that says which stage and why."""
+
+
+def _value(node: Any) -> Any:
+    """The value recorded on a placeholder: ``meta["val"]`` (ATen graphs) or Dynamo's
+    ``meta["example_value"]`` (the pre-grad stage's torch-level graph)."""
+    return node.meta["val"] if "val" in node.meta else node.meta.get("example_value")
+
+
+def _label(node: Any) -> str:
+    """What a placeholder is, for a message: Dynamo's source of it when recorded
+    (``L['self']._parameters['w']``), else its name."""
+    source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+    try:
+        return str(source() if callable(source) else source) if source is not None else node.name
+    except Exception:
+        return node.name
+
+
+def _inputs(gm: Any, stage: str) -> list[dict[str, Any]]:
+    """The placeholders' shapes, dtypes and whether they want a gradient; or
+    :class:`ReproRefused` naming the first that records no value."""
     import torch
 
-    folder.mkdir(parents=True, exist_ok=True)
+    inputs = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = _value(node)
+        if isinstance(val, torch.Tensor):
+            shape = [_hint(d) for d in val.shape]
+            inputs.append(
+                {
+                    "name": node.name,
+                    "label": _label(node),
+                    "shape": shape,
+                    "dtype": str(val.dtype).removeprefix("torch."),
+                    "requires_grad": bool(val.requires_grad),
+                }
+            )
+        elif isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            inputs.append({"name": node.name, "value": _hint(val)})
+        else:
+            what = "no value" if val is None else f"a {type(val).__name__}"
+            raise ReproRefused(
+                f"stage {stage}: input {node.name!r} of the graph records {what} (neither a tensor nor "
+                "a number), so its reproducer cannot make it"
+            )
+    return inputs
+
+
+def _outputs(gm: Any, graph_kind: str) -> list[str]:
+    """A label per output of ``gm``: which ones are gradients (a joint graph's last outputs
+    are its primals' gradients; a backward graph's outputs are all gradients)."""
+    (out,) = gm.graph.find_nodes(op="output")
+    import torch.utils._pytree as pytree
+
+    n = len(pytree.tree_leaves(out.args[0]))
+    if graph_kind == "joint":
+        primals = [p.name for p in gm.graph.find_nodes(op="placeholder") if p.name.startswith("primals")]
+        if 0 < len(primals) <= n:
+            first = n - len(primals)
+            grads = [f"the gradient of the forward's input {k} ({p})" for k, p in enumerate(primals)]
+            return [f"output {i}" for i in range(first)] + grads
+    if graph_kind == "backward":  # one per input of the forward graph, in order
+        return [f"the gradient of the forward's input {i}" for i in range(n)]
+    return [f"output {i}" for i in range(n)]
+
+
+def _refuse_unloadable(gm: Any, stage: str) -> None:
+    """A graph whose code needs the model's classes (a submodule it calls) cannot be loaded
+    without the model: said in one line, instead of a reproducer that fails on its own."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            raise ReproRefused(
+                f"stage {stage}: the graph calls the model's submodule {node.target!r} "
+                f"({type(gm.get_submodule(node.target)).__name__}), whose code a reproducer does not hold"
+            )
+
+
+def write(folder: Path, found: dict[str, Any], spec: dict[str, Any]) -> str:
+    """Write the reproducer of ``found`` (see the module docstring) into ``folder``; the
+    command that runs it. :class:`ReproRefused` (nothing written) for a graph it cannot make
+    standalone."""
+    import torch
     import torch.fx
 
     from ..graph_utils import snapshot
 
     p, ctx = found["pass"], found["context"]
     gm = torch.fx.GraphModule(found["gm"], snapshot(found["gm"].graph))  # its class: GraphModule
+    gm.graph.set_codegen(torch.fx.graph.CodeGen())  # flat arguments: a joint graph's pytree spec aside
+    gm.recompile()
+    stage = str(getattr(ctx.stage, "value", ctx.stage))
+    _refuse_unloadable(found["gm"], stage)
+    inputs = _inputs(gm, stage)
     code = gm.print_readable(print_output=False)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "graph.py").write_text(
-        f'"""The graph pass {p.name!r} saw ({ctx.stage}, a {ctx.graph_kind} graph), written by passkit."""\n'
+        f'"""The graph pass {p.name!r} saw ({stage}, a {ctx.graph_kind} graph), written by passkit."""\n'
         "# ruff: noqa\nimport torch\nfrom math import inf, nan\nfrom torch import device\n\n\n" + code + "\n"
     )
     constants = {name: t.detach().clone() for name, t in _tensor_attributes(gm).items()}
     if constants:
         torch.save(constants, folder / "constants.pt")
-    inputs = []
-    for node in gm.graph.find_nodes(op="placeholder"):
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            shape = [_hint(d) for d in val.shape]
-            inputs.append({"name": node.name, "shape": shape, "dtype": str(val.dtype).removeprefix("torch.")})
-        else:
-            inputs.append({"name": node.name, "value": _hint(val) if val is not None else None})
     context = {
         "device": ctx.device,
         "dtype": str(ctx.dtype).removeprefix("torch.") if ctx.dtype is not None else None,
         "world_size": ctx.world_size,
         "mode": ctx.mode,
         "graph_kind": ctx.graph_kind,
-        "stage": ctx.stage,
+        "stage": stage,
         "compiler": ctx.compiler,
     }
     error = found["error"]
@@ -123,6 +209,7 @@ def write(folder: Path, found: dict[str, Any], spec: dict[str, Any]) -> None:
         "rtol": spec["rtol"],
         "seed": spec["seed"],
         "inputs": inputs,
+        "outputs": _outputs(gm, ctx.graph_kind),
         "context": context,
         "target": spec["target"],
         "error": f"{type(error).__name__}: {error}" if error is not None else None,
@@ -134,7 +221,25 @@ def write(folder: Path, found: dict[str, Any], spec: dict[str, Any]) -> None:
         else " (it raised)"
     )
     (folder / "repro.json").write_text(json.dumps(repro, indent=2) + "\n")
-    (folder / "test_repro.py").write_text(TEST.format(name=p.name, target=spec["target"], allowed=allowed))
+    command = f"python -m pytest {folder.resolve() / 'test_repro.py'}"
+    compares = {
+        "grad": "the gradients of the graph's inputs after a forward and a backward"
+        if stage == "pre_grad"
+        else "the graph's outputs (a joint or backward graph's outputs are gradients)",
+        "compile": "the outputs, the graph lowered by Inductor as the compile did",
+    }.get(spec["check"], "the outputs")
+    (folder / "test_repro.py").write_text(
+        TEST.format(
+            name=p.name,
+            target=spec["target"],
+            allowed=allowed,
+            stage=stage,
+            check=spec["check"],
+            compares=compares,
+            command=command,
+        )
+    )
+    return command
 
 
 def _tensor_attributes(gm: Any) -> dict[str, Any]:
@@ -151,9 +256,11 @@ def _tensor_attributes(gm: Any) -> dict[str, Any]:
 
 
 TEST = '''"""passkit reproducer: pass {name!r} on the graph it saw in {target}{allowed}.
+Stage {stage}, --check {check}: compares {compares}, before and after the pass.
 Needs passkit, passkit-testing, the pass's plugin and torch.
 
-Run: pytest test_repro.py. It fails as the model did; it passes once the pass is fixed.
+Run: {command}
+It fails as the model did; it passes once the pass is fixed.
 """
 
 import json
@@ -161,7 +268,7 @@ import pathlib
 
 import torch
 
-from passkit_testing import assert_close, fake_world, load_graph, make_inputs, replay_pass
+from passkit_testing import assert_close, fake_world, gradients, load_graph, make_inputs, replay_pass
 
 HERE = pathlib.Path(__file__).resolve().parent
 SPEC = json.loads((HERE / "repro.json").read_text())
@@ -170,6 +277,12 @@ SPEC = json.loads((HERE / "repro.json").read_text())
 def _replay():
     gm = load_graph(HERE)
     inputs = make_inputs(SPEC["inputs"], SPEC["seed"])
+    if SPEC["check"] == "grad" and SPEC["context"]["stage"] == "pre_grad":  # forward and backward
+        after = replay_pass(gm, SPEC["pass"], inputs=inputs, rewrites=SPEC["rewrites"], context=SPEC["context"])
+        expected = gradients(gm, inputs, SPEC["inputs"], seed=SPEC["seed"])
+        actual = gradients(after, inputs, SPEC["inputs"], seed=SPEC["seed"])
+        assert_close(actual, expected, atol=SPEC["atol"], rtol=SPEC["rtol"])
+        return
     with torch.no_grad():
         expected = gm(*inputs)
         after = replay_pass(gm, SPEC["pass"], inputs=inputs, rewrites=SPEC["rewrites"], context=SPEC["context"])
@@ -177,7 +290,10 @@ def _replay():
             actual = _inductor(after, inputs)
         else:
             actual = after(*inputs)
-    assert_close(list(actual), list(expected), atol=SPEC["atol"], rtol=SPEC["rtol"])
+    labels = SPEC["outputs"]
+    if len(labels) == len(actual) == len(expected):
+        actual, expected = dict(zip(labels, actual)), dict(zip(labels, expected))
+    assert_close(actual, expected, atol=SPEC["atol"], rtol=SPEC["rtol"])
 
 
 def _inductor(gm, inputs):

@@ -39,7 +39,15 @@ class Search:
         self.work = work
         self.compiles = 0
 
-    def spec(self, tag: str, limit: int, *, reference: bool = False, repro: str | None = None) -> Path:
+    def spec(
+        self,
+        tag: str,
+        limit: int,
+        *,
+        reference: bool = False,
+        repro: str | None = None,
+        determinism: bool = False,
+    ) -> Path:
         a = self.args
         spec = {
             "target": a.target,
@@ -53,19 +61,24 @@ class Search:
             "world_size": a.world_size,
             "reference": reference,
             "repro": repro,
+            "determinism": determinism,
             "tag": tag,
         }
         path = self.work / f"spec_{tag}.json"
         path.write_text(json.dumps(spec))
         return path
 
-    def probe(self, limit: int, *, reference: bool = False, repro: str | None = None) -> dict[str, Any]:
-        """Compile at ``limit`` in fresh processes; the ranks' results merged."""
+    def probe(
+        self, limit: int, *, reference: bool = False, repro: str | None = None, determinism: bool = False
+    ) -> dict[str, Any]:
+        """Compile at ``limit`` in fresh processes; the ranks' results merged. ``determinism``:
+        the probe also runs the target eagerly and compares with the reference probe's eager
+        values (another process: a target drawing unseeded values differs)."""
         if self.compiles >= self.args.max_compiles:
             raise ProbeError(f"--max-compiles {self.args.max_compiles} reached before the culprit was found")
         self.compiles += 1
         tag = f"{self.compiles:02d}"
-        spec = self.spec(tag, limit, reference=reference, repro=repro)
+        spec = self.spec(tag, limit, reference=reference, repro=repro, determinism=determinism)
         ranks = _run_ranks(spec, self.args.world_size, self.args.timeout, self.work / f"log_{tag}")
         results = []
         for rank in range(self.args.world_size):
@@ -87,7 +100,11 @@ class Search:
             if len(results) > 1 and bad
             else (bad[0]["detail"] if bad else "")
         )
-        merged["eager_diff"] = next((r.get("eager_diff") for r in results if r.get("eager_diff")), "")
+        for key in ("eager_diff", "nondeterministic"):
+            merged[key] = next((r.get(key) for r in results if r.get(key)), "")
+        merged["has_parameters"] = any(r.get("has_parameters") for r in results)
+        for key in ("repro_command", "repro_refused"):  # rank 0 writes the reproducer
+            merged[key] = results[0].get(key)
         return merged
 
 
@@ -110,21 +127,33 @@ def _search(s: Search) -> int:
     none = s.probe(0, reference=True)
     if none["bad"]:  # compile check: failing with every rewrite refused
         print(f"no culprit: {none['detail']} with every rewrite refused (limit 0): the cause is not a pass")
+        print(f"{s.compiles} compiles")
         return 1
-    full = s.probe(COUNT_ALL)
+    full = s.probe(COUNT_ALL, determinism=True)
+    if full["nondeterministic"]:
+        print(
+            f"no culprit: the target is not deterministic: built and run eagerly in two processes "
+            f"after torch.manual_seed({args.seed}), {full['nondeterministic']} (seed what it draws: "
+            "weights, inputs, random, numpy)"
+        )
+        print(f"{s.compiles} compiles")
+        return 1
     rewrites = [r for r in full["rewrites"] if r["allowed"]]
     n = len(rewrites)
     print(
         f"  limit 0: passes' rewrites all refused: ok (the reference); all {n} rewrite(s): "
         + (f"bad ({full['detail']})" if full["bad"] else "ok")
     )
-    if not full["bad"]:
-        why = (
-            f"the compile with no rewrite already differs from eager: {none['eager_diff']}"
-            if none["eager_diff"]
-            else f"the check passes with all {n} rewrite(s)"
+    if n == 0:
+        print(
+            "no culprit: the passes made no rewrite (0 counted): "
+            + (f"the check fails with none ({full['detail']}): " if full["bad"] else "")
+            + "the cause is not a pass (are the passes enabled, and do they match this target?)"
         )
-        print(f"no culprit: {why}; output wrong without any rewrite: the cause is not a pass")
+        print(f"{s.compiles} compiles")
+        return 1
+    if not full["bad"]:
+        print(f"no culprit: {_why_none(args, none, n)}")
         print(f"{s.compiles} compiles")
         return 1
     lo, hi, detail = 0, n, full["detail"]
@@ -143,17 +172,41 @@ def _search(s: Search) -> int:
         else:
             lo = mid
     culprit = rewrites[hi - 1]
+    where = f", source={culprit['location']}" if culprit.get("location") else ""
     print(
         f"culprit: rewrite {hi} of {n}: pass={culprit['pass_name']}, stage={culprit['stage']}, "
-        f"graph={culprit['graph']}, site={culprit['site']}"
+        f"graph={culprit['graph']}, site={culprit['site']}{where}"
     )
     print(f"  with it: {detail}")
-    print(f"{s.compiles} compiles")
+    code = 0
     if args.repro:
         s.args.max_compiles += 1  # the reproducer's compile is on top of the search's
-        s.probe(hi, repro=str(Path(args.repro).resolve()))
-        print(f"reproducer written to {args.repro} (pytest {Path(args.repro) / 'test_repro.py'})")
-    return 0
+        written = s.probe(hi, repro=str(Path(args.repro).resolve()))
+        if written.get("repro_refused"):
+            print(f"no reproducer written: {written['repro_refused']}")
+            code = 1
+        else:
+            print(f"reproducer written to {args.repro} (run: {written.get('repro_command') or 'pytest'})")
+    print(f"{s.compiles} compiles")
+    print(
+        f"by hand (a server, a script): PASSKIT_BISECT_LIMIT={hi} makes the culprit rewrite, "
+        f"PASSKIT_BISECT_LIMIT={hi - 1} stops just before it"
+    )
+    return code
+
+
+def _why_none(args: argparse.Namespace, none: dict[str, Any], n: int) -> str:
+    """Why a check that passes with every rewrite names no culprit, and where to look."""
+    if none["eager_diff"]:
+        return (
+            f"the check passes with all {n} rewrite(s), but the compile with no rewrite already "
+            f"differs from eager: {none['eager_diff']}: the cause is not a pass (look at the compiler "
+            "or the model)"
+        )
+    why = f"the {'gradients' if args.check == 'grad' else 'outputs'} are right with and without the {n} rewrite(s)"
+    if args.check != "grad" and none["has_parameters"]:
+        return f"{why}; the target has parameters: a pass wrong only in gradients shows with --check grad"
+    return f"{why}: nothing to bisect with --check {args.check}"
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -182,10 +235,11 @@ def validate(args: argparse.Namespace) -> None:
             raise PasskitError(
                 f"--repro {cut(args.repro)}: not empty (a reproducer goes in a new or empty folder)"
             )
-    if args.passes is not None:  # names and options checked here, as a compile would
+    if args.passes is not None:  # names and options checked here, as a compile (and explain) would
         from .._pipeline.build import build_pipeline
+        from ..config import merge, sources
 
-        build_pipeline(passes=args.passes)
+        build_pipeline(merge([*sources(), ("--passes", {"passes": args.passes})]))
 
 
 def _run_ranks(spec: Path, world_size: int, timeout: float, log_stem: Path) -> dict[int, str]:

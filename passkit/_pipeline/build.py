@@ -254,7 +254,21 @@ def build_pipeline(config: Config | dict[str, Any] | None = None, **overrides: A
     if _runs_nothing(cfg):
         return Pipeline(cfg, None, [])
     plugins, passes = passes_for(cfg)
+    _warn_unmatched_dump_passes(cfg, passes)
     return Pipeline(cfg, plugins, passes)
+
+
+def _warn_unmatched_dump_passes(cfg: Config, passes: list[Pass]) -> None:
+    """A ``dump_passes`` entry naming no enabled pass dumps nothing: said, with the names."""
+    from ..errors import cut_repr, warn_config
+
+    enabled = sorted(p.name for p in passes)
+    for name in cfg.dump_passes:
+        if name.rsplit(":", 1)[-1] not in enabled:
+            warn_config(
+                f"dump_passes: {cut_repr(name)} is not an enabled pass (enabled: "
+                f"{', '.join(enabled) or 'none'}); the entry dumps nothing"
+            )
 
 
 def _runs_nothing(cfg: Config) -> bool:

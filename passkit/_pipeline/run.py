@@ -29,9 +29,10 @@ from .._plugins.hook_returns import veto_reason
 from ..context import CompileContext, Mode, graph_kind_of
 from ..errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
 from ..graph_utils import carry_node_attributes, count_nodes, graph_code, restore
+from ..names import same_pass
 from ..pass_base import Pass, PassResult, Stage, stage_phase
 from ..pipeline_plan import PipelinePlan
-from ..report import NOT_RESTORED, PassRecord, Report
+from ..report import NOT_RESTORED, PassRecord, Report, not_run
 from ..tokens import PassRelations, TokenRange
 from . import (
     graph_diff,
@@ -134,7 +135,24 @@ class Runner:
         if self.config.bisect_limit is not None:  # what a compile does depends on what came before it
             limit = f"{uuid}:bisect:{self.config.bisect_limit}:{rewrite_counter.NONCE}"
             uuid = hashlib.sha256(limit.encode()).hexdigest()
+        diagnostics = self.diagnostics()
+        if diagnostics:  # asked for in this process: done here, never served from another's compile
+            asked = f"{uuid}:diagnostics:{','.join(diagnostics)}:{rewrite_counter.NONCE}"
+            uuid = hashlib.sha256(asked.encode()).hexdigest()
         return uuid
+
+    def diagnostics(self) -> list[str]:
+        """The checks and dumps this config asks of every compile (``verify``, ``dump_dir``):
+        part of the cache identity with the process, so a compile is never served from a
+        cache (Inductor's, AOTAutograd's, a host's) filled by a process that did not do them;
+        a graph served from this process's own cache says they did not run again
+        (:meth:`record_cache_hit`)."""
+        asked = []
+        if self.config.verify:
+            asked.append(f"verify={self.config.verify}")
+        if self.config.dump_dir is not None:
+            asked.append(f"dump_dir={self.config.dump_dir}")
+        return asked
 
     def current_range(self) -> TokenRange | None:
         """The token range of the compile under way (own, or a framework's)."""
@@ -334,11 +352,11 @@ class Runner:
         limit = self.config.bisect_limit
         scope = None
         try:
-            if limit is None:
+            if limit is None or p.required:  # a required pass's rewrites are never counted nor refused
                 result = _as_result(p.run(gm, ctx), p)
             else:
                 with rewrite_counter.counting(
-                    limit, p.name, p.stage.value, _graph_label(report, ctx.graph_kind)
+                    limit, p.name, p.stage.value, _graph_label(report, ctx.graph_kind), gm=gm
                 ) as scope:
                     result = _as_result(p.run(gm, ctx), p)
             record.ms = (time.perf_counter() - start) * 1e3
@@ -385,7 +403,7 @@ class Runner:
             record.status, record.reason = "declined", str(result.declined)
             warn_declined(p.name, self._origin(p), record.reason)
         record.nodes_after = count_nodes(graph)
-        if dumper:
+        if dumper and self._dumped(p, changed=record.modified):
             dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
         self._after_pass(p, gm, result, record, report)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
@@ -482,6 +500,14 @@ class Runner:
             check=check,
         )
 
+    def _dumped(self, p: Pass, *, changed: bool = False, failed: bool = False) -> bool:
+        """Whether ``dump_dir`` gets this pass run's graphs (``dump_passes``, ``dump_when``)."""
+        names = self.config.dump_passes
+        if names and not any(same_pass(n, p.name) for n in names):
+            return False
+        when = self.config.dump_when
+        return failed or when == "always" or (when == "changed" and changed)
+
     def _hooks_between_passes(self) -> bool:
         """Whether a plugin implements a hook that runs between passes (and may change the
         graph there): then a kept baseline is checked before it is reused."""
@@ -519,7 +545,7 @@ class Runner:
                 f"copy (tensors over {module_state.COPY_TENSOR_BYTES >> 20} MiB)"
             )
         record.nodes_before = record.nodes_after = count_nodes(gm.graph)
-        if dumper:
+        if dumper and self._dumped(p, failed=True):
             written = dumper.reproducer(index, p, before_code, exc)
             record.reproducer = str(written) if written is not None else None
             if ctx is not None:  # the graph is restored: what the pass saw
@@ -558,7 +584,9 @@ class Runner:
             graph_kind=graph_kind,
             cache_hit=True,
             token_range=self._range_label(),
-            notes=([self.note] if self.note else []) + ([] if restored else [NOT_RESTORED]),
+            notes=([self.note] if self.note else [])
+            + ([] if restored else [NOT_RESTORED])
+            + ([not_run(self.diagnostics())] if self.diagnostics() else []),
             records=list(restored or []),
             restored=bool(restored),
         )

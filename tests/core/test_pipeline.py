@@ -110,6 +110,50 @@ def test_dumps_before_after_diff_and_report(tmp_path):
     assert json.loads((folder / "report.json").read_text())["passes"][0]["name"] == "mul_to_scale"
 
 
+def _dumped(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name != "report.json")
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({}, ["01_mul_to_scale", "02_first", "FAILED_03_halfway_then_fail"]),
+        ({"dump_when": "changed"}, ["01_mul_to_scale", "FAILED_03_halfway_then_fail"]),
+        ({"dump_when": "failed"}, ["FAILED_03_halfway_then_fail"]),
+        ({"dump_passes": ["first"]}, ["02_first"]),
+        (
+            {"dump_passes": ["mul_to_scale", "halfway_then_fail"], "dump_when": "changed"},
+            ["01_mul_to_scale", "FAILED_03_halfway_then_fail"],
+        ),
+    ],
+)
+def test_dump_filters_choose_which_passes_are_dumped(tmp_path, settings, expected):
+    gm, _ = traced()
+    pipeline = passkit.build_pipeline(
+        passes=["mul_to_scale", "first", "halfway_then_fail"], dump_dir=tmp_path, **settings
+    )
+    report = pipeline.run(gm)
+    folder = tmp_path / f"graph_{report.graph_id:03d}"
+    stems = sorted({name.split(".")[0] for name in _dumped(folder)})
+    assert stems == expected, _dumped(folder)
+    assert (folder / "report.json").exists()  # whatever the filters say
+
+
+def test_dump_filters_from_the_environment_and_an_unmatched_name_warns(clean_env, monkeypatch):
+    monkeypatch.setenv("PASSKIT_DUMP_WHEN", "changed")
+    monkeypatch.setenv("PASSKIT_DUMP_PASSES", "mul_to_scale,mul_to_sacle")
+    cfg = passkit.load_config()
+    assert (cfg.dump_when, cfg.dump_passes) == ("changed", ["mul_to_scale", "mul_to_sacle"])
+    with pytest.warns(
+        passkit.ConfigWarning,
+        match=r"dump_passes: 'mul_to_sacle' is not an enabled pass \(enabled: mul_to_scale\)",
+    ):
+        passkit.build_pipeline(passes=["mul_to_scale"])
+    monkeypatch.setenv("PASSKIT_DUMP_WHEN", "sometimes")
+    with pytest.raises(passkit.ConfigError, match=r"PASSKIT_DUMP_WHEN .*'always', 'changed' or 'failed'"):
+        passkit.load_config()  # the config's own wording for a field of choices
+
+
 def test_verify_catches_wrong_metadata():
     gm, _ = traced()
     report = passkit.build_pipeline(passes=["bad_meta"], verify=True).run(gm)
@@ -187,7 +231,9 @@ def test_uuid_stable_and_sensitive():
     assert a != _uuid(passes=[{"name": "mul_to_scale", "factor": 3.0}, "cleanup"])  # options
     assert a != _uuid(passes=["cleanup", "mul_to_scale"])  # order
     assert a != _uuid(passes=["mul_to_scale"])  # passes
-    assert a == _uuid(passes=["mul_to_scale", "cleanup"], dump_dir="x", verify=True)  # not identity
+    # asked diagnostics are identity (with the process): never served from a compile without them
+    assert a != _uuid(passes=["mul_to_scale", "cleanup"], dump_dir="x")
+    assert a != _uuid(passes=["mul_to_scale", "cleanup"], verify=True)
 
 
 def test_uuid_changes_with_distribution_version(monkeypatch):

@@ -71,7 +71,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "run_in_gloo_world",
         "run_in_nccl_world",
     ),
-    "replay": ("load_graph", "make_inputs", "replay_pass"),
+    "replay": ("gradients", "load_graph", "make_inputs", "replay_pass"),
 }
 """Submodule -> the public names it defines (each submodule's ``__all__``)."""
 

@@ -26,7 +26,7 @@ from passkit import rewrite_counter
 
 from .harness import PassSpec, copy_graph_module, resolve_passes
 
-__all__ = ["load_graph", "make_inputs", "replay_pass"]
+__all__ = ["gradients", "load_graph", "make_inputs", "replay_pass"]
 
 
 def load_graph(folder: str | Path) -> torch.fx.GraphModule:
@@ -114,6 +114,35 @@ def make_inputs(specs: Sequence[Mapping[str, Any]], seed: int = 0) -> list[Any]:
     return out
 
 
+def gradients(
+    gm: torch.nn.Module, inputs: Sequence[Any], specs: Sequence[Mapping[str, Any]], *, seed: int = 0
+) -> dict[str, torch.Tensor | None]:
+    """The gradients of ``gm``'s inputs after a forward and a backward: the inputs whose spec
+    says ``"requires_grad": true`` (a pre-grad graph's parameters, and its floating inputs
+    under ``--check grad``) want one; the backward is of every output that needs a gradient,
+    each times random cotangents from ``seed`` (the same for every call). Keyed by the input's
+    label (``L['self']._parameters['w']``) or name, so a difference names the tensor."""
+    wanted = [bool(s.get("requires_grad")) for s in specs]
+    if not any(wanted):
+        raise ValueError("no input wants a gradient (no spec says requires_grad): nothing to compare")
+    leaves = [
+        x.detach().clone().requires_grad_(w) if isinstance(x, torch.Tensor) else x
+        for x, w in zip(inputs, wanted, strict=True)
+    ]
+    outputs = [o for o in torch.utils._pytree.tree_leaves(gm(*leaves)) if isinstance(o, torch.Tensor)]
+    outputs = [o for o in outputs if o.requires_grad]
+    if not outputs:
+        raise ValueError("no output of the graph needs a gradient: nothing to compare")
+    gen = torch.Generator().manual_seed(seed)
+    loss = sum((o * torch.randn(o.shape, generator=gen).to(o)).sum() for o in outputs)
+    loss.backward()  # type: ignore[union-attr]
+    return {
+        f"the gradient of {s.get('label', s.get('name', i))}": x.grad
+        for i, (s, x, w) in enumerate(zip(specs, leaves, wanted))
+        if w
+    }
+
+
 def replay_pass(
     gm: torch.fx.GraphModule,
     pass_: PassSpec,
@@ -132,6 +161,10 @@ def replay_pass(
     graph = copy_graph_module(gm)
     FakeTensorProp(graph, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
     fields = dict(context or {})
+    if fields.get("stage") == "pre_grad":  # Dynamo's graph: its passes read meta["example_value"]
+        for node in graph.graph.nodes:
+            if "val" in node.meta:
+                node.meta.setdefault("example_value", node.meta["val"])
     if isinstance(fields.get("dtype"), str):
         fields["dtype"] = getattr(torch, fields["dtype"])
     ctx = passkit.CompileContext(**fields)

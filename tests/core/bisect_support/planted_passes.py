@@ -160,6 +160,98 @@ class PlantedRaise(passkit.GraphPass):
         return passkit.PassResult(modified=True, matches=self.options.wrong_site)
 
 
+class PlantedDetach(passkit.GraphPass):
+    """Pre-grad: ``a * b`` of two tensors -> ``torch.mul(a, b)`` at every site, and
+    ``torch.mul(a, b.detach())`` at ``wrong_site``: the forward is exact, ``b``'s gradient
+    misses that site's part."""
+
+    name = "planted_detach"
+    stage = passkit.Stage.PRE_GRAD
+    Options = WrongSite
+
+    def run(self, gm, ctx):
+        n = 0
+        sites = [
+            m
+            for m in gm.graph.find_nodes(op="call_function", target=operator.mul)
+            if all(isinstance(a, torch.fx.Node) for a in m.args)
+        ]
+        for i, node in enumerate(sites):
+            if not ctx.may_rewrite(f"mul {node.name}"):
+                continue
+            a, b = node.args
+            with gm.graph.inserting_before(node):
+                if PLANTED and i == self.options.wrong_site:
+                    b = gm.graph.call_method("detach", (b,))
+                    b.meta.update(node.args[1].meta)
+                new = gm.graph.call_function(torch.mul, (a, b))
+            new.meta.update(node.meta)
+            node.replace_all_uses_with(new)
+            gm.graph.erase_node(node)
+            n += 1
+        return passkit.PassResult(modified=n > 0, matches=n)
+
+
+def _from_tangents(graph):
+    """The nodes of a joint graph computed from a tangent (its backward half)."""
+    found = set(n for n in graph.find_nodes(op="placeholder") if n.name.startswith("tangents"))
+    for node in graph.nodes:
+        if any(a in found for a in node.all_input_nodes):
+            found.add(node)
+    return found
+
+
+class PlantedJoint(passkit.GraphPass):
+    """Joint: mul(a, c) -> div(a, 1 / c) at every site, forward and backward; 1.5 times that at
+    the ``wrong_site``-th site of the backward half: the forward is exact, a gradient is off."""
+
+    name = "planted_joint"
+    stage = passkit.Stage.JOINT
+    Options = WrongSite
+
+    def run(self, gm, ctx):
+        backward = _from_tangents(gm.graph)
+        n, seen = 0, 0
+        muls = [
+            m
+            for m in gm.graph.find_nodes(op="call_function", target=aten.mul.Tensor)
+            if isinstance(m.args[1], float)
+        ]
+        for node in muls:
+            wrong = False
+            if node in backward:
+                wrong = PLANTED and seen == self.options.wrong_site
+                seen += 1
+            if not ctx.may_rewrite(f"mul {node.name}"):
+                continue
+            with gm.graph.inserting_before(node):
+                new = gm.graph.call_function(aten.div.Tensor, (node.args[0], 1.0 / node.args[1]))
+                if wrong:
+                    new = gm.graph.call_function(aten.mul.Tensor, (new, 1.5))
+            new.meta.update(node.meta)
+            node.replace_all_uses_with(new)
+            gm.graph.erase_node(node)
+            n += 1
+        return passkit.PassResult(modified=n > 0, matches=n)
+
+
+class RequiredNeg(PlantedGraph):
+    """``planted_graph``'s rewrite, declared required: bisect never refuses it."""
+
+    name = "planted_required"
+    required = True
+
+
 @passkit.hookimpl
 def passkit_register_passes():
-    return [PlantedPattern, PlantedGraph, PlantedCrash, PlantedGrad, WholeGraph, PlantedRaise]
+    return [
+        PlantedPattern,
+        PlantedGraph,
+        PlantedCrash,
+        PlantedGrad,
+        WholeGraph,
+        PlantedRaise,
+        PlantedDetach,
+        PlantedJoint,
+        RequiredNeg,
+    ]
