@@ -47,7 +47,7 @@ class LostSite:
     norm: fx.Node
     """The first node of the norm found after it (``rsqrt``, ``var_mean``, a norm op)."""
     layer: str
-    """The norm's module path (``layers.1.input_layernorm``), else the node's name."""
+    """The norm's module path (``layers.1.input_layernorm``), else ``node <its name>``."""
     reason: str
 
 
@@ -105,7 +105,7 @@ def lost_sites(rejected: Sequence[object], limit: int = 64) -> list[LostSite]:
             continue
         norm = norm_after(rejection.all_reduce, limit)  # type: ignore[attr-defined]
         if norm is not None:
-            layer = module_path(norm) or norm.name
+            layer = module_path(norm) or f"node {norm.name}"
             lost.append(LostSite(rejection.all_reduce, norm, layer, reason))  # type: ignore[attr-defined]
     return lost
 
@@ -173,8 +173,8 @@ def warn_lost_sites(pass_name: str, rejected: Sequence[object]) -> str | None:
         shown = "; ".join(f"{site.layer}: {site.reason}" for site in new)
         message = (
             f"passkit: pass {pass_name!r} left {len(new)} all-reduce(s) that a norm follows unfused "
-            f"(no pattern matched them): {shown}. The model's graph has a form the matcher does "
-            "not take: see the reason, run `passkit explain-hf` on its config, or report the graph "
+            f"(no pattern matched them): {shown}. Where the reason is a form of the model's graph "
+            "the matcher does not take, run `passkit explain-hf` on its config or report the graph "
             "(PASSKIT_DUMP_DIR=dir dumps it)"
         )
         from passkit import logs
