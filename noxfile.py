@@ -24,8 +24,10 @@ import sys
 from pathlib import Path
 
 import nox
+import nox.command
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / ".ci"))
+import latest_table  # .ci/latest_table.py: standard library only
 import pip_indexes  # .ci/pip_indexes.py: standard library only
 
 nox.options.sessions = ["tests"]  # the others run when named
@@ -308,3 +310,129 @@ def servers(session: nox.Session, server: str) -> None:
         *session.posargs,
         env={"PASSKIT_SERVER": server, "PASSKIT_SERVER_LOGS": f".nox/servers-logs/{server}"},
     )
+
+
+LATEST_STACKS = {
+    "torch": ["torch", "transformers", "accelerate", "flashinfer-python"],
+    "vllm": ["vllm"],
+    "sglang": ["sglang"],
+}
+"""What ``nox -s latest`` installs at the newest release the registry serves, one virtual
+environment per stack: torch with the Hugging Face packages and flashinfer, and each host
+(with the torch and transformers the host itself resolves to)."""
+LATEST_DIR = Path(".nox") / "latest"
+"""Where each stack's session records its rows; the table is printed from all of them."""
+DIALECT_SUITE = ["tests/fusion/test_dialect_schemas.py", "tests/fusion/test_dialects.py"]
+COVERAGE_SUITE = [
+    "tests/fusion/test_coverage.py",
+    "tests/fusion/test_hf_layout.py",
+    "tests/fusion/test_lost_sites.py",
+    "tests/fusion/test_moe_sites.py",
+]
+
+
+def _newest(session: nox.Session, package: str) -> tuple[str, str]:
+    """``(newest, requirement)``: the newest release of ``package`` the registry serves, and
+    what to install for it (torch: its CPU build where the indexes serve one)."""
+    out = session.run("python", "-m", "pip", "index", "versions", package, silent=True) or ""
+    version = latest_table.newest(out)
+    if version is None:
+        session.error(f"the registry serves no release of {package} (pip index versions {package})")
+    if package == "torch" and (cpu := latest_table.newest_cpu_build(out, version)):
+        return version, f"torch=={cpu}"
+    return version, f"{package}=={version}"
+
+
+def _installed(session: nox.Session, package: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    return (session.run("python", "-c", code, silent=True) or "?").strip().splitlines()[-1]
+
+
+def _step(session: nox.Session, results: list[str], label: str, *args: str, **kwargs: object) -> None:
+    """Run one suite; its outcome joins ``results`` (a failure does not stop the others)."""
+    try:
+        session.run(*args, **kwargs)  # type: ignore[arg-type]
+        results.append(f"{label} passed")
+    except nox.command.CommandFailed:
+        results.append(f"{label} FAILED")
+
+
+@nox.session
+@nox.parametrize("stack", list(LATEST_STACKS))
+def latest(session: nox.Session, stack: str) -> None:
+    """The newest releases the registry serves, the week they land (``nox -s latest``; one
+    stack: ``nox -s "latest(stack='torch')"``). ``torch``: the newest torch (its CPU build where
+    the indexes serve one, else the CUDA build, which runs on the CPU; installed above a
+    machine's pip constraint), transformers, accelerate and flashinfer; then the dialect suite
+    (the recorded schemas against the registered ones, the dialect tests) and the coverage
+    suite (the default coverage tests and the MoE families fused on 2 gloo ranks). ``vllm``,
+    ``sglang``: the newest host with what it resolves to, then its host suite (as ``nox -s
+    hosts``) and the dialect suite. Each stack records its rows; every stack's session prints
+    the one table (package, version tested, version newest, result) of the stacks run so far
+    and fails if one of its suites did."""
+    skip_unreachable_indexes(session)
+    packages = LATEST_STACKS[stack]
+    newest = {p: _newest(session, p) for p in packages}
+    results: list[str] = []
+    if stack == "torch":
+        pin_torch(session, newest["torch"][1].removeprefix("torch=="))
+        session.install(newest["torch"][1], "numpy")
+        session.install(*PACKAGES, *EXAMPLE, "pytest>=8", *(newest[p][1] for p in packages[1:]))
+        _step(
+            session,
+            results,
+            "dialects",
+            "python",
+            "-m",
+            "passkit_fusion.dialects",
+            "record",
+            "torch",
+            "--check",
+        )
+        _step(session, results, "dialect suite", "python", "-m", "pytest", "-q", *DIALECT_SUITE)
+        _step(session, results, "coverage suite", "python", "-m", "pytest", "-q", *COVERAGE_SUITE)
+        _step(
+            session,
+            results,
+            "MoE families on gloo",
+            "python",
+            "-m",
+            "pytest",
+            "-q",
+            "tests/fusion/test_coverage.py",
+            "-m",
+            "slow",
+            "-k",
+            "moe_families_fuse_every_site",
+        )
+    else:
+        session.install(newest[stack][1], *PACKAGES, *EXAMPLE, *HOST_TEST_DEPS)
+        _step(session, results, "pip check", "python", "-m", "pip", "check")
+        _step(session, results, "real host ops", "python", f"tests/fusion/real_hosts/check_{stack}.py")
+        _step(
+            session,
+            results,
+            "host suite",
+            "python",
+            "-m",
+            "pytest",
+            f"tests/hosts/test_{stack}.py",
+            "-m",
+            "slow or not slow",
+            "-q",
+        )
+        _step(session, results, "dialect suite", "python", "-m", "pytest", "-q", *DIALECT_SUITE)
+        packages = [stack, "torch", "transformers"]  # what the host brought, newest beside it
+        for p in packages[1:]:
+            newest.setdefault(p, _newest(session, p))
+    outcome = "; ".join(results)
+    rows = [
+        {"package": p, "tested": _installed(session, p), "newest": newest[p][0], "result": outcome}
+        for p in packages
+    ]
+    latest_table.write_rows(LATEST_DIR, stack, rows)
+    text = latest_table.table(latest_table.read_rows(LATEST_DIR, list(LATEST_STACKS)))
+    (LATEST_DIR / "table.md").write_text(text + "\n")
+    print(text)
+    if any(r.endswith("FAILED") for r in results):
+        session.error(f"latest({stack}): {outcome}")

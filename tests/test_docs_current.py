@@ -137,3 +137,19 @@ def test_the_figure_check_catches_a_figure_not_in_its_file(tmp_path):
     (tmp_path / "results/r.md").write_text("| 1 | 1.19x | 2.5x |\n")
     assert missing_figures("| x | 1.19x | 11.19x | [r](results/r.md) |", tmp_path) == ["11.19x"]
     assert missing_figures("| x | 1.19x |", tmp_path) == ["1.19x"]  # no file linked
+
+
+SUPPORTED = re.compile(r"Supported: (.*?transformers [^(]*\([^)]*\))", re.S)
+"""The supported-versions statement: from ``Supported:`` to the transformers releases tested."""
+
+
+def test_one_supported_versions_statement_on_every_page_that_gives_one():
+    """README.md, docs/install.md and docs/development.md say the same Python, torch and
+    transformers ranges, word for word (whitespace aside)."""
+    statements = {}
+    for page in ("README.md", "docs/install.md", "docs/development.md"):
+        found = SUPPORTED.search((ROOT / page).read_text())
+        assert found, f"{page}: no 'Supported: ... transformers ... (...)' statement"
+        statements[page] = " ".join(found.group(1).split())
+    assert len(set(statements.values())) == 1, statements
+    assert "torch 2.10 to 2.15" in statements["README.md"]

@@ -227,8 +227,9 @@ def test_a_family_without_a_tp_plan_says_so():
 
 def test_explain_hf_on_a_users_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """A user's Granite-MoE config.json: the embedding scaled by embedding_multiplier, each
-    MoE output reshaped and scaled by residual_multiplier (its TP plan shards only the
-    experts: 3 all-reduces): every all-reduce fused, logits equal to eager."""
+    MoE output reshaped and scaled by residual_multiplier (up to transformers 5.24 its TP plan
+    shards only the experts: 3 all-reduces; from 5.25 it shards attention, the experts by
+    expert parallelism: 5): every all-reduce fused, logits equal to eager."""
     transformers.GraniteMoeConfig(residual_multiplier=0.22, embedding_multiplier=12.0).save_pretrained(
         tmp_path
     )
@@ -236,9 +237,10 @@ def test_explain_hf_on_a_users_config(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "| allreduce_rmsnorm |" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[3:6] == ["3", "3", "-"], out  # all-reduces, rewritten, why the rest were left
+    n = "3" if _tp_plan_shards_experts() else "5"
+    assert cells[3:6] == [n, n, "-"], out  # all-reduces, rewritten, why the rest were left
     assert float(cells[6]) < 1e-5, row
-    assert "allreduce_rmsnorm: 3 of 3 all-reduce(s) fused" in out
+    assert f"allreduce_rmsnorm: {n} of {n} all-reduce(s) fused" in out
 
 
 @pytest.mark.slow
@@ -590,3 +592,56 @@ def test_gpu_table_reads_each_pass_of_the_pipeline():
         line.startswith("| ? | gpt-oss |") and "not run: no tensor-parallel plan" in line
         for line in text.splitlines()
     )
+
+
+def _tp_plan_shards_experts() -> bool:
+    """transformers up to 5.24 shards MoE experts in the TP plan; 5.25 only in the EP plan."""
+    from packaging.version import Version
+
+    return Version(transformers.__version__) < Version("5.25")
+
+
+MOE_FAMILIES = {
+    # family: (layers, all-reduces fused by allreduce_rmsnorm and sequence_parallel)
+    "MixtralConfig": (2, 5),  # embedding, then attention + experts per layer
+    "Qwen3MoeConfig": (2, 5),
+    "OlmoeConfig": (2, 5),
+    "Qwen3NextConfig": (4, 10),  # 6 sites: each MoE layer's shared-expert all-reduce merged
+    "GptOssConfig": (2, 3),  # its TP plan shards only the embedding: attention is replicated
+}
+"""The MoE families whose expert all-reduces transformers 5.25's tp_plan='auto' no longer
+makes (the experts moved to the EP plan): with the coverage run's layout
+(:mod:`passkit_fusion.coverage.layout`) every site of 5.24 is there and fused on both releases
+(GPT-OSS: its experts were never in its TP plan, so 5.24 also gains two sites)."""
+
+
+@pytest.mark.parametrize("family", list(MOE_FAMILIES))
+def test_the_moe_families_experts_are_sharded_on_the_installed_transformers(family: str):
+    """The real config of the installed transformers: its experts sharded by its TP plan
+    (up to 5.24) or, where the TP plan leaves them out (5.25; GPT-OSS on both), by expert
+    parallelism over the TP group; never replicated on every rank."""
+    from passkit_fusion.coverage.layout import distributed_layout, unsharded_experts
+
+    config = small_config(load_config(family))
+    layout = distributed_layout(config, 2)
+    if unsharded_experts(config):
+        assert layout.kwargs.get("ep_size") == 2, layout
+        assert layout.note is not None and "experts sharded with ep_size=2" in layout.note
+    else:
+        assert family != "GptOssConfig" and _tp_plan_shards_experts(), (family, transformers.__version__)
+        assert "ep_size" not in layout.kwargs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(MOE_FAMILIES))
+def test_the_moe_families_fuse_every_site(family: str):
+    """Sharded on 2 gloo ranks as the coverage run does: every all-reduce taken by
+    allreduce_rmsnorm and sequence_parallel (counted against the graph by the passes), the
+    count pinned, logits equal to eager."""
+    layers, pinned = MOE_FAMILIES[family]
+    passes = {k: PASSES[k] for k in ("allreduce_rmsnorm", "sequence_parallel")}
+    report = check_model(small_config(load_config(family), layers=layers), name=family, passes=passes)
+    assert not report.error, report.error
+    for outcome in report.outcomes:
+        assert (outcome.all_reduces, outcome.rewritten) == (pinned, pinned), format_report([report])
+        assert outcome.max_error < 1e-4, format_report([report])

@@ -183,8 +183,14 @@ def test_rejects_with_reason(fn, weight_dtype, reason):
     result = fuse(fn, *inputs(weight_dtype=weight_dtype))
     assert count_ops(result.graph_after, ALL_REDUCE) == 1
     result.assert_matches("allreduce_layernorm", 0)
-    (note,) = result.report["allreduce_layernorm"].notes
+    note, *lost = result.report["allreduce_layernorm"].notes
     assert note.startswith("1 candidate(s) rejected: ") and reason in note, note
+    # a LayerNorm follows but was not taken: a lost site (warned about), its note with the reason;
+    # an RMSNorm is allreduce_rmsnorm's site, not lost
+    expect_lost = "allreduce_rmsnorm's site" not in reason
+    assert len(lost) == expect_lost and all(n.startswith("1 site(s) lost") and reason in n for n in lost), (
+        lost
+    )
 
 
 def test_allreduce_rmsnorm_leaves_layernorm_sites_naming_allreduce_layernorm():

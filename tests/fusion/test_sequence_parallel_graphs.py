@@ -214,8 +214,14 @@ def test_rejects_with_reason(form: Form, reason: str, world_size: int):
     result.assert_matches("sequence_parallel", 0)
     assert reduce_scatters(result.graph_after) == 0
     assert count_ops(result.graph_after, ALL_REDUCE) == 1
-    (note,) = pass_notes(result.report["sequence_parallel"])
+    note, *lost = pass_notes(result.report["sequence_parallel"])
     assert note == f"1 candidate(s) rejected: {reason}"
+    # a norm the matcher did not take follows: a lost site, its note with the reason (a reduce
+    # op the dialect reads as no site at all, and the token counts, the pass's own choice, are not)
+    expect_lost = "RMSNorm over dims" in reason
+    assert len(lost) == expect_lost and all(n.startswith("1 site(s) lost") and reason in n for n in lost), (
+        lost
+    )
 
 
 def test_static_token_counts_outside_the_range_are_left_alone():

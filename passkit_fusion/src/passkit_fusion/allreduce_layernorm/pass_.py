@@ -119,6 +119,7 @@ class AllReduceLayerNorm(GraphPass):
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         from ..patterns.isolation import rewrite_or_decline
+        from ..patterns.lost import warn_lost_sites
         from ..patterns.sites import (
             LAYER,
             Rejection,
@@ -173,6 +174,8 @@ class AllReduceLayerNorm(GraphPass):
             notes = [taken_note(gm.graph) or notes[0]]
         if ends := warn_graph_ends(self.name, rejected):
             notes.append(ends)
+        if lost := warn_lost_sites(self.name, rejected):
+            notes.append(lost)
         if not sites and (declined := schema_declined(rejected)):
             return PassResult.declining(declined, notes)
         return PassResult(modified=bool(sites), matches=len(sites), notes=notes)

@@ -155,6 +155,7 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
         from ..patterns.isolation import rewrite_or_decline
+        from ..patterns.lost import warn_lost_sites
         from ..patterns.sites import (
             Rejection,
             Site,
@@ -212,6 +213,8 @@ class AllReduceRMSNorm(decisions.Tunable, GraphPass):
             notes = [taken_note(gm.graph) or notes[0]]
         if ends := warn_graph_ends(self.name, rejected):
             notes.append(ends)
+        if lost := warn_lost_sites(self.name, rejected):
+            notes.append(lost)
         if host:
             notes.append(host)
             if not sites and host.startswith("host already fused"):

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .layout import distributed_layout
 from .passes import PASSES
 
 __all__ = ["GPU_PASSES", "PASSES", "FamilyReport", "PassOutcome", "check_model", "format_report"]
@@ -79,7 +80,8 @@ class FamilyReport:
     error: str | None = None
     """Why the model could not be built or run (then ``outcomes`` is empty)."""
     note: str | None = None
-    """How the run differed from the defaults (eager attention where SDPA did not compile)."""
+    """How the run differed from the defaults (expert parallelism where transformers' TP plan
+    leaves the experts out: :mod:`.layout`; eager attention where SDPA did not compile)."""
     norm: str = "?"
     """The kind of norm of its decoder layers: ``RMSNorm``, ``LayerNorm``, both, or ``?``."""
     dp: int = 1
@@ -160,9 +162,7 @@ def check_model(
     for i, first in enumerate(ranks[0]["outcomes"]):
         first.max_error = max(r["outcomes"][i].max_error for r in ranks)
         outcomes.append(first)
-    return FamilyReport(
-        label, type(config).__name__, tp, outcomes, note=ranks[0].get("attention"), norm=norm, dp=dp
-    )
+    return FamilyReport(label, type(config).__name__, tp, outcomes, note=_note(ranks[0]), norm=norm, dp=dp)
 
 
 _EAGER_FAILED = "the eager forward failed: "
@@ -272,6 +272,12 @@ def _rank(
     return second
 
 
+def _note(rank: dict) -> str | None:
+    """How the run differed from the defaults: the experts' layout, eager attention."""
+    parts = [rank.get("layout"), rank.get("attention")]
+    return "; ".join(p for p in parts if p) or None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Shape:
     """How a rank loads the model: its TP group's size, the data-parallel replicas, the dtype."""
@@ -294,11 +300,11 @@ def _run_plans(
 
     import passkit
 
-    layout = {"dp_replicate_size": shape.dp} if shape.dp > 1 else {}
+    layout = distributed_layout(transformers.AutoConfig.from_pretrained(folder), shape.tp, shape.dp)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             folder,
-            distributed_config=transformers.DistributedConfig(tp_plan="auto", tp_size=shape.tp, **layout),
+            distributed_config=transformers.DistributedConfig(**layout.kwargs),
             dtype=shape.dtype,
             **({"attn_implementation": attention} if attention else {}),
         ).eval()
@@ -329,7 +335,7 @@ def _run_plans(
                 return {"compile_error": f"torch.compile failed ({label}): {_short(exc, full=full)}"}
             error = (got.float() - eager.float()).abs().max().item()
             outcomes.extend(_outcome(name, passes, backend, error) for name in _reported(label, passes))
-    return {"outcomes": outcomes}
+    return {"outcomes": outcomes, "layout": layout.note}
 
 
 def _pass_names(passes: list[Any]) -> list[str]:

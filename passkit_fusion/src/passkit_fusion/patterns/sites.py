@@ -235,6 +235,10 @@ class Rejection:
     schema: bool = False
     """The dialect declined the op itself (a schema it would read wrongly), not this site:
     a cause the user must act on (see :func:`schema_declined`)."""
+    matcher: bool = False
+    """The matcher found no site at this all-reduce (its form, a kernel limit, an error
+    matching it), as opposed to a site the pass chose to leave (it would not pay, its group
+    spans hosts): such a rejection followed by a norm is a lost site (:mod:`.lost`)."""
 
 
 def schema_declined(rejected: Sequence[Rejection]) -> str | None:
@@ -283,9 +287,9 @@ def candidates(
                 merged.update(m.all_reduce for m in site.merged)
                 yield site
             except (Mismatch, Declined) as exc:
-                later.append(Rejection(found.anchor, str(exc)))
+                later.append(Rejection(found.anchor, str(exc), matcher=True))
             except Exception as exc:  # passkit's bug at this site: the others still match
-                later.append(Rejection(found.anchor, error_reason("matching", exc)))
+                later.append(Rejection(found.anchor, error_reason("matching", exc), matcher=True))
         # an all-reduce rejected on its own but summed into a later site (a gated shared
         # expert's, before the routed experts' in graph order) is that site's, not left
         yield from (r for r in later if r.all_reduce not in merged)

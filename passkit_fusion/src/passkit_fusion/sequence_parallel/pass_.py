@@ -135,6 +135,7 @@ class SequenceParallel(decisions.Tunable, GraphPass):
         return None
 
     def run(self, gm: fx.GraphModule, ctx: CompileContext) -> PassResult:
+        from ..patterns.lost import warn_lost_sites
         from ..patterns.sites import (
             Rejection,
             check_rewritten,
@@ -181,6 +182,8 @@ class SequenceParallel(decisions.Tunable, GraphPass):
             notes = [f"no all-reduce left: {fused} site(s) taken by allreduce_rmsnorm"] if fused else notes
         if ends := warn_graph_ends(self.name, rejected):
             notes.append(ends)
+        if lost := warn_lost_sites(self.name, rejected):
+            notes.append(lost)
         if host:
             notes.append(host)
         if decided := self.decision_note(ctx):

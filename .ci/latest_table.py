@@ -1,0 +1,59 @@
+"""``nox -s latest``'s bookkeeping (standard library only): the newest release a registry
+serves (``pip index versions``), the rows each stack's session records, and the one table
+printed from every stack's rows."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+_LATEST = re.compile(r"^\S+ \(([^)]+)\)", re.MULTILINE)
+_AVAILABLE = re.compile(r"^Available versions: (.*)$", re.MULTILINE)
+
+
+def newest(index_output: str) -> str | None:
+    """The newest version in ``pip index versions NAME``'s output (its first line,
+    ``NAME (X.Y.Z)``), or None when it names none."""
+    match = _LATEST.search(index_output)
+    return match.group(1) if match else None
+
+
+def newest_cpu_build(index_output: str, version: str) -> str | None:
+    """``version``'s CPU build (``X.Y.Z+cpu``) where the indexes serve one, else None."""
+    available = _AVAILABLE.search(index_output)
+    builds = [v.strip() for v in available.group(1).split(",")] if available else []
+    return f"{version}+cpu" if f"{version}+cpu" in builds else None
+
+
+def write_rows(folder: Path, stack: str, rows: list[dict[str, str]]) -> None:
+    """Record ``stack``'s rows (``package``, ``tested``, ``newest``, ``result``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stack}.json").write_text(json.dumps(rows, indent=1))
+
+
+def read_rows(folder: Path, stacks: list[str]) -> list[dict[str, str]]:
+    """Every recorded stack's rows, in ``stacks``' order; a stack not run yet gives one row
+    saying so."""
+    rows: list[dict[str, str]] = []
+    for stack in stacks:
+        path = folder / f"{stack}.json"
+        if path.exists():
+            rows.extend(json.loads(path.read_text()))
+        else:
+            rows.append(
+                {
+                    "package": stack,
+                    "tested": "-",
+                    "newest": "-",
+                    "result": f"not run (nox -s \"latest(stack='{stack}')\")",
+                }
+            )
+    return rows
+
+
+def table(rows: list[dict[str, str]]) -> str:
+    """The Markdown table: package, version tested, version newest, result."""
+    lines = ["| package | version tested | version newest | result |", "|---|---|---|---|"]
+    lines += [f"| {r['package']} | {r['tested']} | {r['newest']} | {r['result']} |" for r in rows]
+    return "\n".join(lines)
