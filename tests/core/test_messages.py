@@ -38,7 +38,7 @@ def test_a_misspelt_key_lists_the_known_keys_once_and_suggests():
     message = error(pases=["cleanup"])
     assert message.count("passes, disable, on_error") == 1
     assert "pases: unknown config key (known config keys: passes, disable," in message
-    assert message.endswith("(did you mean 'passes'?)")
+    assert message.endswith("(did you mean 'passes' or 'dump_passes'?)")
 
 
 @pytest.mark.parametrize(

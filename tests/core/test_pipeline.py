@@ -133,7 +133,7 @@ def test_dump_filters_choose_which_passes_are_dumped(tmp_path, settings, expecte
         passes=["mul_to_scale", "first", "halfway_then_fail"], dump_dir=tmp_path, **settings
     )
     report = pipeline.run(gm)
-    folder = tmp_path / f"graph_{report.graph_id:03d}"
+    folder = graph_folder(tmp_path, report.graph_id)
     stems = sorted({name.split(".")[0] for name in _dumped(folder)})
     assert stems == expected, _dumped(folder)
     assert (folder / "report.json").exists()  # whatever the filters say
