@@ -194,7 +194,7 @@ def test_a_report_that_does_not_match_the_graph_fails_the_pass(monkeypatch: pyte
     restored, not a report of sites fused."""
     from passkit_fusion.allreduce_rmsnorm.pass_ import AllReduceRMSNorm
 
-    monkeypatch.setattr(AllReduceRMSNorm, "_replace", lambda self, graph, site, position: False)
+    monkeypatch.setattr(AllReduceRMSNorm, "_replace", lambda self, graph, site, position, impl: False)
     with fake_world(2):
         result = run_passes(_model(0, "reshaped"), _input(0), passes=[REFERENCE], on_error="skip")
     record = result.report["allreduce_rmsnorm"]
