@@ -19,6 +19,7 @@ module, ``helpers.fuse(...)``), and data a helper module reads: list such files 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 import sysconfig
@@ -153,14 +154,26 @@ def _library_roots() -> tuple[str, ...]:
 _ROOTS: tuple[str, ...] | None = None
 
 
+@functools.cache
+def _distributed_packages() -> frozenset[str]:
+    """Top-level packages of the installed distributions (editable installs too, whose
+    source trees lie outside site-packages): their code is identified by the distribution's
+    version and the pass's ``source_files``, the same in every process; walking it would make
+    the identity depend on what this process imported or patched first."""
+    import importlib.metadata
+
+    return frozenset(importlib.metadata.packages_distributions())
+
+
 def _followed(obj: Any) -> bool:
     """Whether ``obj``'s code is followed: defined in the program or a plugin's own source
     tree, not in the standard library, an installed package, torch or passkit (their versions
     are in the identity already)."""
     global _ROOTS
     module_name = getattr(obj, "__module__", None) or ""
-    if module_name.split(".")[0] in _OWN_PACKAGES or module_name == "builtins":
-        return False
+    top = module_name.split(".")[0]
+    if top in _OWN_PACKAGES or module_name == "builtins" or top in _distributed_packages():
+        return False  # an installed distribution, editable ones included: versioned, file-hashed
     module = sys.modules.get(module_name)
     path = getattr(module, "__file__", None)
     if not path:  # __main__ read from stdin, a notebook, code made by exec

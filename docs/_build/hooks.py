@@ -84,6 +84,7 @@ RESULT_KINDS = (
     ("torch_versions", "Test runs", "Fusion tests on each torch"),
     ("stale_skip", "Test runs", "A skip after its cause is gone"),
     ("servers_cpu", "Test runs", "Real vLLM and SGLang servers, TP=2 on a CPU"),
+    ("latest", "Test runs", "The newest releases (nox -s latest)"),
 )
 """How the navigation groups and titles ``benchmarks/results/*.md``: by what they measure
 and where (a new result file with a known prefix needs nothing here)."""

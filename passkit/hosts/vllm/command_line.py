@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ...config import Config, load_config
 from ...errors import ConfigError, PasskitError
 from . import startup
+from .startup import SLOT
 
 if TYPE_CHECKING:
     from .inductor_pass import VllmPass
@@ -41,8 +42,6 @@ MODULE = "passkit_vllm"
 ATTRIBUTE = "post_grad_pass"
 QUALNAME = f"{MODULE}.{ATTRIBUTE}"
 """What ``--compilation-config``'s ``inductor_passes`` names."""
-SLOT = "post_grad_custom_post_pass"
-"""The Inductor config key vLLM's backend adds to its ``PostGradPassManager``."""
 COMPILATION_CONFIG: dict[str, Any] = {"inductor_passes": {SLOT: QUALNAME}}
 """vLLM's compilation config (as JSON for ``--compilation-config``: :func:`cli_argument`)."""
 

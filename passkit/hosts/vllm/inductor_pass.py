@@ -33,7 +33,7 @@ from ...config import Config
 from ...tokens import TokenRange
 from . import ranges as adapter
 from . import startup
-from .command_line import SLOT
+from .startup import SLOT
 
 
 class VllmPass(InductorPass):

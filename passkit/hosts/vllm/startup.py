@@ -15,7 +15,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["announce", "nothing_compiled_reason", "reset"]
+__all__ = ["SLOT", "announce", "nothing_compiled_reason", "reset"]
+
+SLOT = "post_grad_custom_post_pass"
+"""The Inductor config key vLLM's backend adds to its ``PostGradPassManager``."""
 
 _announced: list[str] = []
 
