@@ -57,3 +57,32 @@ def table(rows: list[dict[str, str]]) -> str:
     lines = ["| package | version tested | version newest | result |", "|---|---|---|---|"]
     lines += [f"| {r['package']} | {r['tested']} | {r['newest']} | {r['result']} |" for r in rows]
     return "\n".join(lines)
+
+
+_NOT_SERVED = re.compile(r"No matching distribution found for (\S+?)(?: \(from ([^)]+)\))?$", re.MULTILINE)
+
+
+def unserved_pin(pip_output: str) -> str | None:
+    """The requirement pip could not find on the registry (``No matching distribution found
+    for flashinfer-python==0.7.3 (from vllm)``), or None when the install failed otherwise."""
+    match = _NOT_SERVED.search(pip_output)
+    return match.group(1) if match else None
+
+
+def pinned_name(requirement: str) -> str:
+    """The distribution a requirement names (``flashinfer-python==0.7.3`` -> ``flashinfer-python``)."""
+    return re.split(r"[\s;\[<>=!~]", requirement.strip(), maxsplit=1)[0]
+
+
+def replace_pin(requires: list[str], pin: str, served: str) -> list[str]:
+    """``requires`` (a distribution's ``Requires-Dist``) with the requirement on ``pin``'s
+    distribution replaced by ``served`` (the release the registry has), markers kept."""
+    name = pinned_name(pin).lower().replace("_", "-")
+    out = []
+    for req in requires:
+        if pinned_name(req).lower().replace("_", "-") == name:
+            marker = req.partition(";")[2].strip()
+            out.append(f"{served}; {marker}" if marker else served)
+        else:
+            out.append(req)
+    return out

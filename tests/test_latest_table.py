@@ -46,3 +46,23 @@ def test_one_table_from_every_stack(latest_table, tmp_path: Path):
     assert lines[0] == "| package | version tested | version newest | result |"
     assert lines[2] == "| torch | 2.15.0 | 2.15.0 | dialect suite passed |"
     assert lines[3].startswith("| vllm | - | - | not run (nox -s \"latest(stack='vllm')\")")
+
+
+PIP_FAILED = """Collecting flashinfer-python==0.7.3 (from vllm==0.34.0)
+ERROR: Could not find a version that satisfies the requirement flashinfer-python==0.7.3 (from vllm) (from versions: 0.7.2, 0.7.4)
+ERROR: No matching distribution found for flashinfer-python==0.7.3 (from vllm)
+"""
+
+
+def test_a_host_pin_the_registry_does_not_serve_is_named_and_moved(latest_table):
+    """vLLM 0.34.0 pins flashinfer-python 0.7.3, which the registry here does not serve (it
+    has 0.7.4): the session names the pin and installs the served release in its place."""
+    assert latest_table.unserved_pin(PIP_FAILED) == "flashinfer-python==0.7.3"
+    assert latest_table.unserved_pin("ERROR: ResolutionImpossible: conflicting pins") is None
+    assert latest_table.pinned_name("flashinfer_python==0.7.3; sys_platform == 'linux'") == "flashinfer_python"
+    requires = ["torch==2.11.0", "flashinfer_python==0.7.3; sys_platform == 'linux'", "numba==0.65.0"]
+    assert latest_table.replace_pin(requires, "flashinfer-python==0.7.3", "flashinfer-python==0.7.4") == [
+        "torch==2.11.0",
+        "flashinfer-python==0.7.4; sys_platform == 'linux'",
+        "numba==0.65.0",
+    ]
