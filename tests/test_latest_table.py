@@ -59,7 +59,9 @@ def test_a_host_pin_the_registry_does_not_serve_is_named_and_moved(latest_table)
     has 0.7.4): the session names the pin and installs the served release in its place."""
     assert latest_table.unserved_pin(PIP_FAILED) == "flashinfer-python==0.7.3"
     assert latest_table.unserved_pin("ERROR: ResolutionImpossible: conflicting pins") is None
-    assert latest_table.pinned_name("flashinfer_python==0.7.3; sys_platform == 'linux'") == "flashinfer_python"
+    assert (
+        latest_table.pinned_name("flashinfer_python==0.7.3; sys_platform == 'linux'") == "flashinfer_python"
+    )
     requires = ["torch==2.11.0", "flashinfer_python==0.7.3; sys_platform == 'linux'", "numba==0.65.0"]
     assert latest_table.replace_pin(requires, "flashinfer-python==0.7.3", "flashinfer-python==0.7.4") == [
         "torch==2.11.0",
