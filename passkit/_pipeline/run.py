@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.fx
 
 from .. import logs, rewrite_counter
@@ -225,6 +226,10 @@ class Runner:
         if graph_kind is None:
             graph_kind = "torch" if phase == "pre_grad" else graph_kind_of(gm, joint=phase == "joint")
         report = self._report_for(gm, stage, mode, graph_kind)
+        if phase == "pre_grad" and _trains(gm):
+            report.graph_kind = "training"  # autograd follows: the title says so
+            if stage == (self.stages_of(phase) or [stage])[-1] and not self.stages_of("joint") + self.stages_of("post_grad"):
+                report.notes.append(PRE_GRAD_ONLY_TRAINING)
         fields: dict[str, Any] = {"graph_kind": graph_kind, "stage": stage.value}
         fields["compiler"] = compiler or ("inductor" if mode == "inductor" else "aot_eager")
         if example_inputs is not None:
@@ -720,6 +725,23 @@ def _compile_id() -> str | None:
     return None if compile_id is None else str(compile_id)
 
 
+PRE_GRAD_ONLY_TRAINING = (
+    "a training compile with passes at pre_grad only: they ran once, on the graph before "
+    "autograd (the forward and backward are derived from it), so no backward report follows"
+)
+
+
+def _trains(gm: torch.fx.GraphModule) -> bool:
+    """Whether autograd follows this pre-grad graph: grad mode on and a parameter or an
+    input (Dynamo's ``example_value``) that requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    if any(p.requires_grad for p in gm.parameters()):
+        return True
+    values = (n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
+    return any(getattr(v, "requires_grad", False) for v in values)
+
+
 def _compiled_kind(report: Report) -> str | None:
     """The graph kind of a compile's report from its records': ``"training"`` (a joint,
     forward or backward graph), ``"inference"``, ``"torch"`` (pre-grad passes only), or the
@@ -729,7 +751,9 @@ def _compiled_kind(report: Report) -> str | None:
         return "training"
     if "inference" in kinds:
         return "inference"
-    return "torch" if "torch" in kinds else report.graph_kind
+    if "torch" in kinds and report.graph_kind != "training":
+        return "torch"
+    return report.graph_kind
 
 
 def _outside_range(p: Pass, ctx: CompileContext) -> str | None:

@@ -483,3 +483,27 @@ def test_the_config_names_the_compiler_for_the_named_backend(clean_env, monkeypa
         with pytest.raises(passkit.ConfigError, match=r"^PASSKIT_COMPILER \(compiler\): ") as err:
             passkit.backend()
         assert says in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+def test_a_training_compile_with_only_pre_grad_passes_is_titled_training(compiler):
+    """Passes at pre_grad only, in training: one report, titled ``training graph`` with a note
+    saying why no backward report follows (the pass ran once, before autograd); the same
+    compile under ``no_grad`` stays a ``torch graph``."""
+    backend = make_backend(TanhToSigmoidForm(), compiler=compiler)
+    _train(backend)
+    (report,) = backend.reports
+    assert [(r.name, r.stage, r.graph_kind, r.matches) for r in report.records] == [
+        ("tanh_as_sigmoid", "pre_grad", "torch", 1)
+    ]
+    assert report.graph_kind == "training"
+    assert "training graph" in report.format().splitlines()[0]
+    assert "no backward report follows" in report.format()
+
+    torch._dynamo.reset()
+    inference = make_backend(TanhToSigmoidForm(), compiler=compiler)
+    x, w = inputs(grad=False)
+    with torch.no_grad():
+        torch.compile(fn, backend=inference)(x, w)
+    (report,) = inference.reports
+    assert report.graph_kind == "torch" and "no backward report" not in report.format()
