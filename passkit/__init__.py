@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 if TYPE_CHECKING:
-    from . import compiling, teardown
+    from . import compiling, dumps, teardown
     from ._compile.backend import Backend, backend, install
     from ._compile.inductor_failures import guard
     from ._pipeline.build import Pipeline, build_pipeline
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 _LAZY = {
     # submodules
     "compiling": ".compiling",
+    "dumps": ".dumps",
     "teardown": ".teardown",
     # name -> the module defining it
     "Backend": "._compile.backend",
@@ -165,6 +166,7 @@ __all__ = [
     "build_pipeline",
     "compile_range",
     "compiling",
+    "dumps",
     "get_plugins",
     "guard",
     "hookimpl",

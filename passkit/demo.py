@@ -82,7 +82,7 @@ def run_core_demo(mode: str = "inductor") -> int:
         report = backend.last_report
         assert report is not None
         print(report.format())
-        diffs = sorted(Path(dump).glob("run-*/graph_*/01_*.diff"))
+        diffs = sorted(Path(dump).glob("run-*/graph_*/*/01_*.diff"))
         if diffs:
             print(f"\n-- before/after excerpt ({diffs[0].name}):")
             print(excerpt(diffs[0].read_text()))

@@ -246,8 +246,10 @@ def _reproducer(
     folder = graph_folder(pipeline.config.dump_dir, watched[-1].graph_id)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        before = sorted(folder.glob("*.before.py"))
-        after = sorted(folder.glob("*.after.py"))
+        # the post-grad graph's snapshots in compile order (``NN_`` is the pass's place in the
+        # report): the first one before a pass, the last one after
+        before = sorted(folder.glob("post_grad_*/*.before.py"), key=lambda p: p.name)
+        after = sorted(folder.glob("post_grad_*/*.after.py"), key=lambda p: p.name)
         path = folder / "FAILED_inductor.repro.py"
         tb = "".join(traceback.format_exception(_inner(exc), limit=-8))
         passes = [{"name": c.name, **_options(pipeline, c.name)} for c in culprits]

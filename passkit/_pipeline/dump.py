@@ -1,14 +1,11 @@
 """Graph dumps, diffs, reproducers and JSON reports in the dump directory.
 
-Layout: one folder per process and run (:func:`run_folder`: when it started, its rank in a
-distributed job, its process id), in it one folder per compiled graph::
-
-    <dump_dir>/run-20261207-170312-rank1-pid4242/graph_003/
-        01_noop_elimination.before.py   01_noop_elimination.after.py   01_noop_elimination.diff
-        02_cleanup.before.py ...
-        FAILED_03_my_pass.repro.py      (pre-pass graph, pass name, options, traceback)
-        FAILED_03_my_pass.repro/        (the same, replayable: graph.py, repro.json, test_repro.py)
-        report.json
+Layout (read back with :mod:`passkit.dumps`, whose docstring draws the tree): one folder per
+process and run (:func:`run_folder`: when it started, its rank in a distributed job, its
+process id), in it one folder per compiled graph, in that one folder per stage holding one
+file per snapshot of the graph (a pass's graph after it, and before it where no earlier
+snapshot of the stage holds that graph) and each pass's diff; a failed pass's reproducers and
+``report.json`` sit in the graph's folder.
 
 Graph ids restart at 1 in every process: the run folder keeps two ranks sharing one
 ``PASSKIT_DUMP_DIR`` from writing into each other's ``graph_001``, and a rerun from finding
@@ -26,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..dumps import AFTER, BEFORE, DIFF, stem
 from ..errors import warn_config
 from ..graph_utils import unified_diff
 
@@ -81,6 +79,9 @@ class Dumper:
         self.root = str(root)
         self.folder = graph_folder(root, graph_id)
         self._write(lambda: self.folder.mkdir(parents=True, exist_ok=True))
+        self._last: dict[str, str] = {}
+        """Per stage, the code of the last snapshot written (a pass whose graph before it is
+        that snapshot gets no ``.before.py`` of its own)."""
 
     @property
     def working(self) -> bool:
@@ -102,15 +103,20 @@ class Dumper:
             return False
 
     def _stem(self, index: int, name: str) -> str:
-        return f"{index:02d}_{name}"
+        return stem(index, name)
 
-    def pass_graphs(self, index: int, name: str, before: str, after: str) -> None:
-        stem = self._stem(index, name)
+    def pass_graphs(self, index: int, name: str, stage: str, before: str, after: str) -> None:
+        """The snapshots around pass ``name`` (``index``: its place in the report) in the
+        folder of ``stage``, and their diff."""
+        folder, base = self.folder / stage, self._stem(index, name)
 
         def write() -> None:
-            (self.folder / f"{stem}.before.py").write_text(before)
-            (self.folder / f"{stem}.after.py").write_text(after)
-            (self.folder / f"{stem}.diff").write_text(unified_diff(before, after, name) or "# no change\n")
+            folder.mkdir(exist_ok=True)
+            if self._last.get(stage) != before:
+                (folder / f"{base}{BEFORE}").write_text(before)
+            (folder / f"{base}{AFTER}").write_text(after)
+            (folder / f"{base}{DIFF}").write_text(unified_diff(before, after, name) or "# no change\n")
+            self._last[stage] = after
 
         self._write(write)
 

@@ -228,7 +228,8 @@ class Runner:
         report = self._report_for(gm, stage, mode, graph_kind)
         if phase == "pre_grad" and _trains(gm):
             report.graph_kind = "training"  # autograd follows: the title says so
-            if stage == (self.stages_of(phase) or [stage])[-1] and not self.stages_of("joint") + self.stages_of("post_grad"):
+            last = stage == (self.stages_of(phase) or [stage])[-1]
+            if last and not self.stages_of("joint") + self.stages_of("post_grad"):
                 report.notes.append(PRE_GRAD_ONLY_TRAINING)
         fields: dict[str, Any] = {"graph_kind": graph_kind, "stage": stage.value}
         fields["compiler"] = compiler or ("inductor" if mode == "inductor" else "aot_eager")
@@ -409,7 +410,7 @@ class Runner:
             warn_declined(p.name, self._origin(p), record.reason)
         record.nodes_after = count_nodes(graph)
         if dumper and self._dumped(p, changed=record.modified):
-            dumper.pass_graphs(index, p.name, before_code, graph_code(gm))
+            dumper.pass_graphs(index, p.name, p.stage.value, before_code, graph_code(gm))
         self._after_pass(p, gm, result, record, report)
         logs.log.debug("passkit: %s ran: %d matches in %.2f ms", p.name, record.matches, record.ms)
         return record

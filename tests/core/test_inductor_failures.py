@@ -63,6 +63,10 @@ def test_inductor_failure_compiles_the_graph_again_without_the_pass(tmp_path, ca
     reproducer = Path(record.reproducer).read_text()
     assert "'to_half_after_relu' (in-process plugin 'broken-passes'; 1 match(es))" in reproducer
     assert "_to_copy.default(relu, dtype = torch.float16)" in reproducer  # the graph Inductor got
+    written: dict = {}
+    exec(reproducer, written)  # the graphs before the passes and the one Inductor failed on
+    assert "3.0" in written["GRAPH_BEFORE_PASSES"] and "_to_copy" not in written["GRAPH_BEFORE_PASSES"]
+    assert "torch.float16" in written["GRAPH_INDUCTOR_FAILED_ON"]
     warning = [r.getMessage() for r in caplog.records if "Inductor failed" in r.getMessage()]
     assert warning and "'to_half_after_relu'" in warning[0]
 

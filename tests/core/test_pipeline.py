@@ -103,11 +103,49 @@ def test_dumps_before_after_diff_and_report(tmp_path):
     report = passkit.build_pipeline(passes=["mul_to_scale"], dump_dir=tmp_path).run(gm)
     folder = graph_folder(tmp_path, report.graph_id)  # <dump_dir>/run-...-pid<PID>/graph_NNN
     assert folder.parent.parent == tmp_path and folder.parent.name.startswith("run-")
-    assert "3.0" in (folder / "01_mul_to_scale.before.py").read_text()
-    assert "2.0" in (folder / "01_mul_to_scale.after.py").read_text()
-    diff = (folder / "01_mul_to_scale.diff").read_text()
+    stage = folder / "post_grad_post"  # one folder per stage, one file per snapshot
+    assert "3.0" in (stage / "01_mul_to_scale.before.py").read_text()
+    assert "2.0" in (stage / "01_mul_to_scale.after.py").read_text()
+    diff = (stage / "01_mul_to_scale.diff").read_text()
     assert "-" in diff and "+" in diff and "2.0" in diff
     assert json.loads((folder / "report.json").read_text())["passes"][0]["name"] == "mul_to_scale"
+
+
+def test_dumps_are_a_tree_of_stages_with_each_snapshot_once(tmp_path):
+    """One folder per stage, one file per snapshot: a pass whose graph before it is the
+    previous pass's graph after gets no ``.before.py`` of its own; where the filters left the
+    previous pass out, it does. :func:`passkit.dumps.pass_graphs` reads either."""
+    gm, _ = traced()
+    passes = ["pre_pass", "mul_to_scale", "cleanup"]
+    report = passkit.build_pipeline(passes=passes, dump_dir=tmp_path / "all").run(gm)
+    folder = graph_folder(tmp_path / "all", report.graph_id)
+    tree = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert tree == [
+        "post_grad_post/02_mul_to_scale.after.py",
+        "post_grad_post/02_mul_to_scale.before.py",
+        "post_grad_post/02_mul_to_scale.diff",
+        "post_grad_post/03_cleanup.after.py",
+        "post_grad_post/03_cleanup.diff",
+        "post_grad_pre/01_pre_pass.after.py",
+        "post_grad_pre/01_pre_pass.before.py",
+        "post_grad_pre/01_pre_pass.diff",
+        "report.json",
+    ]
+    scaled = (folder / "post_grad_post/02_mul_to_scale.after.py").read_text()
+    assert passkit.dumps.pass_graphs(folder, "cleanup")[0] == scaled
+    assert "3.0" in passkit.dumps.pass_graphs(folder, "mul_to_scale")[0] and "2.0" in scaled
+
+    gm, _ = traced()
+    only = passkit.build_pipeline(passes=passes, dump_dir=tmp_path / "one", dump_passes=["cleanup"]).run(gm)
+    folder = graph_folder(tmp_path / "one", only.graph_id)
+    assert sorted(p.name for p in (folder / "post_grad_post").iterdir()) == [
+        "03_cleanup.after.py",
+        "03_cleanup.before.py",
+        "03_cleanup.diff",
+    ]
+    assert passkit.dumps.pass_graphs(folder, "cleanup")[0] == scaled
+    with pytest.raises(FileNotFoundError, match="no snapshot of pass 'mul_to_scale'"):
+        passkit.dumps.pass_graphs(folder, "mul_to_scale")
 
 
 def _dumped(folder):

@@ -392,7 +392,7 @@ def test_a_third_party_pass_runs_inside_vllm_and_dumps_work_there(block_run):
             fold = _records(report)["fold_double_neg"]
             assert (fold["status"], fold["matches"]) == ("ran", 1), fold
         folder = root / "dumps" / f"rank{rank}"  # dumps: each pass's before/after/diff, the report
-        diffs = sorted(folder.glob("run-*/graph_*/*_fold_double_neg.diff"))
+        diffs = sorted(folder.glob("run-*/graph_*/*/*_fold_double_neg.diff"))
         assert len(diffs) == len(RANGES), diffs
         assert "neg" in diffs[0].read_text()
         assert len(list(folder.glob("run-*/graph_*/report.json"))) == len(RANGES)

@@ -181,8 +181,10 @@ class Numerics:
 
 
 def _dumped_graphs(dump: Path) -> tuple[str, str]:
-    stem = next(dump.glob(f"run-*/graph_*/*_{PASS_NAME}.before.py")).with_suffix("").with_suffix("")
-    return Path(f"{stem}.before.py").read_text(), Path(f"{stem}.after.py").read_text()
+    from passkit.dumps import pass_graphs
+
+    graph = next(dump.glob(f"run-*/graph_*/*/*_{PASS_NAME}.after.py")).parent.parent
+    return pass_graphs(graph, PASS_NAME)
 
 
 _ASSIGN = re.compile(r"^\s+(\w+) = (.*?)(;  .* = None)?$")
