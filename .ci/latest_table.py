@@ -86,3 +86,16 @@ def replace_pin(requires: list[str], pin: str, served: str) -> list[str]:
         else:
             out.append(req)
     return out
+
+
+def other_complaints(pip_check_output: str, moved: str | None) -> list[str]:
+    """``pip check``'s lines but those about the pin ``moved`` (``flashinfer-python==0.7.3``:
+    ``vllm 0.34.0 has requirement flashinfer-python==0.7.3, but you have ... 0.7.4.``)."""
+    lines = [
+        line
+        for line in pip_check_output.splitlines()
+        if line.strip() and line != "No broken requirements found."
+    ]
+    if moved is None:
+        return lines
+    return [line for line in lines if f"requirement {moved}," not in line]

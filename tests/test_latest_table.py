@@ -68,3 +68,13 @@ def test_a_host_pin_the_registry_does_not_serve_is_named_and_moved(latest_table)
         "flashinfer-python==0.7.4; sys_platform == 'linux'",
         "numba==0.65.0",
     ]
+
+
+def test_pip_check_may_complain_only_about_the_moved_pin(latest_table):
+    moved = "flashinfer-python==0.7.3"
+    said = "vllm 0.34.0 has requirement flashinfer-python==0.7.3, but you have flashinfer-python 0.7.4.\n"
+    assert latest_table.other_complaints(said, moved) == []
+    other = "vllm 0.34.0 has requirement numba==0.65.0, but you have numba 0.64.0.\n"
+    assert latest_table.other_complaints(said + other, moved) == [other.strip()]
+    assert latest_table.other_complaints(said, None) == [said.strip()]
+    assert latest_table.other_complaints("No broken requirements found.\n", None) == []
