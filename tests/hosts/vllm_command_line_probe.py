@@ -21,6 +21,16 @@ import sys
 from typing import Any
 
 
+def config_hash(config: Any) -> str:
+    """vLLM's hash of a config (what names its compile-cache directory): ``compute_hash()``
+    up to vLLM 0.33, ``vllm.config.utils.hash_config`` of its ``compile_factors()`` from 0.34."""
+    if hasattr(config, "compute_hash"):
+        return config.compute_hash()
+    from vllm.config.utils import hash_config
+
+    return hash_config(config)
+
+
 def describe(vllm_config: Any) -> dict[str, Any]:
     found = vllm_config.compilation_config.inductor_compile_config.get("post_grad_custom_post_pass")
     pipeline = getattr(found, "pipeline", None)
@@ -29,7 +39,7 @@ def describe(vllm_config: Any) -> dict[str, Any]:
         "names": pipeline.names() if pipeline is not None else None,
         "options": pipeline.config.model_dump(mode="json")["passes"] if pipeline is not None else None,
         "uuid": found.uuid() if hasattr(found, "uuid") else None,
-        "config_hash": vllm_config.compilation_config.compute_hash(),
+        "config_hash": config_hash(vllm_config.compilation_config),
         "inductor_passes": {k: str(v) for k, v in vllm_config.compilation_config.inductor_passes.items()},
         "is_passkit_vllm_attribute": found
         is getattr(sys.modules.get("passkit_vllm"), "post_grad_pass", None),
