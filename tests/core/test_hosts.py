@@ -64,9 +64,10 @@ def test_a_supported_version_passes_and_an_unknown_one_warns_or_raises():
     assert series_of("0.33.1.dev4+gabc") == "0.33"
     assert series_of("nightly") is None
     assert check_version("vllm", found="0.33.2") == "0.33.2"
-    with pytest.warns(HostVersionWarning, match=r"found vllm 0\.34\.0; passkit supports vllm 0\.33\.x"):
-        assert check_version("vllm", found="0.34.0") == "0.34.0"
-    with pytest.raises(HostError, match=r"found vllm 0\.32\.1; passkit supports vllm 0\.33\.x\.$"):
+    assert check_version("vllm", found="0.34.0") == "0.34.0"
+    with pytest.warns(HostVersionWarning, match=r"found vllm 0\.35\.0; passkit supports vllm 0\.33\.x, 0\.34\.x"):
+        assert check_version("vllm", found="0.35.0") == "0.35.0"
+    with pytest.raises(HostError, match=r"found vllm 0\.32\.1; passkit supports vllm 0\.33\.x, 0\.34\.x\.$"):
         check_version("vllm", found="0.32.1", on_unknown="raise")
 
 

@@ -556,12 +556,12 @@ def test_host_norm_ops_the_kernel_computes_differently_are_rejected() -> None:
 
 
 def test_another_host_version_is_named_and_matched_by_schema(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.34.1"))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.35.1"))
     with fake_world(2) as world:
         result = run_passes(vllm_native(world.group_name), *inputs(), passes=[REFERENCE])
     result.assert_matches("allreduce_rmsnorm", 1)
     assert (
-        "vllm dialect: schemas recorded for vllm 0.33.0, running 0.34.1: sites matched where the ops' schemas agree"
+        "vllm dialect: schemas recorded for vllm 0.33.0, 0.34.0, running 0.35.1: sites matched where the ops' schemas agree"
         in notes(result, "allreduce_rmsnorm")
     )
 
