@@ -149,7 +149,10 @@ def test_dumps_are_a_tree_of_stages_with_each_snapshot_once(tmp_path):
 
 
 def _dumped(folder):
-    return sorted(p.name for p in folder.iterdir() if p.name != "report.json")
+    """The graph folder's entries (reproducers) and its stage folders' snapshot files."""
+    stages = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("FAILED_")]
+    top = [p.name for p in folder.iterdir() if p.name != "report.json" and p not in stages]
+    return sorted(top + [f.name for stage in stages for f in stage.iterdir()])
 
 
 @pytest.mark.parametrize(
