@@ -358,17 +358,20 @@ def _step(session: nox.Session, results: list[str], label: str, *args: str, **kw
         results.append(f"{label} FAILED")
 
 
-def _install_host(session: nox.Session, requirement: str) -> str | None:
+def _venv_pip(session: nox.Session, *args: str) -> subprocess.CompletedProcess[str]:
+    """``pip ARGS`` in the session's venv, its output captured (nox's own runner keeps none)."""
+    python = str(Path(session.bin) / "python")
+    return subprocess.run([python, "-m", "pip", *args], capture_output=True, text=True, check=False)
+
+
+def _install_host(session: nox.Session, requirement: str) -> tuple[str, str] | None:
     """Install the newest host with passkit and the test deps. Where the resolve fails only on
     a release the host pins and the registry does not serve (vLLM 0.34.0's
     ``flashinfer-python==0.7.3`` beside a served 0.7.4), the host goes in without its
-    dependencies and they follow with that pin moved to the newest served release; returns the
-    line saying so (None: installed as released). Any other failure fails the session."""
+    dependencies and they follow with that pin moved to the newest served release; returns
+    ``(pin, served)`` (None: installed as released). Any other failure fails the session."""
     args = [requirement, *PACKAGES, *EXAMPLE, *HOST_TEST_DEPS]
-    python = str(Path(session.bin) / "python")
-    tried = subprocess.run(
-        [python, "-m", "pip", "install", *args], capture_output=True, text=True, check=False
-    )
+    tried = _venv_pip(session, "install", *args)
     if tried.returncode == 0:
         return None
     pin = latest_table.unserved_pin(tried.stdout + tried.stderr)
@@ -381,14 +384,13 @@ def _install_host(session: nox.Session, requirement: str) -> str | None:
     code = f"import importlib.metadata as m, json; print(json.dumps(m.requires({name!r}) or []))"
     requires = json.loads((session.run("python", "-c", code, silent=True) or "[]").strip().splitlines()[-1])
     session.install(*latest_table.replace_pin(requires, pin, served), *args[1:])
-    return f"{pin} ({name}'s pin) not served: {served} in its place"
+    return pin, served
 
 
 def _pip_check(session: nox.Session, results: list[str], moved: str | None) -> None:
     """``pip check``; with a pin moved by :func:`_install_host`, its complaint about that one
     pin is expected and the rest must be clean."""
-    python = str(Path(session.bin) / "python")
-    done = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, check=False)
+    done = _venv_pip(session, "check")
     print(done.stdout, done.stderr, sep="")
     others = latest_table.other_complaints(done.stdout, moved)
     label = "pip check" + (" (but for the moved pin)" if moved and done.returncode else "")
@@ -444,9 +446,10 @@ def latest(session: nox.Session, stack: str) -> None:
             "moe_families_fuse_every_site",
         )
     else:
-        if note := _install_host(session, newest[stack][1]):
-            results.append(note)
-        _pip_check(session, results, note and note.split(" ", 1)[0])
+        moved = _install_host(session, newest[stack][1])
+        if moved:
+            results.append(f"{moved[0]} ({stack}'s pin) not served: {moved[1]} in its place")
+        _pip_check(session, results, moved[0] if moved else None)
         _step(session, results, "real host ops", "python", f"tests/fusion/real_hosts/check_{stack}.py")
         _step(
             session,

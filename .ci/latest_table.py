@@ -74,13 +74,18 @@ def pinned_name(requirement: str) -> str:
     return re.split(r"[\s;\[<>=!~]", requirement.strip(), maxsplit=1)[0]
 
 
+def _canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares them (``Flashinfer_Python`` -> ``flashinfer-python``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def replace_pin(requires: list[str], pin: str, served: str) -> list[str]:
     """``requires`` (a distribution's ``Requires-Dist``) with the requirement on ``pin``'s
     distribution replaced by ``served`` (the release the registry has), markers kept."""
-    name = pinned_name(pin).lower().replace("_", "-")
+    name = _canonical(pinned_name(pin))
     out = []
     for req in requires:
-        if pinned_name(req).lower().replace("_", "-") == name:
+        if _canonical(pinned_name(req)) == name:
             marker = req.partition(";")[2].strip()
             out.append(f"{served}; {marker}" if marker else served)
         else:

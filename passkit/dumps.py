@@ -36,11 +36,18 @@ def stem(index: int, pass_name: str) -> str:
     return f"{index:02d}_{pass_name}"
 
 
-def snapshots(stage_folder: str | Path) -> list[Path]:
-    """A stage folder's snapshot files in the order the graph went through them (each
-    pass's ``.before.py``, where written, then its ``.after.py``)."""
-    files = [p for p in Path(stage_folder).iterdir() if p.name.endswith((BEFORE, AFTER))]
-    return sorted(files, key=lambda p: (p.name.split("_", 1)[0], p.name.endswith(AFTER)))
+def snapshots(*stage_folders: str | Path) -> list[Path]:
+    """The snapshot files of stage folders (of one graph) in the order the graph went
+    through them: by the pass's place in the report, its ``.before.py`` (where written) before
+    its ``.after.py``. A folder that does not exist holds none."""
+    files = [
+        p
+        for folder in map(Path, stage_folders)
+        if folder.is_dir()
+        for p in folder.iterdir()
+        if p.name.endswith((BEFORE, AFTER))
+    ]
+    return sorted(files, key=lambda p: (int(p.name.split("_", 1)[0]), p.name.endswith(AFTER)))
 
 
 def pass_graphs(graph_folder: str | Path, pass_name: str) -> tuple[str, str]:

@@ -65,6 +65,13 @@ def carry_node_attributes(graph: torch.fx.Graph, before: torch.fx.Graph) -> None
                 setattr(new, name, value)
 
 
+def recorded_value(node: torch.fx.Node) -> object:
+    """The value recorded on ``node``: ``meta["val"]`` (ATen graphs), else Dynamo's
+    ``meta["example_value"]`` (the pre-grad stage's torch-level graph); None without either."""
+    meta = node.meta
+    return meta["val"] if "val" in meta else meta.get("example_value")
+
+
 def graph_code(gm_or_graph: torch.fx.GraphModule | torch.fx.Graph) -> str:
     """Readable Python for a graph (no strides/devices noise)."""
     graph = gm_or_graph.graph if isinstance(gm_or_graph, torch.fx.GraphModule) else gm_or_graph

@@ -39,7 +39,9 @@ from .._pipeline.build import Pipeline
 from .._pipeline.dump import graph_folder
 from .._pipeline.inductor_state import LeftOut, leaving_out, left_out, opened, watching
 from .._pipeline.run import RECENT_REPORTS
+from ..dumps import AFTER, BEFORE, snapshots
 from ..errors import PassFailedError, PasskitError, describe
+from ..pass_base import Stage
 from ..report import Report
 
 T = TypeVar("T")
@@ -246,10 +248,10 @@ def _reproducer(
     folder = graph_folder(pipeline.config.dump_dir, watched[-1].graph_id)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        # the post-grad graph's snapshots in compile order (``NN_`` is the pass's place in the
-        # report): the first one before a pass, the last one after
-        before = sorted(folder.glob("post_grad_*/*.before.py"), key=lambda p: p.name)
-        after = sorted(folder.glob("post_grad_*/*.after.py"), key=lambda p: p.name)
+        # the post-grad graph's snapshots in compile order: the first before a pass, the last after
+        shots = snapshots(folder / Stage.PRE.value, folder / Stage.POST.value)
+        before = [p for p in shots if p.name.endswith(BEFORE)]
+        after = [p for p in shots if p.name.endswith(AFTER)]
         path = folder / "FAILED_inductor.repro.py"
         tb = "".join(traceback.format_exception(_inner(exc), limit=-8))
         passes = [{"name": c.name, **_options(pipeline, c.name)} for c in culprits]

@@ -102,13 +102,10 @@ class Dumper:
             )
             return False
 
-    def _stem(self, index: int, name: str) -> str:
-        return stem(index, name)
-
     def pass_graphs(self, index: int, name: str, stage: str, before: str, after: str) -> None:
         """The snapshots around pass ``name`` (``index``: its place in the report) in the
         folder of ``stage``, and their diff."""
-        folder, base = self.folder / stage, self._stem(index, name)
+        folder, base = self.folder / stage, stem(index, name)
 
         def write() -> None:
             folder.mkdir(exist_ok=True)
@@ -121,7 +118,7 @@ class Dumper:
         self._write(write)
 
     def reproducer(self, index: int, pass_: Pass, before: str, error: BaseException) -> Path | None:
-        path = self.folder / f"FAILED_{self._stem(index, pass_.name)}.repro.py"
+        path = self.folder / f"FAILED_{stem(index, pass_.name)}.repro.py"
         tb = "".join(traceback.format_exception(error))
         text = (
             f'"""passkit reproducer: pass {pass_.name!r} failed on the graph below.\n\n'
@@ -140,7 +137,7 @@ class Dumper:
         with the graph, the pass and a pytest file replaying it (``passkit bisect --repro``'s)."""
         from .._bisect.repro import write
 
-        folder = self.folder / f"FAILED_{self._stem(index, pass_.name)}.repro"
+        folder = self.folder / f"FAILED_{stem(index, pass_.name)}.repro"
         found = {"gm": gm, "pass": pass_, "context": ctx, "rewrites": None, "error": error}
         spec = {
             "check": "output",

@@ -24,6 +24,7 @@ import torch
 import torch.fx
 
 from ..errors import VerificationError, cut
+from ..graph_utils import recorded_value
 from .graph_diff import GraphDiff
 
 Signature = tuple[Any, ...]
@@ -31,13 +32,6 @@ Signature = tuple[Any, ...]
 (no recorded value: not compared) or ``("const", type name)``."""
 
 _UNKNOWN: Signature = ("node", None)
-
-
-def _val(node: torch.fx.Node) -> Any:
-    """The node's recorded value: ``meta["val"]`` (ATen graphs), else Dynamo's
-    ``meta["example_value"]`` (the pre-grad stage's torch-level graph)."""
-    meta = node.meta
-    return meta["val"] if "val" in meta else meta.get("example_value")
 
 
 def output_node(graph: torch.fx.Graph) -> torch.fx.Node | None:
@@ -86,7 +80,7 @@ def signature_of_value(value: Any) -> Signature:
 def signature(entry: Any) -> Signature:
     """Of one output entry, from its recorded value (``None`` returned: ``("const", ...)``)."""
     if isinstance(entry, torch.fx.Node):
-        val = _val(entry)
+        val = recorded_value(entry)
         return _UNKNOWN if val is None else signature_of_value(val)
     return ("const", type(entry).__name__)
 
@@ -126,7 +120,7 @@ def check(graph: torch.fx.Graph, before: list[Signature], change: GraphDiff, pas
             if mixed:
                 raise VerificationError(f"after pass {pass_name!r}: {mixed}")
     for node in change.changed:  # a rewritten node's recorded value must be what its op computes
-        recorded, computed = _val(node), inferred.value(node)
+        recorded, computed = recorded_value(node), inferred.value(node)
         if isinstance(recorded, torch.Tensor) and isinstance(computed, torch.Tensor):
             old, new = signature_of_value(recorded), signature_of_value(computed)
             if not _agree(old, new):
@@ -161,7 +155,7 @@ def _inputs_changed(node: torch.fx.Node, prior: torch.fx.Node, inferred: _Infere
     def tensors(n: torch.fx.Node, value: Any) -> list[Any]:
         return [v if isinstance(v := value(a), torch.Tensor) else None for a in n.all_input_nodes]
 
-    before = tensors(prior, lambda a: _val(a))
+    before = tensors(prior, lambda a: recorded_value(a))
     after = tensors(node, inferred.value)
     old_dtypes = {t.dtype for t in before if t is not None and t.dim() > 0}
     new_dtypes = [t.dtype for t in after if t is not None and t.dim() > 0]
@@ -241,7 +235,7 @@ class _Inference:
 
             self._mode = None
             for n in self.graph.find_nodes(op="placeholder"):
-                val = _val(n)
+                val = recorded_value(n)
                 if isinstance(val, FakeTensor):
                     self._mode = val.fake_mode
                     break
@@ -257,7 +251,7 @@ class _Inference:
 
     def value(self, node: torch.fx.Node) -> Any:
         if node not in self.changed:
-            return _val(node)
+            return recorded_value(node)
         if not self._ran:
             self._run()
         return self.memo.get(node)
@@ -272,7 +266,7 @@ class _Inference:
 
         def load(n: torch.fx.Node) -> Any:
             nonlocal missing
-            v = self.memo.get(n) if n in self.changed else _val(n)
+            v = self.memo.get(n) if n in self.changed else recorded_value(n)
             if v is None:
                 missing = True
             return v

@@ -29,7 +29,7 @@ from .._plugins import hooks
 from .._plugins.hook_returns import veto_reason
 from ..context import CompileContext, Mode, graph_kind_of
 from ..errors import ConfigError, PassFailedError, VerificationError, cut_repr, describe
-from ..graph_utils import carry_node_attributes, count_nodes, graph_code, restore
+from ..graph_utils import carry_node_attributes, count_nodes, graph_code, recorded_value, restore
 from ..names import same_pass
 from ..pass_base import Pass, PassResult, Stage, stage_phase
 from ..pipeline_plan import PipelinePlan
@@ -228,8 +228,7 @@ class Runner:
         report = self._report_for(gm, stage, mode, graph_kind)
         if phase == "pre_grad" and _trains(gm):
             report.graph_kind = "training"  # autograd follows: the title says so
-            last = stage == (self.stages_of(phase) or [stage])[-1]
-            if last and not self.stages_of("joint") + self.stages_of("post_grad"):
+            if not self.stages_of("joint") + self.stages_of("post_grad"):
                 report.notes.append(PRE_GRAD_ONLY_TRAINING)
         fields: dict[str, Any] = {"graph_kind": graph_kind, "stage": stage.value}
         fields["compiler"] = compiler or ("inductor" if mode == "inductor" else "aot_eager")
@@ -739,8 +738,8 @@ def _trains(gm: torch.fx.GraphModule) -> bool:
         return False
     if any(p.requires_grad for p in gm.parameters()):
         return True
-    values = (n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
-    return any(getattr(v, "requires_grad", False) for v in values)
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    return any(getattr(recorded_value(n), "requires_grad", False) for n in placeholders)
 
 
 def _compiled_kind(report: Report) -> str | None:

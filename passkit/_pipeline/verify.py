@@ -15,6 +15,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import VerificationError
+from ..graph_utils import recorded_value
 
 
 def verify_graph(gm: torch.fx.GraphModule, pass_name: str) -> None:
@@ -31,12 +32,6 @@ def verify_graph(gm: torch.fx.GraphModule, pass_name: str) -> None:
         )
 
 
-def _recorded(node: torch.fx.Node) -> Any:
-    """The value recorded on ``node``: ``meta["val"]``, or Dynamo's ``meta["example_value"]``
-    (the pre-grad stage's torch-level graph)."""
-    return node.meta["val"] if "val" in node.meta else node.meta.get("example_value")
-
-
 def _signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return (tuple(str(s) for s in value.shape), value.dtype, value.device.type)
@@ -50,7 +45,7 @@ def repropagate(gm: torch.fx.GraphModule) -> list[str]:
     from torch._guards import detect_fake_mode
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    vals = [_recorded(n) for n in placeholders]
+    vals = [recorded_value(n) for n in placeholders]
     dynamo = any("example_value" in n.meta for n in placeholders)  # the pre-grad stage's graph
     if dynamo:  # Dynamo's own fake mode, the one its example values belong to
         fakes = [v for v in vals if isinstance(v, torch._subclasses.FakeTensor)]
@@ -61,7 +56,7 @@ def repropagate(gm: torch.fx.GraphModule) -> list[str]:
         return []  # nothing recorded to compare against (e.g. a symbolic-trace graph)
     problems: list[str] = []
     for node in gm.graph.nodes:
-        if node.op in ("call_function", "call_method", "call_module") and _recorded(node) is None:
+        if node.op in ("call_function", "call_method", "call_module") and recorded_value(node) is None:
             key = "example_value" if "example_value" in node.meta or dynamo else "val"
             problems.append(f"{node.name} ({node.target}) has no meta[{key!r}]")
     interp = _RecordingInterpreter(gm)
@@ -72,7 +67,7 @@ def repropagate(gm: torch.fx.GraphModule) -> list[str]:
             problems.append(f"fake propagation failed at {interp.current}: {type(exc).__name__}: {exc}")
             return problems
     for node, new in interp.results.items():
-        old = _recorded(node)
+        old = recorded_value(node)
         if old is None or new is None:
             continue
         if _signature(old) != _signature(new):
