@@ -358,10 +358,21 @@ def _step(session: nox.Session, results: list[str], label: str, *args: str, **kw
         results.append(f"{label} FAILED")
 
 
+PIP_TIMEOUT_S = 3600.0
+"""The bound on one captured pip run (a serving stack's resolve and install took 20-28 minutes
+on 2 cores)."""
+
+
 def _venv_pip(session: nox.Session, *args: str) -> subprocess.CompletedProcess[str]:
-    """``pip ARGS`` in the session's venv, its output captured (nox's own runner keeps none)."""
+    """``pip ARGS`` in the session's venv, its output captured (nox's own runner keeps none),
+    within :data:`PIP_TIMEOUT_S`."""
     python = str(Path(session.bin) / "python")
-    return subprocess.run([python, "-m", "pip", *args], capture_output=True, text=True, check=False)
+    try:
+        return subprocess.run(
+            [python, "-m", "pip", *args], capture_output=True, text=True, check=False, timeout=PIP_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        session.error(f"pip {args[0]} ran past {PIP_TIMEOUT_S:.0f} s and was stopped")
 
 
 def _install_host(session: nox.Session, requirement: str) -> tuple[str, str] | None:
